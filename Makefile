@@ -1,0 +1,75 @@
+# gpufault task runner. `make help` lists the targets.
+.DELETE_ON_ERROR:
+.PHONY: help setup deps build test test-unit test-host vmtest demo bench lint clean device-bundle kmod
+
+PYTHON ?= python3
+CLANG ?= clang
+BPFTOOL ?= bpftool
+OUT := build
+DATA := pyctl/data
+ifeq ($(V),1)
+Q :=
+else
+Q := @
+endif
+# -mcpu=v3: clang 14 aborts on atomics whose result is used without it.
+BPF_CFLAGS := -g -O2 -target bpf -mcpu=v3 -D__TARGET_ARCH_x86 -Wall -Werror -I bpf
+
+BPF_SRCS := $(wildcard bpf/*.bpf.c)
+BPF_OBJS := $(patsubst bpf/%.bpf.c,$(DATA)/%.bpf.o,$(BPF_SRCS))
+DOUBLES := $(OUT)/doubles/.stamp
+
+help:
+	@echo "make setup        install apt + pip dependencies, then build"
+	@echo "make build        compile bpf/*.bpf.c to CO-RE objects in $(DATA)/, and the test doubles"
+	@echo "make demo         inject faults into the libcuda CPU double's workload, show evidence"
+	@echo "make test         unit + host (root, real BPF) + vm (qemu/TCG) tests"
+	@echo "make bench        benchmarks, results to docs/benchmarks.md"
+	@echo "make lint         ruff + mypy"
+	@echo "make device-bundle  prepare .device/ for the GPU machine"
+
+setup: deps build
+
+deps:
+	bash tools/setup-deps.sh
+
+build: $(BPF_OBJS) $(DOUBLES)
+
+$(DATA)/%.bpf.o: bpf/%.bpf.c bpf/*.h
+	@mkdir -p $(DATA)
+	@echo "  BPF     $@"
+	$(Q)$(CLANG) $(BPF_CFLAGS) -c $< -o $@.tmp
+	$(Q)$(BPFTOOL) gen object $@ $@.tmp 2>/dev/null || cp $@.tmp $@
+	$(Q)rm -f $@.tmp
+
+$(DOUBLES): $(wildcard doubles/*.c) $(wildcard doubles/Makefile)
+	$(Q)$(MAKE) -s -C doubles OUT=$(abspath $(OUT)/doubles)
+	@touch $@
+
+test: build
+	$(PYTHON) -m pytest -q -ra tests
+
+test-unit:
+	$(PYTHON) -m pytest -q -ra -m "not root and not vm" tests
+
+test-host: build
+	$(PYTHON) -m pytest -q -ra -m "root" tests
+
+vmtest: build
+	$(PYTHON) -m pytest -q -ra -m "vm" tests
+
+demo: build
+	$(PYTHON) -m pyctl demo
+
+bench: build
+	$(PYTHON) bench/run_all.py
+
+lint:
+	$(PYTHON) -m ruff check pyctl tests bench hooks
+	$(PYTHON) -m mypy pyctl
+
+device-bundle: build
+	bash tools/device-bundle.sh
+
+clean:
+	rm -rf $(OUT) $(DATA)/*.bpf.o

@@ -1,0 +1,203 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/*
+ * Types shared by the BPF programs (gpufault.bpf.c) and the Python
+ * controller (pyctl/bpf/abi.py mirrors every struct here; a test compiles
+ * a C program that prints sizeof/offsetof and compares).
+ *
+ * Plain C with fixed-width types only: no vmlinux.h, no kernel headers.
+ */
+#ifndef __GPUFAULT_H
+#define __GPUFAULT_H
+
+#define GF_ABI_VERSION 1
+
+#define GF_MAX_SPECS 64		/* fault specs (incl. observe) per run */
+#define GF_NARGS 6		/* integer argument registers (SysV x86-64) */
+#define GF_NREGS 21		/* longs in x86-64 struct pt_regs */
+#define GF_MAX_STACK 32		/* user stack frames kept per fire */
+#define GF_COMM_LEN 16
+
+/*
+ * The BPF cookie of every attachment: which spec it serves and which
+ * function (an index into the controller's attachment table) it is.
+ */
+#define GF_COOKIE(spec, func) (((__u64)(spec) << 32) | (__u32)(func))
+#define GF_COOKIE_SPEC(c) ((__u32)((c) >> 32))
+#define GF_COOKIE_FUNC(c) ((__u32)(c))
+
+enum gf_action {
+	GF_ACT_OBSERVE = 0,
+	GF_ACT_FAIL = 1,	/* return spec.retval */
+	GF_ACT_SIGNAL = 2,	/* send spec.signo to the calling thread */
+	GF_ACT_CORRUPT = 3,	/* at return, rewrite memory an arg points to */
+	GF_ACT_STALL = 4,	/* stop the calling thread (copilot) */
+};
+
+/* How a fire is carried out; reported in every fire event. */
+enum gf_mech {
+	GF_MECH_BPF = 0,	/* done in BPF alone (observe, signal, corrupt) */
+	GF_MECH_REGS = 1,	/* BPF wrote pt_regs (kernels that allow it) */
+	GF_MECH_COPILOT = 2,	/* ptrace copilot finishes it at a signal stop */
+};
+
+enum gf_spec_flags {
+	GF_F_ENABLED = 1 << 0,
+	GF_F_STICKY = 1 << 1,	/* once fired, fire on every later match */
+	GF_F_AFTER = 1 << 2,	/* fail: run the body, then replace ax */
+	GF_F_TRACE = 1 << 3,	/* emit a call event per call (trace mode) */
+	GF_F_CAP_REGS = 1 << 4,	/* keep entry registers in fire events */
+	GF_F_CAP_STACK = 1 << 5, /* keep the user stack in fire events */
+	GF_F_REGS = 1 << 6,	/* use the regs mechanism (set by controller) */
+	GF_F_COPILOT = 1 << 7,	/* use the copilot mechanism */
+	GF_F_RETPROBE = 1 << 8,	/* a return probe is attached for this spec */
+};
+
+enum gf_pred_op {
+	GF_PRED_NONE = 0,
+	GF_PRED_EQ = 1,
+	GF_PRED_NE = 2,
+	GF_PRED_LT = 3,		/* unsigned compares */
+	GF_PRED_GT = 4,
+	GF_PRED_LE = 5,
+	GF_PRED_GE = 6,
+	GF_PRED_MASK = 7,	/* (arg & val) != 0 */
+};
+
+enum gf_corrupt_op {
+	GF_CORRUPT_ZERO = 0,
+	GF_CORRUPT_XOR = 1,
+	GF_CORRUPT_SET = 2,
+};
+
+/* One fault spec: where is the cookie, what/when/who/how long is here. */
+struct gf_spec {
+	__u32 action;		/* enum gf_action */
+	__u32 flags;		/* enum gf_spec_flags */
+	__s64 retval;		/* fail: value put in ax */
+	__u32 tgid;		/* 0 = any process */
+	__u32 tid;		/* 0 = any thread */
+	__u64 nth;		/* fire only on this matching call (1-based) */
+	__u64 every;		/* fire when call % every == 0 */
+	__u64 after;		/* fire only when call > after */
+	__u64 max_fires;	/* 0 = unlimited */
+	__u32 prob_ppm;		/* 0 = always; else fire with p = ppm/1e6 */
+	__u32 signo;		/* signal action */
+	__u64 window_start_ns;	/* bpf_ktime_get_ns(); 0 = from the start */
+	__u64 deadline_ns;	/* bpf_ktime_get_ns(); 0 = none */
+	__u32 pred_arg;		/* 0 = no predicate, 1..6 = argN */
+	__u32 pred_op;		/* enum gf_pred_op */
+	__u64 pred_val;
+	__u32 corrupt_arg;	/* 1..6: the pointer argument */
+	__u32 corrupt_op;	/* enum gf_corrupt_op */
+	__u32 corrupt_off;	/* byte offset from the pointer */
+	__u32 corrupt_len;	/* 1..8 bytes */
+	__u64 corrupt_mask;	/* XOR mask or SET value (little endian) */
+	__u64 stall_ns;		/* stall: 0 = until released or deadline */
+};
+
+/* Per-spec counters, updated atomically by every CPU. */
+struct gf_counters {
+	__u64 calls;		/* calls that matched who + predicate */
+	__u64 fires;
+	__u64 sticky;		/* != 0 once a sticky spec fired */
+	__u64 expired;		/* matching calls after the deadline */
+};
+
+enum gf_event_kind {
+	GF_EV_CALL = 1,		/* a completed call: entry + return */
+	GF_EV_ENTRY = 2,	/* entry only (no return probe) */
+	GF_EV_FOLLOW = 3,	/* the fired thread's next failing return */
+};
+
+/*
+ * Ring "events": small fixed-size records, one per observed call. Every
+ * record has the same size so the consumer can parse a batch at once.
+ */
+struct gf_call_event {
+	__u64 ts_ns;		/* entry, bpf_ktime_get_ns() */
+	__u64 latency_ns;	/* 0 for GF_EV_ENTRY */
+	__u64 cookie;
+	__u64 call_seq;		/* spec's matching-call number, 0 = no match */
+	__u64 fault_seq;	/* != 0: this call fired (or follows) a fault */
+	__u64 args[GF_NARGS];
+	__s64 ret;
+	__u32 pid;
+	__u32 tid;
+	__u32 kind;		/* enum gf_event_kind */
+	__u32 flags;
+};
+
+/* Ring "fires": one large record per fire of a fault. */
+struct gf_fire_event {
+	__u64 fault_seq;	/* unique in the run, from 1 */
+	__u64 ts_ns;
+	__u64 cookie;
+	__u64 call_seq;
+	__u32 pid;
+	__u32 tid;
+	__u32 action;
+	__u32 mech;		/* enum gf_mech */
+	__s64 retval;
+	__u32 flags;		/* spec flags at the time */
+	__s32 stack_bytes;	/* bytes of stack[] used, < 0: error */
+	__u64 regs[GF_NREGS];	/* struct pt_regs at entry (or return) */
+	char comm[GF_COMM_LEN];
+	__u64 stack[GF_MAX_STACK];
+};
+
+enum gf_proc_kind {
+	GF_PROC_SIGNAL = 1,	/* a signal delivered to a watched process */
+	GF_PROC_EXIT = 2,	/* a watched process's last thread exited */
+};
+
+/* Ring "fires" also carries these (told apart by the leading magic). */
+struct gf_proc_event {
+	__u64 magic;		/* GF_PROC_MAGIC */
+	__u64 ts_ns;
+	__u32 pid;
+	__u32 tid;
+	__u32 kind;
+	__s32 signo;		/* signal number, or exit signal */
+	__s32 code;		/* si_code, or exit code */
+	__u32 pad;
+	char comm[GF_COMM_LEN];
+};
+
+#define GF_PROC_MAGIC 0x67667072636f6300ULL	/* "gfprcoc\0" never a seq */
+
+/*
+ * Map "pending", keyed by tid: what the copilot must do at this thread's
+ * next signal stop. Written before bpf_send_signal_thread().
+ */
+struct gf_pending {
+	__u64 fault_seq;
+	__u64 regs[GF_NREGS];	/* entry regs (skip) or return regs (after) */
+	__s64 retval;
+	__u64 stall_ns;
+	__u64 deadline_ns;	/* spec deadline, bpf_ktime_get_ns() */
+	__u32 action;
+	__u32 flags;		/* spec flags: GF_F_AFTER tells skip/after */
+};
+
+/* Map "inflight" value, keyed by (tid, func): entry state for return. */
+struct gf_inflight {
+	__u64 ts_ns;
+	__u64 call_seq;
+	__u64 fault_seq;
+	__u64 args[GF_NARGS];
+	__u32 fired;
+	__u32 pad;
+};
+
+/* Indexes of the global "stats" array (all __u64, atomically added). */
+enum gf_stat {
+	GF_STAT_EVENTS_LOST = 0,	/* events ring full */
+	GF_STAT_FIRES_LOST = 1,		/* fires ring full */
+	GF_STAT_SIGNAL_ERR = 2,		/* bpf_send_signal_thread failed */
+	GF_STAT_PENDING_ERR = 3,	/* pending map full */
+	GF_STAT_INFLIGHT_ERR = 4,	/* inflight map full */
+	GF_STAT_CORRUPT_ERR = 5,	/* user memory write failed */
+	GF_STAT_MAX = 8,
+};
+
+#endif /* __GPUFAULT_H */

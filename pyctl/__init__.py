@@ -1,0 +1,3 @@
+"""gpufault: fault injection and fault forensics for GPU inference stacks."""
+
+__version__ = "0.1.0"
