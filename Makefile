@@ -13,7 +13,7 @@ else
 Q := @
 endif
 # -mcpu=v3: clang 14 aborts on atomics whose result is used without it.
-BPF_CFLAGS := -g -O2 -target bpf -mcpu=v3 -D__TARGET_ARCH_x86 -Wall -Werror -I bpf
+BPF_CFLAGS := -g -O2 -target bpf -mcpu=v3 -D__TARGET_ARCH_x86 -Wall -Werror -I bpf -idirafter /usr/include/$(shell $(CC) -dumpmachine 2>/dev/null || echo x86_64-linux-gnu)
 
 BPF_SRCS := $(wildcard bpf/*.bpf.c)
 BPF_OBJS := $(patsubst bpf/%.bpf.c,$(DATA)/%.bpf.o,$(BPF_SRCS))
@@ -33,7 +33,20 @@ setup: deps build
 deps:
 	bash tools/setup-deps.sh
 
-build: $(BPF_OBJS) $(DOUBLES)
+TARGETS := $(OUT)/targets/gf_target $(OUT)/targets/libgftarget.so
+
+build: $(BPF_OBJS) $(DOUBLES) $(TARGETS)
+
+# Test targets: probed by the host tests; frame pointers, no CET, so each
+# function starts with `push %rbp` (a probe the kernel emulates); -O0 for
+# the library because gcc drops the prologue of leaf functions at -O2.
+TARGET_CFLAGS := -O2 -g -fno-omit-frame-pointer -mno-omit-leaf-frame-pointer -fcf-protection=none -Wall -Werror
+$(OUT)/targets/libgftarget.so: tests/targets/libgftarget.c
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(TARGET_CFLAGS) -O0 -shared -fPIC -o $@ $<
+
+$(OUT)/targets/gf_target: tests/targets/gf_target.c $(OUT)/targets/libgftarget.so
+	$(Q)$(CC) $(TARGET_CFLAGS) -o $@ $< -L$(OUT)/targets -lgftarget -Wl,-rpath,'$$ORIGIN' -lpthread
 
 $(DATA)/%.bpf.o: bpf/%.bpf.c bpf/*.h
 	@mkdir -p $(DATA)
@@ -43,6 +56,7 @@ $(DATA)/%.bpf.o: bpf/%.bpf.c bpf/*.h
 	$(Q)rm -f $@.tmp
 
 $(DOUBLES): $(wildcard doubles/*.c) $(wildcard doubles/Makefile)
+	@mkdir -p $(dir $@)
 	$(Q)$(MAKE) -s -C doubles OUT=$(abspath $(OUT)/doubles)
 	@touch $@
 

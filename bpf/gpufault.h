@@ -177,6 +177,11 @@ struct gf_pending {
 	__u64 deadline_ns;	/* spec deadline, bpf_ktime_get_ns() */
 	__u32 action;
 	__u32 flags;		/* spec flags: GF_F_AFTER tells skip/after */
+	/* corrupt where BPF may not write user memory (kernel lockdown) */
+	__u64 corrupt_addr;	/* where to write (arg + offset) */
+	__u64 corrupt_mask;
+	__u32 corrupt_op;
+	__u32 corrupt_len;
 };
 
 /* Map "inflight" value, keyed by (tid, func): entry state for return. */

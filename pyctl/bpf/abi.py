@@ -1,0 +1,196 @@
+"""Python mirrors of bpf/gpufault.h. tests/test_abi.py compiles a C program
+against the header and checks every size and field offset here."""
+
+from __future__ import annotations
+
+import ctypes as C
+
+ABI_VERSION = 1
+MAX_SPECS = 64
+NARGS = 6
+NREGS = 21
+MAX_STACK = 32
+COMM_LEN = 16
+
+# x86-64 struct pt_regs order (what BPF copies into regs[]).
+REG_NAMES = (
+    "r15", "r14", "r13", "r12", "bp", "bx", "r11", "r10", "r9", "r8",
+    "ax", "cx", "dx", "si", "di", "orig_ax", "ip", "cs", "flags", "sp", "ss",
+)  # fmt: skip
+
+ACT_OBSERVE, ACT_FAIL, ACT_SIGNAL, ACT_CORRUPT, ACT_STALL = 0, 1, 2, 3, 4
+ACTIONS = {"observe": 0, "fail": 1, "signal": 2, "corrupt": 3, "stall": 4}
+ACTION_NAMES = {v: k for k, v in ACTIONS.items()}
+
+MECH_BPF, MECH_REGS, MECH_COPILOT = 0, 1, 2
+MECH_NAMES = {0: "bpf", 1: "regs", 2: "copilot"}
+
+F_ENABLED = 1 << 0
+F_STICKY = 1 << 1
+F_AFTER = 1 << 2
+F_TRACE = 1 << 3
+F_CAP_REGS = 1 << 4
+F_CAP_STACK = 1 << 5
+F_REGS = 1 << 6
+F_COPILOT = 1 << 7
+F_RETPROBE = 1 << 8
+
+PRED_OPS = {"==": 1, "!=": 2, "<": 3, ">": 4, "<=": 5, ">=": 6, "&": 7}
+CORRUPT_OPS = {"zero": 0, "xor": 1, "set": 2}
+
+EV_CALL, EV_ENTRY, EV_FOLLOW = 1, 2, 3
+PROC_SIGNAL, PROC_EXIT = 1, 2
+PROC_MAGIC = 0x67667072636F6300
+
+STAT_NAMES = (
+    "events_lost",
+    "fires_lost",
+    "signal_err",
+    "pending_err",
+    "inflight_err",
+    "corrupt_err",
+)
+STAT_MAX = 8
+
+
+def cookie(spec: int, func: int) -> int:
+    return (spec << 32) | (func & 0xFFFFFFFF)
+
+
+class Spec(C.Structure):
+    _fields_ = [
+        ("action", C.c_uint32),
+        ("flags", C.c_uint32),
+        ("retval", C.c_int64),
+        ("tgid", C.c_uint32),
+        ("tid", C.c_uint32),
+        ("nth", C.c_uint64),
+        ("every", C.c_uint64),
+        ("after", C.c_uint64),
+        ("max_fires", C.c_uint64),
+        ("prob_ppm", C.c_uint32),
+        ("signo", C.c_uint32),
+        ("window_start_ns", C.c_uint64),
+        ("deadline_ns", C.c_uint64),
+        ("pred_arg", C.c_uint32),
+        ("pred_op", C.c_uint32),
+        ("pred_val", C.c_uint64),
+        ("corrupt_arg", C.c_uint32),
+        ("corrupt_op", C.c_uint32),
+        ("corrupt_off", C.c_uint32),
+        ("corrupt_len", C.c_uint32),
+        ("corrupt_mask", C.c_uint64),
+        ("stall_ns", C.c_uint64),
+    ]
+
+
+class Counters(C.Structure):
+    _fields_ = [
+        ("calls", C.c_uint64),
+        ("fires", C.c_uint64),
+        ("sticky", C.c_uint64),
+        ("expired", C.c_uint64),
+    ]
+
+
+class CallEvent(C.Structure):
+    _fields_ = [
+        ("ts_ns", C.c_uint64),
+        ("latency_ns", C.c_uint64),
+        ("cookie", C.c_uint64),
+        ("call_seq", C.c_uint64),
+        ("fault_seq", C.c_uint64),
+        ("args", C.c_uint64 * NARGS),
+        ("ret", C.c_int64),
+        ("pid", C.c_uint32),
+        ("tid", C.c_uint32),
+        ("kind", C.c_uint32),
+        ("flags", C.c_uint32),
+    ]
+
+
+# struct.Struct format of one ring record holding a CallEvent: the 8-byte
+# ring header (len | flags, page offset) then the event, all native-endian.
+# 64-bit fields are read signed: SQLite integers are signed 64-bit.
+CALL_RECORD_FMT = "=II5q6qqIIII"
+
+
+def s64(v: int) -> int:
+    """A u64 as SQLite stores it (two's complement); u64() undoes it."""
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+def u64(v: int) -> int:
+    return v & ((1 << 64) - 1)
+
+
+class FireEvent(C.Structure):
+    _fields_ = [
+        ("fault_seq", C.c_uint64),
+        ("ts_ns", C.c_uint64),
+        ("cookie", C.c_uint64),
+        ("call_seq", C.c_uint64),
+        ("pid", C.c_uint32),
+        ("tid", C.c_uint32),
+        ("action", C.c_uint32),
+        ("mech", C.c_uint32),
+        ("retval", C.c_int64),
+        ("flags", C.c_uint32),
+        ("stack_bytes", C.c_int32),
+        ("regs", C.c_uint64 * NREGS),
+        ("comm", C.c_char * COMM_LEN),
+        ("stack", C.c_uint64 * MAX_STACK),
+    ]
+
+
+class ProcEvent(C.Structure):
+    _fields_ = [
+        ("magic", C.c_uint64),
+        ("ts_ns", C.c_uint64),
+        ("pid", C.c_uint32),
+        ("tid", C.c_uint32),
+        ("kind", C.c_uint32),
+        ("signo", C.c_int32),
+        ("code", C.c_int32),
+        ("pad", C.c_uint32),
+        ("comm", C.c_char * COMM_LEN),
+    ]
+
+
+class Pending(C.Structure):
+    _fields_ = [
+        ("fault_seq", C.c_uint64),
+        ("regs", C.c_uint64 * NREGS),
+        ("retval", C.c_int64),
+        ("stall_ns", C.c_uint64),
+        ("deadline_ns", C.c_uint64),
+        ("action", C.c_uint32),
+        ("flags", C.c_uint32),
+        ("corrupt_addr", C.c_uint64),
+        ("corrupt_mask", C.c_uint64),
+        ("corrupt_op", C.c_uint32),
+        ("corrupt_len", C.c_uint32),
+    ]
+
+
+class Inflight(C.Structure):
+    _fields_ = [
+        ("ts_ns", C.c_uint64),
+        ("call_seq", C.c_uint64),
+        ("fault_seq", C.c_uint64),
+        ("args", C.c_uint64 * NARGS),
+        ("fired", C.c_uint32),
+        ("pad", C.c_uint32),
+    ]
+
+
+# name in the C header -> mirror, for the ABI test.
+MIRRORS: dict[str, type[C.Structure]] = {
+    "gf_spec": Spec,
+    "gf_counters": Counters,
+    "gf_call_event": CallEvent,
+    "gf_fire_event": FireEvent,
+    "gf_proc_event": ProcEvent,
+    "gf_pending": Pending,
+    "gf_inflight": Inflight,
+}

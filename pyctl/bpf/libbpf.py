@@ -1,0 +1,220 @@
+"""A small ctypes layer over the system libbpf (>= 1.0).
+
+Only what gpufault uses. libbpf 1.x returns NULL/negative and sets errno;
+every wrapper turns that into BpfError with the operation in the message.
+No compiler or kernel headers are needed: the objects are prebuilt CO-RE.
+"""
+
+from __future__ import annotations
+
+import ctypes as C
+import ctypes.util
+import os
+from pathlib import Path
+
+_DATA = Path(__file__).resolve().parent.parent / "data"
+
+
+class BpfError(OSError):
+    """A libbpf or bpf() call failed; str() is a one-line message."""
+
+
+class UprobeOpts(C.Structure):
+    # struct bpf_uprobe_opts as of libbpf 1.1; `sz` lets newer libbpf
+    # versions treat the fields it lacks as zero.
+    _fields_ = [
+        ("sz", C.c_size_t),
+        ("ref_ctr_offset", C.c_size_t),
+        ("bpf_cookie", C.c_uint64),
+        ("retprobe", C.c_bool),
+        ("func_name", C.c_char_p),
+    ]
+
+
+def _candidates() -> list[str]:
+    env = os.environ.get("GPUFAULT_LIBBPF")
+    out = [env] if env else []
+    # A bundled copy (the GPU machine image has no libbpf), then the system.
+    out += [str(p) for p in sorted(_DATA.glob("libbpf.so*"))]
+    found = ctypes.util.find_library("bpf")
+    out += ["libbpf.so.1", found or "libbpf.so"]
+    return out
+
+
+def _load() -> C.CDLL:
+    errors = []
+    for name in _candidates():
+        try:
+            return C.CDLL(name, use_errno=True)
+        except OSError as e:
+            errors.append(str(e))
+    raise BpfError(
+        "libbpf (>= 1.0) not found: install Debian/Ubuntu package libbpf1 "
+        "or set GPUFAULT_LIBBPF=/path/to/libbpf.so.1"
+    )
+
+
+_lib: C.CDLL | None = None
+
+
+def lib() -> C.CDLL:
+    global _lib
+    if _lib is None:
+        _lib = _load()
+        _declare(_lib)
+        if not os.environ.get("GPUFAULT_DEBUG"):
+            # Silence libbpf's stderr chatter; errors come back as errno.
+            _lib.libbpf_set_print(None)
+    return _lib
+
+
+def _declare(lb: C.CDLL) -> None:
+    vp, cp, i, u32 = C.c_void_p, C.c_char_p, C.c_int, C.c_uint32
+    sig = {
+        "libbpf_set_print": (vp, [vp]),
+        "libbpf_major_version": (u32, []),
+        "libbpf_minor_version": (u32, []),
+        "bpf_object__open_file": (vp, [cp, vp]),
+        "bpf_object__load": (i, [vp]),
+        "bpf_object__close": (None, [vp]),
+        "bpf_object__find_program_by_name": (vp, [vp, cp]),
+        "bpf_object__next_map": (vp, [vp, vp]),
+        "bpf_program__set_autoload": (i, [vp, C.c_bool]),
+        "bpf_program__fd": (i, [vp]),
+        "bpf_program__attach": (vp, [vp]),
+        "bpf_program__attach_uprobe_opts": (vp, [vp, i, cp, C.c_size_t, C.POINTER(UprobeOpts)]),
+        "bpf_map__name": (cp, [vp]),
+        "bpf_map__fd": (i, [vp]),
+        "bpf_map__set_max_entries": (i, [vp, u32]),
+        "bpf_map__max_entries": (u32, [vp]),
+        "bpf_map__initial_value": (vp, [vp, C.POINTER(C.c_size_t)]),
+        "bpf_link__destroy": (i, [vp]),
+        "bpf_map_update_elem": (i, [i, vp, vp, C.c_uint64]),
+        "bpf_map_lookup_elem": (i, [i, vp, vp]),
+        "bpf_map_lookup_and_delete_elem": (i, [i, vp, vp]),
+        "bpf_map_delete_elem": (i, [i, vp]),
+    }
+    for name, (res, args) in sig.items():
+        fn = getattr(lb, name)
+        fn.restype = res
+        fn.argtypes = args
+
+
+def version() -> tuple[int, int]:
+    lb = lib()
+    return int(lb.libbpf_major_version()), int(lb.libbpf_minor_version())
+
+
+def _err(what: str) -> BpfError:
+    e = C.get_errno()
+    return BpfError(e, f"{what}: {os.strerror(e) if e else 'failed'}")
+
+
+class Object:
+    """One BPF object file: open, tune before load, load, attach, close."""
+
+    def __init__(self, path: str | os.PathLike[str]):
+        self.path = str(path)
+        self._lib = lib()
+        C.set_errno(0)
+        self.ptr = self._lib.bpf_object__open_file(self.path.encode(), None)
+        if not self.ptr:
+            raise _err(f"cannot open BPF object {self.path}")
+        self.links: list[int] = []
+
+    def program(self, name: str) -> int:
+        p = self._lib.bpf_object__find_program_by_name(self.ptr, name.encode())
+        if not p:
+            raise BpfError(f"BPF program {name} not in {self.path}")
+        return int(p)
+
+    def map(self, name: str) -> int:
+        """Find a map by name; '.rodata' finds the object's read-only data."""
+        m = self._lib.bpf_object__next_map(self.ptr, None)
+        while m:
+            mname = self._lib.bpf_map__name(m).decode()
+            if mname == name or (name.startswith(".") and mname.endswith(name)):
+                return int(m)
+            m = self._lib.bpf_object__next_map(self.ptr, m)
+        raise BpfError(f"BPF map {name} not in {self.path}")
+
+    def set_autoload(self, prog: str, on: bool) -> None:
+        self._lib.bpf_program__set_autoload(self.program(prog), on)
+
+    def set_max_entries(self, mapname: str, n: int) -> None:
+        if self._lib.bpf_map__set_max_entries(self.map(mapname), n):
+            raise _err(f"cannot size map {mapname}")
+
+    def initial_value(self, mapname: str) -> tuple[int, int]:
+        """Address and size of a global-data map's contents (before load)."""
+        size = C.c_size_t(0)
+        addr = self._lib.bpf_map__initial_value(self.map(mapname), C.byref(size))
+        if not addr:
+            raise BpfError(f"no initial value for {mapname}")
+        return int(addr), size.value
+
+    def load(self) -> None:
+        C.set_errno(0)
+        if self._lib.bpf_object__load(self.ptr):
+            e = C.get_errno()
+            raise BpfError(
+                e, f"cannot load BPF object {os.path.basename(self.path)}: {os.strerror(e)}"
+            )
+
+    def map_fd(self, name: str) -> int:
+        fd = self._lib.bpf_map__fd(self.map(name))
+        if fd < 0:
+            raise BpfError(f"map {name} has no fd (not loaded?)")
+        return int(fd)
+
+    def attach_uprobe(
+        self, prog: str, pid: int, path: str, offset: int, cookie: int, retprobe: bool
+    ) -> int:
+        opts = UprobeOpts(
+            sz=C.sizeof(UprobeOpts), bpf_cookie=cookie, retprobe=retprobe, func_name=None
+        )
+        C.set_errno(0)
+        link = self._lib.bpf_program__attach_uprobe_opts(
+            self.program(prog), pid, path.encode(), offset, C.byref(opts)
+        )
+        if not link:
+            kind = "uretprobe" if retprobe else "uprobe"
+            raise _err(f"cannot attach {kind} at {path}+{offset:#x}")
+        self.links.append(int(link))
+        return int(link)
+
+    def attach(self, prog: str) -> int:
+        C.set_errno(0)
+        link = self._lib.bpf_program__attach(self.program(prog))
+        if not link:
+            raise _err(f"cannot attach {prog}")
+        self.links.append(int(link))
+        return int(link)
+
+    def detach_all(self) -> None:
+        while self.links:
+            self._lib.bpf_link__destroy(self.links.pop())
+
+    def close(self) -> None:
+        self.detach_all()
+        if self.ptr:
+            self._lib.bpf_object__close(self.ptr)
+            self.ptr = None
+
+
+def map_update(fd: int, key: C._CData, value: C._CData, flags: int = 0) -> None:
+    C.set_errno(0)
+    if lib().bpf_map_update_elem(fd, C.byref(key), C.byref(value), flags):
+        raise _err("bpf map update")
+
+
+def map_lookup(fd: int, key: C._CData, value: C._CData) -> bool:
+    return lib().bpf_map_lookup_elem(fd, C.byref(key), C.byref(value)) == 0
+
+
+def map_lookup_and_delete(fd: int, key: C._CData, value: C._CData) -> bool:
+    return lib().bpf_map_lookup_and_delete_elem(fd, C.byref(key), C.byref(value)) == 0
+
+
+def map_delete(fd: int, key: C._CData) -> bool:
+    return lib().bpf_map_delete_elem(fd, C.byref(key)) == 0

@@ -1,0 +1,131 @@
+"""What this kernel and host allow, probed for real (never from versions).
+
+Used by `gpufault doctor` and by the engine to choose the fail mechanism.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+DATA = Path(__file__).resolve().parent / "data"
+MAIN_OBJ = DATA / "gpufault.bpf.o"
+REGS_PROBE_OBJ = DATA / "regs_probe.bpf.o"
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+
+def _trial_load(prog: str) -> bool:
+    from pyctl.bpf.libbpf import BpfError, Object
+
+    try:
+        obj = Object(REGS_PROBE_OBJ)
+    except BpfError:
+        return False
+    try:
+        for p in ("gf_regs_probe", "gf_write_probe"):
+            obj.set_autoload(p, p == prog)
+        obj.load()
+        return True
+    except BpfError:
+        return False
+    finally:
+        obj.close()
+
+
+@lru_cache(maxsize=1)
+def regs_writable() -> bool:
+    """True when the verifier accepts a uprobe program that writes pt_regs."""
+    return _trial_load("gf_regs_probe")
+
+
+@lru_cache(maxsize=1)
+def user_writable() -> bool:
+    """True when BPF may write user memory (bpf_probe_write_user); kernel
+    lockdown (integrity) forbids it, and corrupt then uses the copilot."""
+    return _trial_load("gf_write_probe")
+
+
+def _tracefs() -> str | None:
+    for p in ("/sys/kernel/tracing", "/sys/kernel/debug/tracing"):
+        if os.path.exists(os.path.join(p, "events")):
+            return p
+    return None
+
+
+def ptrace_scope() -> int:
+    try:
+        return int(Path("/proc/sys/kernel/yama/ptrace_scope").read_text())
+    except (OSError, ValueError):
+        return 0
+
+
+def checks() -> list[Check]:
+    out: list[Check] = []
+    root = os.geteuid() == 0
+    out.append(Check("root", root, "euid 0" if root else f"euid {os.geteuid()}", "run as root"))
+    try:
+        from pyctl.bpf import libbpf
+
+        major, minor = libbpf.version()
+        ok = major >= 1
+        out.append(
+            Check("libbpf", ok, f"libbpf {major}.{minor}", "install libbpf1 (>= 1.0)")
+        )
+    except Exception as e:  # noqa: BLE001 - doctor reports, never crashes
+        out.append(Check("libbpf", False, str(e), "install libbpf1 or set GPUFAULT_LIBBPF"))
+        return out
+    btf = os.path.exists("/sys/kernel/btf/vmlinux")
+    out.append(Check("btf", btf, "/sys/kernel/btf/vmlinux" if btf else "missing",
+                     "kernel built without CONFIG_DEBUG_INFO_BTF: CO-RE relocations fail"))
+    objs = MAIN_OBJ.exists()
+    out.append(Check("bpf objects", objs, str(MAIN_OBJ) if objs else "not built", "run make build"))
+    if root and objs:
+        from pyctl.bpf.libbpf import BpfError, Object
+
+        try:
+            obj = Object(MAIN_OBJ)
+            obj.set_autoload("gf_entry_regs", False)
+            for p in ("gf_return_regs", "gf_return_wu", "gf_return_regs_wu"):
+                obj.set_autoload(p, False)
+            obj.load()
+            obj.close()
+            out.append(Check("bpf + uprobes", True, "engine programs load"))
+        except BpfError as e:
+            out.append(Check("bpf + uprobes", False, str(e),
+                             "need CONFIG_BPF_SYSCALL, CONFIG_UPROBE_EVENTS, CAP_BPF+CAP_PERFMON"))
+        rw = regs_writable()
+        out.append(Check(
+            "register writes", True,
+            "uprobe programs may write pt_regs: fail uses the regs mechanism (no stop)"
+            if rw else
+            "verifier refuses pt_regs writes in uprobes: fail uses the ptrace copilot",
+        ))
+        wu = user_writable()
+        out.append(Check(
+            "user memory writes", True,
+            "bpf_probe_write_user allowed: corrupt is done in BPF"
+            if wu else
+            "bpf_probe_write_user refused (kernel lockdown?): corrupt uses the ptrace copilot",
+        ))
+    tf = _tracefs()
+    out.append(Check("tracefs", tf is not None, tf or "not mounted",
+                     "mount -t tracefs nodev /sys/kernel/tracing"))
+    if tf:
+        xid = os.path.exists(os.path.join(tf, "events/nvidia/nvidia_dev_xid"))
+        out.append(Check("nvidia xid tracepoint", xid,
+                         "nvidia:nvidia_dev_xid present" if xid else "absent",
+                         "needs the NVIDIA open kernel module >= 575 loaded; "
+                         "without it Xids are not recorded"))
+    scope = ptrace_scope()
+    out.append(Check("ptrace", root and scope < 3, f"yama ptrace_scope={scope}",
+                     "ptrace_scope 3 forbids the copilot: fail/stall need register writes"))
+    return out

@@ -1,0 +1,266 @@
+"""Where to probe: libraries of a process (or on disk) and their symbols.
+
+A library is found in the target's /proc/PID/maps (the exact file it mapped,
+through /proc/PID/root so paths inside containers work), by path, or by
+soname (the target's LD_LIBRARY_PATH, ldconfig's cache, the usual dirs)
+when the target has not loaded it yet. Symbols come from .dynsym and
+.symtab, with versioned names (`sym@@VER`) folded, and glob patterns.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+import subprocess
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from elftools.elf.elffile import ELFFile
+from elftools.elf.sections import SymbolTableSection
+
+
+class ResolveError(Exception):
+    """One-line, user-facing: says what was searched and what to do."""
+
+
+ENDBR64 = bytes.fromhex("f30f1efa")
+# First-instruction bytes the kernel emulates instead of single-stepping:
+# push %rbp/%rbx/..., push r12-r15 (41 5x), nop.
+_CHEAP_FIRST = (b"\x55", b"\x53", b"\x41\x54", b"\x41\x55", b"\x41\x56", b"\x41\x57", b"\x90")
+
+
+@dataclass(frozen=True)
+class Library:
+    path: str  # path as opened by us (may go through /proc/PID/root)
+    display: str  # path as the target sees it
+    dev: int
+    inode: int
+    mapped: bool  # True when found in the target's maps
+
+
+@dataclass
+class Symbol:
+    name: str
+    address: int  # st_value (virtual address)
+    size: int
+    offset: int  # file offset of the probe site
+    first_insn: str  # "push", "endbr64", "other"
+    skipped_endbr: bool = False
+    aliases: list[str] = field(default_factory=list)
+
+    @property
+    def slow(self) -> bool:
+        """True when the kernel must single-step the first instruction."""
+        return self.first_insn == "other"
+
+
+def pid_alive(pid: int) -> bool:
+    return Path(f"/proc/{pid}").exists()
+
+
+def _maps(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/maps").read_text().splitlines()
+    except FileNotFoundError:
+        raise ResolveError(f"no process {pid}: check the pid (is it still running?)") from None
+    except PermissionError:
+        raise ResolveError(f"cannot read /proc/{pid}/maps: run gpufault as root") from None
+
+
+def mapped_files(pid: int) -> list[str]:
+    seen: list[str] = []
+    for line in _maps(pid):
+        parts = line.split(None, 5)
+        if len(parts) == 6 and parts[5].startswith("/"):
+            p = parts[5].strip()
+            if p.endswith(" (deleted)"):
+                continue
+            if p not in seen:
+                seen.append(p)
+    return seen
+
+
+def _lib_from(path: str, display: str, mapped: bool) -> Library:
+    st = os.stat(path)
+    return Library(path, display, st.st_dev, st.st_ino, mapped)
+
+
+def _name_matches(basename: str, want: str) -> bool:
+    if any(c in want for c in "*?["):
+        return fnmatch.fnmatch(basename, want)
+    if basename == want:
+        return True
+    # "libcuda" or "libcuda.so" matches libcuda.so.1, libcuda.so.580.1 ...
+    stem = want if want.startswith("lib") else f"lib{want}"
+    return bool(re.fullmatch(re.escape(stem) + r"(\.so)?(\.[0-9][\w.]*)?", basename)) or (
+        basename.startswith(stem + ".so")
+        or basename.startswith(stem + ".cpython")
+        or basename.startswith(stem + ".abi3")
+    )
+
+
+def _search_dirs(pid: int | None) -> list[str]:
+    dirs: list[str] = []
+    if pid:
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            for kv in env:
+                if kv.startswith(b"LD_LIBRARY_PATH="):
+                    dirs += [d for d in kv[16:].decode(errors="replace").split(":") if d]
+        except OSError:
+            pass
+    dirs += os.environ.get("LD_LIBRARY_PATH", "").split(":")
+    dirs += ["/usr/local/nvidia/lib64", "/usr/local/cuda/lib64", "/usr/lib/x86_64-linux-gnu",
+             "/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/lib"]  # fmt: skip
+    return [d for d in dirs if d]
+
+
+@lru_cache(maxsize=1)
+def _ldconfig() -> dict[str, str]:
+    out: dict[str, str] = {}
+    try:
+        text = subprocess.run(
+            ["ldconfig", "-p"], capture_output=True, text=True, timeout=10
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return out
+    for line in text.splitlines():
+        m = re.match(r"\s*(\S+) \(([^)]*)\) => (\S+)", line)
+        if m and "x86-64" in m.group(2):
+            out.setdefault(m.group(1), m.group(3))
+    return out
+
+
+def find_library(want: str, pid: int | None = None) -> Library:
+    """Resolve --lib: a path, or a name/soname/glob looked up in the target."""
+    root = f"/proc/{pid}/root" if pid else ""
+    if "/" in want:
+        for cand in ([root + want] if root else []) + [want]:
+            if os.path.isfile(cand):
+                mapped = pid is not None and want in mapped_files(pid)
+                return _lib_from(cand, want, mapped)
+        raise ResolveError(f"library {want} not found: give an existing path or a soname")
+    if pid is not None:
+        for path in mapped_files(pid):
+            if _name_matches(os.path.basename(path), want):
+                return _lib_from(root + path, path, True)
+    # Not loaded (yet): the file the target would load.
+    for d in _search_dirs(pid):
+        try:
+            names = sorted(os.listdir(root + d if root else d))
+        except OSError:
+            continue
+        for n in names:
+            if _name_matches(n, want):
+                p = os.path.join(d, n)
+                return _lib_from(root + p if root else p, p, False)
+    for soname, p in _ldconfig().items():
+        if _name_matches(soname, want):
+            return _lib_from(p, p, False)
+    where = f"process {pid}'s maps, " if pid else ""
+    raise ResolveError(
+        f"library {want!r} not found in {where}LD_LIBRARY_PATH, ldconfig or the usual "
+        "dirs: pass --lib /full/path/to/the.so"
+    )
+
+
+@lru_cache(maxsize=64)
+def _elf_symbols(path: str, mtime: float) -> tuple[dict[str, tuple[int, int]], list, str]:
+    """name -> (st_value, st_size) for defined functions; PT_LOADs; build-id."""
+    syms: dict[str, tuple[int, int]] = {}
+    with open(path, "rb") as f:
+        elf = ELFFile(f)
+        if elf.get_machine_arch() != "x64":
+            raise ResolveError(f"{path} is not an x86-64 ELF file")
+        loads = [
+            (s["p_vaddr"], s["p_offset"], s["p_filesz"])
+            for s in elf.iter_segments()
+            if s["p_type"] == "PT_LOAD"
+        ]
+        for secname in (".dynsym", ".symtab"):
+            sec = elf.get_section_by_name(secname)
+            if not isinstance(sec, SymbolTableSection):
+                continue
+            for sym in sec.iter_symbols():
+                if sym["st_info"]["type"] not in ("STT_FUNC", "STT_GNU_IFUNC"):
+                    continue
+                if sym["st_shndx"] == "SHN_UNDEF" or not sym["st_value"]:
+                    continue
+                name = sym.name.split("@")[0]
+                if name and name not in syms:
+                    syms[name] = (sym["st_value"], sym["st_size"])
+        build_id = ""
+        for sec in elf.iter_sections():
+            if sec["sh_type"] == "SHT_NOTE":
+                for note in sec.iter_notes():
+                    if note["n_type"] == "NT_GNU_BUILD_ID":
+                        build_id = note["n_desc"]
+    return syms, loads, build_id
+
+
+def build_id(path: str) -> str:
+    return _elf_symbols(path, os.stat(path).st_mtime)[2]
+
+
+def vaddr_to_offset(loads: list, vaddr: int) -> int:
+    for v, off, sz in loads:
+        if v <= vaddr < v + sz:
+            return vaddr - v + off
+    raise ResolveError(f"address {vaddr:#x} is not in a loadable segment")
+
+
+def _classify(head: bytes) -> str:
+    if head.startswith(ENDBR64):
+        return "endbr64"
+    if any(head.startswith(p) for p in _CHEAP_FIRST):
+        return "push"
+    return "other"
+
+
+def symbols(lib: Library, pattern: str) -> list[Symbol]:
+    """Functions of lib matching a name or glob. Raises when none match."""
+    table, loads, _ = _elf_symbols(lib.path, os.stat(lib.path).st_mtime)
+    globby = any(c in pattern for c in "*?[")
+    names = fnmatch.filter(table, pattern) if globby else [n for n in table if n == pattern]
+    if not names:
+        close = [n for n in table if pattern.lower().rstrip("*") in n.lower()][:5]
+        hint = f" (close: {', '.join(sorted(close))})" if close else ""
+        raise ResolveError(
+            f"symbol {pattern!r} not found in {lib.display}{hint}: "
+            "list them with `gpufault probes LIB`"
+        )
+    by_addr: dict[int, Symbol] = {}
+    with open(lib.path, "rb") as f:
+        for n in sorted(names):
+            addr, size = table[n]
+            if addr in by_addr:  # aliases (cuMemAlloc and cuMemAlloc_v2 can share code)
+                by_addr[addr].aliases.append(n)
+                continue
+            off = vaddr_to_offset(loads, addr)
+            f.seek(off)
+            head = f.read(8)
+            kind = _classify(head)
+            skipped = False
+            if kind == "endbr64":
+                # Same semantics one instruction later, and ~40x cheaper:
+                # the kernel emulates a push, it single-steps endbr64.
+                off += 4
+                kind = _classify(head[4:])
+                skipped = True
+            by_addr[addr] = Symbol(n, addr, size, off, kind, skipped)
+    return list(by_addr.values())
+
+
+def all_functions(lib: Library) -> dict[str, tuple[int, int]]:
+    return dict(_elf_symbols(lib.path, os.stat(lib.path).st_mtime)[0])
+
+
+VARIANT_SUFFIXES = ("_v2", "_v3", "_v4", "_ptsz", "_ptds", "_v2_ptsz", "_v2_ptds")
+
+
+def variants(lib: Library, base: str) -> list[str]:
+    """Exported variants of a CUDA-style name (cuMemcpy -> cuMemcpy_v2, ...)."""
+    table = all_functions(lib)
+    return [base + s for s in ("",) + VARIANT_SUFFIXES if base + s in table]

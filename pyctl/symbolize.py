@@ -1,0 +1,56 @@
+"""Turn user-stack addresses into 'lib!symbol+off' using /proc/PID/maps and
+ELF symbols. Read at ingest time, while the process (usually) still lives."""
+
+from __future__ import annotations
+
+import bisect
+import os
+from functools import lru_cache
+from pathlib import Path
+
+from pyctl import resolve
+
+
+@lru_cache(maxsize=64)
+def _sorted_syms(path: str, mtime: float) -> tuple[list[int], list[str]]:
+    table, _, _ = resolve._elf_symbols(path, mtime)
+    items = sorted((addr, name) for name, (addr, _size) in table.items())
+    return [a for a, _ in items], [n for _, n in items]
+
+
+class Symbolizer:
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.maps: list[tuple[int, int, int, str]] = []
+        try:
+            for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+                parts = line.split(None, 5)
+                if len(parts) < 6 or not parts[5].startswith("/"):
+                    continue
+                lo, hi = (int(x, 16) for x in parts[0].split("-"))
+                self.maps.append((lo, hi, int(parts[2], 16), parts[5].strip()))
+        except OSError:
+            pass
+
+    def _load_bias(self, path: str) -> int | None:
+        # The lowest mapping of a file at file offset 0 is its load base.
+        bases = [lo - off for lo, _hi, off, p in self.maps if p == path]
+        return min(bases) if bases else None
+
+    def symbolize(self, addr: int) -> str:
+        for lo, hi, _off, path in self.maps:
+            if lo <= addr < hi:
+                base = self._load_bias(path) or 0
+                rel = addr - base
+                addrs, names = [], []
+                for real in (f"/proc/{self.pid}/root{path}", path):
+                    try:
+                        addrs, names = _sorted_syms(real, os.stat(real).st_mtime)
+                        break
+                    except Exception:  # noqa: BLE001 - gone or unreadable: try the next
+                        continue
+                i = bisect.bisect_right(addrs, rel) - 1
+                if i >= 0:
+                    return f"{os.path.basename(path)}!{names[i]}+{rel - addrs[i]:#x}"
+                return f"{os.path.basename(path)}+{rel:#x}"
+        return f"{addr:#x}"

@@ -1,0 +1,100 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * Test target: reads commands from stdin, one per line, so tests attach
+ * first and then drive calls (no sleeps as synchronization).
+ *   victim N T   - T threads each call gf_victim N times; prints per-thread
+ *                  lines "t=<idx> tid=<tid> i=<k> ret=<r> out=<o>"
+ *   alloc N      - gf_alloc N times, prints "alloc i=<k> ret=<r> ptr=<p>"
+ *   empty N      - gf_empty N times (benchmarks), prints "ns_per_call=<x>"
+ *   quit         - exit 0
+ * Prints "ready pid=<pid>" at start and "done" after each command.
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+long gf_victim(long a, long *out);
+int gf_alloc(uint64_t *dptr, uint64_t size);
+long gf_empty(long a);
+
+struct job { int idx; long n; };
+static pthread_mutex_t out_lock = PTHREAD_MUTEX_INITIALIZER;
+static int quiet;
+
+static void *run_victim(void *arg)
+{
+	struct job *j = arg;
+	long tid = syscall(SYS_gettid);
+
+	for (long i = 1; i <= j->n; i++) {
+		long out = -1;
+		long r = gf_victim(i, &out);
+
+		if (!quiet || r != i + 1 || out != 2 * i) {
+			pthread_mutex_lock(&out_lock);
+			printf("t=%d tid=%ld i=%ld ret=%ld out=%ld\n", j->idx, tid, i, r, out);
+			pthread_mutex_unlock(&out_lock);
+		}
+	}
+	return NULL;
+}
+
+static double now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1e9 + ts.tv_nsec;
+}
+
+int main(void)
+{
+	char line[256];
+
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	printf("ready pid=%d\n", getpid());
+	while (fgets(line, sizeof(line), stdin)) {
+		long n = 0, t = 1;
+
+		if (sscanf(line, "victim %ld %ld", &n, &t) >= 1 ||
+		    sscanf(line, "quiet %ld %ld", &n, &t) >= 1) {
+			pthread_t th[64];
+			struct job jobs[64];
+
+			quiet = line[0] == 'q';
+			if (t < 1 || t > 64)
+				t = 1;
+			for (int i = 0; i < t; i++) {
+				jobs[i].idx = i;
+				jobs[i].n = n;
+				pthread_create(&th[i], NULL, run_victim, &jobs[i]);
+			}
+			for (int i = 0; i < t; i++)
+				pthread_join(th[i], NULL);
+		} else if (sscanf(line, "alloc %ld", &n) == 1) {
+			for (long i = 1; i <= n; i++) {
+				uint64_t p = 0;
+				int r = gf_alloc(&p, 4096 * i);
+
+				printf("alloc i=%ld ret=%d ptr=%#lx\n", i, r, (unsigned long)p);
+			}
+		} else if (sscanf(line, "empty %ld", &n) == 1) {
+			double t0 = now_ns();
+			long acc = 0;
+
+			for (long i = 0; i < n; i++)
+				acc += gf_empty(i);
+			printf("ns_per_call=%.2f acc=%ld\n", (now_ns() - t0) / n, acc);
+		} else if (!strncmp(line, "quit", 4)) {
+			return 0;
+		}
+		printf("done\n");
+	}
+	return 0;
+}
