@@ -137,6 +137,7 @@ class Engine:
         use_user_writes: bool | None = None,
         watch_pids: Sequence[int] = (),
         seize_pid: int | None = None,
+        resolve_in_target: bool = True,
     ):
         self.specs = [s.validate() for s in specs]
         self.pid = pid
@@ -149,6 +150,8 @@ class Engine:
         self.wu = user_writable() if use_user_writes is None else use_user_writes
         self.watch = list(watch_pids) or ([pid] if pid else [])
         self.seize_pid = seize_pid if seize_pid is not None else pid
+        # False for a command we hold before exec: its maps are still ours.
+        self.resolve_in_target = resolve_in_target
         self.obj: Object | None = None
         self.db: Any = None
         self.run_id = ""
@@ -186,7 +189,9 @@ class Engine:
                 "fail/stall on this kernel go through the ptrace copilot, which needs a "
                 "target: add --pid PID or -- CMD"
             )
-        self.atts = plan(self.specs, self.pid)
+        self.atts = plan(self.specs, self.pid if self.resolve_in_target else None)
+        if self.pid is not None and not resolve.pid_alive(self.pid):
+            raise EngineError(f"no process {self.pid}: check the pid (is it still running?)")
         # Regs skip mode must not have a return probe on the same function:
         # the kernel would hijack a return address at the popped stack slot.
         for a in self.atts:
@@ -321,6 +326,15 @@ class Engine:
             )
 
     # ---- the loop -----------------------------------------------------
+    def refresh_maps(self) -> None:
+        """Keep a recent copy of each watched process's maps for stacks."""
+        for p in self.watch:
+            sym = self._symbolizers.get(p)
+            if sym is None:
+                self._symbolizers[p] = Symbolizer(p)
+            else:
+                sym.refresh()
+
     def poll(self, timeout: float = 0.05) -> int:
         """Wait up to timeout for events, then ingest whatever is there."""
         assert self._ep is not None
@@ -418,6 +432,10 @@ class Engine:
         sym = self._symbolizers.get(ev.pid)
         if sym is None:
             sym = self._symbolizers[ev.pid] = Symbolizer(ev.pid)
+        # The probe site's address gives the library's load base for free.
+        probe_vaddr = a.sym.address + (4 if a.sym.skipped_endbr else 0)
+        if ev.action != abi.ACT_FAIL or not (ev.flags & abi.F_AFTER):
+            sym.learn_base(a.lib.path, regs["ip"] - probe_vaddr)
         frames = []
         if ev.stack_bytes > 0:
             for i in range(min(ev.stack_bytes // 8, abi.MAX_STACK)):

@@ -101,8 +101,36 @@ def _name_matches(basename: str, want: str) -> bool:
     )
 
 
+_extra_dirs: list[str] = []
+
+
+def add_search_dirs_for_program(program: str) -> None:
+    """Let name lookups see where a program we are about to start would load
+    its libraries from: its RUNPATH/RPATH ($ORIGIN expanded)."""
+    import shutil
+
+    path = program if "/" in program else shutil.which(program)
+    if not path or not os.path.isfile(path):
+        return
+    origin = os.path.dirname(os.path.realpath(path))
+    try:
+        with open(path, "rb") as f:
+            dyn = ELFFile(f).get_section_by_name(".dynamic")
+            if dyn is None:
+                return
+            for tag in dyn.iter_tags():
+                if tag.entry.d_tag in ("DT_RUNPATH", "DT_RPATH"):
+                    val = tag.runpath if tag.entry.d_tag == "DT_RUNPATH" else tag.rpath
+                    for d in val.split(":"):
+                        d = d.replace("$ORIGIN", origin).replace("${ORIGIN}", origin)
+                        if d and d not in _extra_dirs:
+                            _extra_dirs.append(d)
+    except Exception:  # noqa: BLE001 - not an ELF (a script): nothing to add
+        return
+
+
 def _search_dirs(pid: int | None) -> list[str]:
-    dirs: list[str] = []
+    dirs: list[str] = list(_extra_dirs)
     if pid:
         try:
             env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")

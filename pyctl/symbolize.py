@@ -22,15 +22,45 @@ class Symbolizer:
     def __init__(self, pid: int):
         self.pid = pid
         self.maps: list[tuple[int, int, int, str]] = []
+        # path -> load base, learnt from fires at known probe sites; used when
+        # the process died before its maps could be read.
+        self.known: dict[str, int] = {}
+        self.refresh()
+
+    def learn_base(self, path: str, base: int) -> None:
+        self.known[path] = base
+
+    def _from_known(self, addr: int) -> str | None:
+        for path, base in self.known.items():
+            rel = addr - base
+            if rel < 0:
+                continue
+            try:
+                addrs, names = _sorted_syms(path, os.stat(path).st_mtime)
+                table = resolve._elf_symbols(path, os.stat(path).st_mtime)[0]
+            except Exception:  # noqa: BLE001 - unreadable: no answer
+                continue
+            i = bisect.bisect_right(addrs, rel) - 1
+            if i >= 0 and rel - addrs[i] < max(table[names[i]][1], 1):
+                return f"{os.path.basename(path)}!{names[i]}+{rel - addrs[i]:#x}"
+        return None
+
+    def refresh(self) -> bool:
+        """Re-read the maps; keep the last good copy once the process is gone
+        (a target that crashes on its first fault is gone before we look)."""
+        maps = []
         try:
-            for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+            for line in Path(f"/proc/{self.pid}/maps").read_text().splitlines():
                 parts = line.split(None, 5)
                 if len(parts) < 6 or not parts[5].startswith("/"):
                     continue
                 lo, hi = (int(x, 16) for x in parts[0].split("-"))
-                self.maps.append((lo, hi, int(parts[2], 16), parts[5].strip()))
+                maps.append((lo, hi, int(parts[2], 16), parts[5].strip()))
         except OSError:
-            pass
+            return False
+        if maps:
+            self.maps = maps
+        return True
 
     def _load_bias(self, path: str) -> int | None:
         # The lowest mapping of a file at file offset 0 is its load base.
@@ -38,6 +68,8 @@ class Symbolizer:
         return min(bases) if bases else None
 
     def symbolize(self, addr: int) -> str:
+        if not any(lo <= addr < hi for lo, hi, _o, _p in self.maps):
+            self.refresh()
         for lo, hi, _off, path in self.maps:
             if lo <= addr < hi:
                 base = self._load_bias(path) or 0
@@ -53,4 +85,4 @@ class Symbolizer:
                 if i >= 0:
                     return f"{os.path.basename(path)}!{names[i]}+{rel - addrs[i]:#x}"
                 return f"{os.path.basename(path)}+{rel:#x}"
-        return f"{addr:#x}"
+        return self._from_known(addr) or f"{addr:#x}"

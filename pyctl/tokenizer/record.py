@@ -1,0 +1,106 @@
+"""Campaign results in the evidence store: table `tok_cases`, one row per
+injected case, keyed by fault ID `<run_id>-<seq>`.
+
+Inputs are redacted by default: the row keeps the SHA-256 of the UTF-8
+bytes (lone surrogates encoded with surrogatepass) and the lengths; the
+text itself only with keep_text=True (`--keep-text`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+TABLE = "tok_cases"
+COLUMNS = {
+    "fault_id": str,
+    "run_id": str,
+    "seq": int,
+    "campaign": str,
+    "kind": str,
+    "input_sha256": str,
+    "input_len": int,
+    "input_bytes": int,
+    "text": str,
+    "outcome": str,
+    "error": str,
+    "latency_ns": int,
+    "details": str,
+}
+
+
+def text_bytes(text: str) -> bytes:
+    return text.encode("utf-8", "surrogatepass")
+
+
+def digest(text: str) -> str:
+    return hashlib.sha256(text_bytes(text)).hexdigest()
+
+
+def ensure_table(db: Any) -> None:
+    with db.conn:
+        db[TABLE].create(COLUMNS, pk="fault_id", if_not_exists=True)
+        db.execute(f"CREATE INDEX IF NOT EXISTS {TABLE}_run ON {TABLE}(run_id, campaign)")
+
+
+@dataclass
+class Recorder:
+    """Buffers rows and writes them in one transaction per batch. With no
+    database it only numbers the cases (for --json without --db)."""
+
+    db: Any | None
+    run_id: str
+    campaign: str
+    keep_text: bool = False
+    batch: int = 500
+    seq: int = 0
+    _rows: list[dict[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.db is not None:
+            ensure_table(self.db)
+
+    def add(
+        self,
+        kind: str,
+        text: str,
+        outcome: str,
+        *,
+        error: str = "",
+        latency_ns: int | None = None,
+        details: dict[str, Any] | None = None,
+    ) -> str:
+        self.seq += 1
+        fid = f"{self.run_id}-{self.seq}"
+        self._rows.append(
+            {
+                "fault_id": fid,
+                "run_id": self.run_id,
+                "seq": self.seq,
+                "campaign": self.campaign,
+                "kind": kind,
+                "input_sha256": digest(text),
+                "input_len": len(text),
+                "input_bytes": len(text_bytes(text)),
+                # Text is stored as UTF-8 with surrogates escaped, so every
+                # input fits SQLite's TEXT type.
+                "text": text_bytes(text).decode("utf-8", "backslashreplace")
+                if self.keep_text
+                else None,
+                "outcome": outcome,
+                "error": error[:500],
+                "latency_ns": latency_ns,
+                "details": json.dumps(details or {}, sort_keys=True, default=str),
+            }
+        )
+        if len(self._rows) >= self.batch:
+            self.flush()
+        return fid
+
+    def flush(self) -> None:
+        if self.db is not None and self._rows:
+            with self.db.conn:
+                self.db[TABLE].insert_all(self._rows, pk="fault_id")
+        self._rows.clear()
