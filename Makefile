@@ -73,7 +73,7 @@ vmtest: build
 	$(PYTHON) -m pytest -q -ra -m "vm" tests
 
 demo: build
-	$(PYTHON) -m pyctl demo
+	$(PYTHON) -m pyctl demo --db $(OUT)/demo.db
 
 bench: build
 	$(PYTHON) bench/run_all.py

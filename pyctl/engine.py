@@ -447,12 +447,14 @@ class Engine:
             self.db["faults"].insert(row, replace=True)
             self.db["registers"].insert_all(
                 ({"fault_id": fid, "reg": k, "value": abi.s64(v)} for k, v in regs.items()), replace=True)
+            # Catalogued functions keep only their real arguments.
+            nargs = len(names) if names else abi.NARGS
             self.db["args"].insert_all(
                 ({"fault_id": fid, "idx": i + 1,
                   "name": names[i] if i < len(names) else f"arg{i + 1}",
                   "raw": abi.s64(raw_args[i]),
                   "decoded": decoded[names[i]] if i < len(names) else hex(raw_args[i])}
-                 for i in range(abi.NARGS)), replace=True)
+                 for i in range(min(nargs, abi.NARGS))), replace=True)
             if frames:
                 self.db["stacks"].insert_all(frames, replace=True)
         self._fault_pids.setdefault(ev.pid, []).append((fid, ev.ts_ns))

@@ -6,6 +6,8 @@
  *                  lines "t=<idx> tid=<tid> i=<k> ret=<r> out=<o>"
  *   alloc N      - gf_alloc N times, prints "alloc i=<k> ret=<r> ptr=<p>"
  *   empty N      - gf_empty N times (benchmarks), prints "ns_per_call=<x>"
+ *   both N       - main thread: gf_alloc then gf_victim, N times, prints
+ *                  "both i=<k> alloc=<r> victim=<r>"
  *   quit         - exit 0
  * Prints "ready pid=<pid>" at start and "done" after each command.
  */
@@ -83,6 +85,15 @@ int main(void)
 				int r = gf_alloc(&p, 4096 * i);
 
 				printf("alloc i=%ld ret=%d ptr=%#lx\n", i, r, (unsigned long)p);
+			}
+		} else if (sscanf(line, "both %ld", &n) == 1) {
+			for (long i = 1; i <= n; i++) {
+				uint64_t p = 0;
+				long out;
+				int r = gf_alloc(&p, 4096);
+				long v = gf_victim(i, &out);
+
+				printf("both i=%ld alloc=%d victim=%ld\n", i, r, v);
 			}
 		} else if (sscanf(line, "empty %ld", &n) == 1) {
 			double t0 = now_ns();

@@ -1,0 +1,65 @@
+"""Drive build/targets/gf_target (a real process with a real shared library
+of known behaviour) from tests: commands on stdin, results on stdout."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+TARGET = REPO / "build" / "targets" / "gf_target"
+LIB = REPO / "build" / "targets" / "libgftarget.so"
+LINE = re.compile(r"t=(\d+) tid=(\d+) i=(\d+) ret=(-?\d+) out=(-?\d+)")
+ALLOC = re.compile(r"alloc i=(\d+) ret=(-?\d+) ptr=(\S+)")
+
+
+class Target:
+    def __init__(self) -> None:
+        self.p = subprocess.Popen(
+            [str(TARGET)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
+        )
+        assert self.p.stdout is not None
+        first = self.p.stdout.readline()
+        assert first.startswith("ready"), first
+        self.pid = self.p.pid
+
+    def cmd(self, line: str) -> list[str]:
+        """Send one command; return its output lines (up to 'done')."""
+        assert self.p.stdin is not None and self.p.stdout is not None
+        self.p.stdin.write(line + "\n")
+        self.p.stdin.flush()
+        out = []
+        while True:
+            ln = self.p.stdout.readline()
+            if not ln:
+                raise EOFError(f"target exited ({self.p.wait()}) during {line!r}: {out}")
+            ln = ln.strip()
+            if ln == "done":
+                return out
+            out.append(ln)
+
+    def victim(self, n: int, threads: int = 1) -> list[tuple[int, int, int, int, int]]:
+        rows = []
+        for ln in self.cmd(f"victim {n} {threads}"):
+            m = LINE.match(ln)
+            if m:
+                rows.append(tuple(int(x) for x in m.groups()))
+        return rows  # (thread idx, tid, i, ret, out)
+
+    def alloc(self, n: int) -> list[tuple[int, int, int]]:
+        return [
+            (int(m.group(1)), int(m.group(2)), int(m.group(3), 16))
+            for ln in self.cmd(f"alloc {n}")
+            if (m := ALLOC.match(ln))
+        ]
+
+    def close(self) -> int:
+        if self.p.poll() is None:
+            try:
+                assert self.p.stdin is not None
+                self.p.stdin.write("quit\n")
+                self.p.stdin.flush()
+            except BrokenPipeError:
+                pass
+        return self.p.wait(timeout=10)

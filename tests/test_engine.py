@@ -1,0 +1,246 @@
+"""The fault engine against real processes with real BPF on this kernel.
+
+Targets: build/targets/gf_target and its library (known bodies), driven
+through stdin so every probe is attached before the calls start.
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from gftarget import LIB, TARGET, Target
+from pyctl.bpf import abi
+from pyctl.engine import Engine, EngineError
+from pyctl.spec import FaultSpec
+
+pytestmark = [pytest.mark.root]
+
+if not TARGET.exists():  # pragma: no cover - the Makefile builds it first
+    pytest.skip("build/targets/gf_target missing: run make build", allow_module_level=True)
+
+
+@pytest.fixture
+def target() -> Iterator[Target]:
+    t = Target()
+    yield t
+    t.close()
+
+
+@contextmanager
+def armed(db: Path, pid: int, *specs: FaultSpec, **kw) -> Iterator[Engine]:
+    for s in specs:
+        s.tgid = pid
+    eng = Engine(list(specs), db_path=db, pid=pid, argv=["test"], **kw)
+    eng.start()
+    try:
+        yield eng
+    finally:
+        eng.close()
+
+
+def spec(fn: str = "gf_victim", **kw) -> FaultSpec:
+    return FaultSpec(lib=str(LIB), fn=fn, **kw)
+
+
+def q(db: Path, sql: str, *args) -> list[tuple]:
+    con = sqlite3.connect(db)
+    try:
+        return con.execute(sql, args).fetchall()
+    finally:
+        con.close()
+
+
+def test_trace_records_every_call_with_args_and_returns(target: Target, tmp_db: Path) -> None:
+    with armed(tmp_db, target.pid, spec(trace=True)) as eng:
+        rows = target.victim(200, threads=8)
+        eng.drain()
+        assert eng.lost()["events_lost"] == 0
+    assert len(rows) == 1600 and all(r[3] == r[2] + 1 for r in rows)
+    calls = q(tmp_db, "SELECT arg1, ret, tid, latency_ns, call_seq FROM calls")
+    assert len(calls) == 1600
+    assert all(ret == a + 1 for a, ret, *_ in calls)
+    assert {c[2] for c in calls} == {r[1] for r in rows}
+    assert all(c[3] > 0 for c in calls)
+    # call_seq is exact under concurrency: 1..1600, each once.
+    assert sorted(c[4] for c in calls) == list(range(1, 1601))
+
+
+def fired_calls(db: Path) -> list[int]:
+    return sorted(r[0] for r in q(db, "SELECT call_seq FROM faults"))
+
+
+@pytest.mark.parametrize(
+    "kw, expect",
+    [
+        ({"nth": 7}, [7]),
+        ({"every": 50}, list(range(50, 401, 50))),
+        ({"after": 395}, [396, 397, 398, 399, 400]),
+        ({"every": 7, "max_fires": 3}, None),  # 3 fires, whichever calls
+    ],
+    ids=["nth", "every", "after", "max"],
+)
+def test_triggers_exact_with_8_threads(target: Target, tmp_db: Path, kw, expect) -> None:
+    # signal 0 would be a no-op; use `fail` via the engine's mechanism? no:
+    # observe never fires, so use corrupt of an unused pointer-free target:
+    # a SIGNAL action with a harmless ignored signal (SIGWINCH) counts fires.
+    s = spec(action="signal", signo=28, capture_stack=False, **kw)
+    with armed(tmp_db, target.pid, s) as eng:
+        target.victim(50, threads=8)
+        eng.drain()
+        c = eng.counters()[0]
+    assert c.calls == 400
+    got = fired_calls(tmp_db)
+    if expect is None:
+        assert len(got) == 3 and c.fires == 3
+    else:
+        assert got == expect and c.fires == len(expect)
+
+
+def test_predicate_counts_only_matching_calls(target: Target, tmp_db: Path) -> None:
+    # arg1 >= 30: calls i = 30..40 match; the 2nd matching call is i=31.
+    s = spec(action="signal", signo=28, pred=(1, abi.PRED_OPS[">="], 30), nth=2)
+    with armed(tmp_db, target.pid, s) as eng:
+        target.victim(40)
+        eng.drain()
+        assert eng.counters()[0].calls == 11
+    assert q(tmp_db, "SELECT raw FROM args WHERE idx=1") == [(31,)]
+
+
+def test_probability_within_binomial_bound(target: Target, tmp_db: Path) -> None:
+    n, p = 20000, 0.1
+    s = spec(action="signal", signo=28, prob_ppm=int(p * 1e6), capture_stack=False)
+    with armed(tmp_db, target.pid, s) as eng:
+        target.cmd(f"quiet {n // 4} 4")
+        eng.drain()
+        c = eng.counters()[0]
+    assert c.calls == n
+    sd = math.sqrt(n * p * (1 - p))
+    assert abs(c.fires - n * p) < 5 * sd, (c.fires, n * p, sd)
+
+
+def test_nothing_fires_after_the_deadline(target: Target, tmp_db: Path) -> None:
+    s = spec(action="signal", signo=28, duration_s=0.05)
+    with armed(tmp_db, target.pid, s) as eng:
+        deadline = time.monotonic() + 0.06
+        while time.monotonic() < deadline:  # wait on the clock itself
+            pass
+        target.victim(20)
+        eng.drain()
+        c = eng.counters()[0]
+    assert c.fires == 0 and c.expired == 20
+    assert q(tmp_db, "SELECT count(*) FROM faults") == [(0,)]
+
+
+def test_signal_kills_target_and_is_linked(target: Target, tmp_db: Path) -> None:
+    s = spec("gf_alloc", action="signal", signo=11, nth=2)
+    with armed(tmp_db, target.pid, s) as eng:
+        with pytest.raises(EOFError):
+            target.alloc(3)
+        assert target.p.wait(timeout=10) == -11
+        # The exit record may trail the fire: poll until both links are in.
+        for _ in range(100):
+            eng.poll(0.05)
+            if eng.stats.links >= 2:
+                break
+    links = q(tmp_db, "SELECT kind, rule, detail FROM links ORDER BY ts_ns")
+    assert [k for k, *_ in links] == ["signal", "exit"]
+    assert all(r == "signal-in-faulted-process" or r == "exit-of-faulted-process"
+               for _, r, _ in links)
+    fault = q(tmp_db, "SELECT function, call_seq, action, comm FROM faults")
+    assert fault == [("gf_alloc", 2, "signal", "gf_target")]
+    regs = dict(q(tmp_db, "SELECT reg, value FROM registers"))
+    assert len(regs) == abi.NREGS and regs["si"] == 2 * 4096
+    frames = q(tmp_db, "SELECT symbol FROM stacks ORDER BY depth")
+    assert frames and frames[0][0].startswith("libgftarget.so!gf_alloc")
+
+
+def test_corrupt_zeroes_the_output_pointer(target: Target, tmp_db: Path) -> None:
+    s = spec("gf_alloc", action="corrupt", corrupt=(1, 0, abi.CORRUPT_OPS["zero"], 0, 8), nth=2)
+    with armed(tmp_db, target.pid, s) as eng:
+        got = target.alloc(3)
+        eng.drain()
+    assert got == [(1, 0, 0x101000), (2, 0, 0), (3, 0, 0x103000)]
+    ((outcome,),) = q(tmp_db, "SELECT outcome FROM faults")
+    assert outcome and "corrupt_addr" in outcome or eng.wu
+
+
+def test_corrupt_xor_flips_bits(target: Target, tmp_db: Path) -> None:
+    s = spec("gf_alloc", action="corrupt", corrupt=(1, 0, abi.CORRUPT_OPS["xor"], 0xFF, 1),
+             nth=1)
+    with armed(tmp_db, target.pid, s):
+        got = target.alloc(1)
+    assert got == [(1, 0, 0x101000 ^ 0xFF)]
+
+
+@pytest.mark.parametrize("mode", ["skip", "after"])
+def test_fail_returns_injected_value(target: Target, tmp_db: Path, mode: str) -> None:
+    s = spec(action="fail", ret=-5, mode=mode, nth=2)
+    with armed(tmp_db, target.pid, s) as eng:
+        rows = target.victim(4)
+        eng.drain()
+        mech = eng.mechanism
+    rets = [r[3] for r in rows]
+    outs = [r[4] for r in rows]
+    assert rets == [2, -5, 4, 5]
+    # skip: the body never ran (out untouched); after: it ran, ret replaced.
+    assert outs == ([2, -1, 6, 8] if mode == "skip" else [2, 4, 6, 8])
+    ((m, ret),) = q(tmp_db, "SELECT mechanism, ret FROM faults")
+    assert m == mech and ret == -5
+
+
+def test_sticky_fails_every_later_call(target: Target, tmp_db: Path) -> None:
+    s = spec(action="fail", ret=-9, nth=3, sticky=True)
+    with armed(tmp_db, target.pid, s):
+        rows = target.victim(6)
+    assert [r[3] for r in rows] == [2, 3, -9, -9, -9, -9]
+
+
+def test_same_thread_next_error_is_linked(target: Target, tmp_db: Path) -> None:
+    # gf_alloc #1 fails; the same thread's next non-zero return (gf_victim
+    # returns i + 1) is linked to that fault, once; other threads are not.
+    a = spec("gf_alloc", action="fail", ret=-9, nth=1)
+    o = spec(action="observe")
+    with armed(tmp_db, target.pid, a, o) as eng:
+        target.victim(2, threads=2)  # other threads: nothing to link yet
+        out = target.cmd("both 2")
+        eng.drain()
+    assert out[0] == "both i=1 alloc=-9 victim=2"
+    ((fid,),) = q(tmp_db, "SELECT fault_id FROM faults")
+    links = q(tmp_db, "SELECT fault_id, rule, tid FROM links WHERE kind='error-return'")
+    assert links == [(fid, "same-thread-next-error", target.pid)]
+
+
+def test_stall_holds_only_the_calling_thread(target: Target, tmp_db: Path) -> None:
+    s = spec(action="stall", stall_ms=30, nth=1)
+    with armed(tmp_db, target.pid, s):
+        t0 = time.monotonic()
+        rows = target.victim(3)
+        took = time.monotonic() - t0
+    assert [r[3] for r in rows] == [2, 3, 4]
+    assert took >= 0.03
+
+
+def test_unknown_symbol_leaves_nothing(target: Target, tmp_db: Path) -> None:
+    with pytest.raises(EngineError, match="not found"):
+        Engine([spec(fn="no_such_fn")], db_path=tmp_db, pid=target.pid).start()
+    assert not tmp_db.exists()
+
+
+def test_dead_pid_refused(tmp_db: Path) -> None:
+    with pytest.raises(EngineError, match="no process"):
+        Engine([spec()], db_path=tmp_db, pid=2**22 + 7).start()
+    assert not tmp_db.exists()
+
+
+def test_database_is_root_only(target: Target, tmp_db: Path) -> None:
+    with armed(tmp_db, target.pid, spec(trace=True)) as eng:
+        target.victim(3)
+        eng.drain()
+    assert tmp_db.stat().st_mode & 0o777 == 0o600
