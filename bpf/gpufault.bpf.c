@@ -236,7 +236,7 @@ static __always_inline void emit_call(__u32 kind, __u64 cookie, __u64 ts,
 {
 	struct gf_call_event *e;
 	__u64 id = bpf_get_current_pid_tgid();
-	__u64 flags;
+	__u64 flags, avail;
 
 	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
@@ -256,9 +256,12 @@ static __always_inline void emit_call(__u32 kind, __u64 cookie, __u64 ts,
 	e->flags = 0;
 	/*
 	 * A wake-up per record costs more than the record: wake the consumer
-	 * only once a batch has piled up (it also polls on a short timer).
+	 * only when this record makes the backlog cross the threshold (it also
+	 * polls on a short timer, which covers a crossing raced by two CPUs).
 	 */
-	flags = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= events_wake_bytes ?
+	avail = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA);
+	flags = avail >= events_wake_bytes &&
+		avail < events_wake_bytes + sizeof(*e) + 8 ?
 		BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
 	bpf_ringbuf_submit(e, flags);
 }

@@ -137,7 +137,8 @@ def _build_spec(lib: str, fn_pattern: str, action: str, **o: Any) -> FaultSpec:
         pred=parse_predicate(o["when"]) if o.get("when") else None,
         corrupt=parse_corrupt(o["corrupt"]) if o.get("corrupt") else None,
         stall_ms=parse_duration(o["stall"], "--stall") * 1000 if o.get("stall") else 0.0,
-        trace=bool(o.get("trace")), capture_stack=not o.get("no_stack"),
+        trace=bool(o.get("trace")), entry_only=bool(o.get("entry_only")),
+        capture_stack=not o.get("no_stack"),
     )
     return spec.validate()
 
@@ -300,9 +301,12 @@ def _common_run_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 @cli.command(context_settings={"ignore_unknown_options": True})
 @_fn_lib_options
 @click.option("--no-stack", is_flag=True, help="do not capture user stacks")
+@click.option("--entry-only", is_flag=True,
+              help="record entries only (args, no return/latency): half the probe cost")
 @_common_run_options
 @_user_errors
-def trace(lib: str, fn_pattern: str, no_stack: bool, pid: int | None, tid: int | None,
+def trace(lib: str, fn_pattern: str, no_stack: bool, entry_only: bool, pid: int | None,
+          tid: int | None,
           db_path: str, duration: str | None, copilot_signal: str | None, quiet: bool,
           cmd: tuple[str, ...]) -> None:
     """Trace calls: args, return codes, latency, into the database.
@@ -312,7 +316,8 @@ def trace(lib: str, fn_pattern: str, no_stack: bool, pid: int | None, tid: int |
       gpufault trace --pid 1234 --lib libcuda --fn 'cuMemAlloc*' --duration 10s
       gpufault trace --lib libgftarget --fn gf_victim -- ./build/targets/gf_target
     """
-    spec = _build_spec(lib, fn_pattern, "observe", trace=True, no_stack=no_stack)
+    spec = _build_spec(lib, fn_pattern, "observe", trace=True, no_stack=no_stack,
+                       entry_only=entry_only)
     dur = parse_duration(duration) if duration else 0.0
     _run_engine([spec], pid, tid, cmd, db_path, dur, "trace", copilot_signal, quiet)
 
@@ -467,7 +472,8 @@ def demo(db_path: str, threads: int, steps: int) -> None:
 def _register_optional() -> None:
     """Sub-command groups owned by other modules (present when installed)."""
     for mod, name in (("pyctl.tokenizer.cli", "tokenizer"), ("pyctl.anchors.cli", "anchors"),
-                      ("pyctl.hooks_cli", "hooks"), ("pyctl.templates_cli", "template")):
+                      ("pyctl.hooks_cli", "hooks_group"), ("pyctl.hooks_cli", "netchaos_group"),
+                      ("pyctl.templates_cli", "template")):
         try:
             m = __import__(mod, fromlist=[name])
             cli.add_command(getattr(m, name))

@@ -97,6 +97,15 @@ def _fetch_catalog() -> Any:
         return None
 
 
+def needs_return_probe(sp: FaultSpec) -> bool:
+    """A uretprobe roughly doubles a probe's cost: attach one only where the
+    return matters (trace, fail-after, corrupt). A fail-skip knows its return
+    value already; signal and stall act at entry."""
+    if sp.trace:
+        return not sp.entry_only
+    return (sp.action == "fail" and sp.mode == "after") or sp.action == "corrupt"
+
+
 def plan(specs: Sequence[FaultSpec], pid: int | None) -> list[Attachment]:
     """Resolve every spec to concrete probe sites. Raises on bad input."""
     if pid is not None and not resolve.pid_alive(pid):
@@ -114,7 +123,8 @@ def plan(specs: Sequence[FaultSpec], pid: int | None) -> list[Attachment]:
             if key in seen:
                 continue
             seen[key] = len(atts)
-            atts.append(Attachment(len(atts), si, lib, sym, True, resolve.build_id(lib.path)))
+            atts.append(Attachment(len(atts), si, lib, sym, needs_return_probe(sp),
+                                   resolve.build_id(lib.path)))
     if len(specs) > abi.MAX_SPECS:
         raise EngineError(f"at most {abi.MAX_SPECS} specs per run")
     return atts
@@ -352,7 +362,7 @@ class Engine:
                 break
             self._ingest_calls(rows)
             n += len(rows)
-            if len(rows) < 1024:
+            if len(rows) < 4096:
                 break
         retry, self._pending_outcomes = self._pending_outcomes, []
         for out in retry:
@@ -365,25 +375,17 @@ class Engine:
         return n
 
     def _ingest_calls(self, rows: list[tuple]) -> None:
+        """A batch of call records: one transaction, no Python per row except
+        for the few that belong to a fault (r[6] = fault_seq != 0)."""
         rid = self.run_id
-        calls = []
-        fault_updates = []
-        follow = []
-        for r in rows:
-            # r: hdr_len, hdr_off, ts, lat, cookie, call_seq, fault_seq, a1..a6, ret, pid, tid, kind, fl
-            cookie, fseq, kind = r[4], r[6], r[16]
-            fid = store.fault_id(rid, fseq) if fseq else None
-            if kind == abi.EV_FOLLOW:
-                follow.append((fid, rid, "error-return", "same-thread-next-error", r[2], r[14],
-                               r[15], json.dumps({"func": cookie & 0xFFFFFFFF, "ret": r[13]})))
-                continue
-            if fid:
-                fault_updates.append((r[13], r[3], fid))
-            calls.append((rid, r[2], r[3], cookie >> 32, cookie & 0xFFFFFFFF, r[5], fid,
-                           r[14], r[15], kind, r[13], r[7], r[8], r[9], r[10], r[11], r[12]))
+        marked = [r for r in rows if r[6]]
+        fault_updates = [(r[13], r[3], store.fault_id(rid, r[6]))
+                         for r in marked if r[16] != abi.EV_FOLLOW]
+        follow = [(store.fault_id(rid, r[6]), rid, "error-return", "same-thread-next-error",
+                   r[2], r[14], r[15], json.dumps({"func": r[4] & 0xFFFFFFFF, "ret": r[13]}))
+                  for r in marked if r[16] == abi.EV_FOLLOW]
         with self.db.conn:
-            if calls:
-                store.insert_calls_nocommit(self.db, calls)
+            store.insert_call_records(self.db, rid, rows)
             if fault_updates:
                 self.db.conn.executemany(
                     "UPDATE faults SET ret=?, latency_ns=? WHERE fault_id=?", fault_updates)

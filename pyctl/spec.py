@@ -127,6 +127,7 @@ class FaultSpec:
     corrupt: tuple[int, int, int, int, int] | None = None
     stall_ms: float = 0.0
     trace: bool = False
+    entry_only: bool = False  # trace entries only (no return probe: half the cost)
     capture_stack: bool = True
     tgid: int = 0
     tid: int = 0

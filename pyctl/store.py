@@ -252,3 +252,21 @@ def insert_calls_nocommit(db: sqlite_utils.Database, rows: Iterable[Sequence[Any
     cols = ",".join(CALL_COLUMNS)
     marks = ",".join("?" * len(CALL_COLUMNS))
     db.conn.executemany(f"INSERT INTO calls ({cols}) VALUES ({marks})", rows)
+
+
+# Ring records go straight from struct.iter_unpack to SQLite: numbered
+# parameters pick the fields (?1/?2 are the ring header and unused), so no
+# Python code runs per row. Field order: see abi.CALL_RECORD_FMT.
+_CALL_RECORD_SQL = (
+    "INSERT INTO calls (run_id, ts_ns, latency_ns, spec, func, call_seq, fault_id, pid, tid, "
+    "kind, ret, arg1, arg2, arg3, arg4, arg5, arg6) VALUES ('{run}', ?3, ?4, ?5 >> 32, "
+    "?5 & 4294967295, ?6, CASE WHEN ?7 != 0 THEN '{run}-' || ?7 END, ?15, ?16, ?17, ?14, "
+    "?8, ?9, ?10, ?11, ?12, ?13 + 0 * (?1 + ?2 + ?18))"
+)
+
+
+def insert_call_records(db: sqlite_utils.Database, run_id: str, records: list[tuple]) -> None:
+    """Insert raw ring records (inside the caller's transaction)."""
+    if not all(c in "0123456789abcdef" for c in run_id):
+        raise ValueError("run ids are hex")
+    db.conn.executemany(_CALL_RECORD_SQL.format(run=run_id), records)

@@ -6,6 +6,8 @@
  *                  lines "t=<idx> tid=<tid> i=<k> ret=<r> out=<o>"
  *   alloc N      - gf_alloc N times, prints "alloc i=<k> ret=<r> ptr=<p>"
  *   empty N      - gf_empty N times (benchmarks), prints "ns_per_call=<x>"
+ *   pace N R     - gf_empty N times at R calls per second (busy-paced),
+ *                  prints "ns_per_call=<x>"
  *   both N       - main thread: gf_alloc then gf_victim, N times, prints
  *                  "both i=<k> alloc=<r> victim=<r>"
  *   quit         - exit 0
@@ -95,6 +97,16 @@ int main(void)
 
 				printf("both i=%ld alloc=%d victim=%ld\n", i, r, v);
 			}
+		} else if (sscanf(line, "pace %ld %ld", &n, &t) == 2) {
+			double t0 = now_ns(), gap = 1e9 / (t > 0 ? t : 1);
+			long acc = 0;
+
+			for (long i = 0; i < n; i++) {
+				while (now_ns() - t0 < i * gap)
+					;
+				acc += gf_empty(i);
+			}
+			printf("ns_per_call=%.2f acc=%ld\n", (now_ns() - t0) / n, acc);
 		} else if (sscanf(line, "empty %ld", &n) == 1) {
 			double t0 = now_ns();
 			long acc = 0;

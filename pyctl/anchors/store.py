@@ -1,0 +1,88 @@
+"""Anchor records into SQLite (sqlite-utils), table `anchors` keyed by fault_id.
+
+A reset's begin and end share one fault ID, so the key is an index on
+fault_id, not the primary key; the row id is the primary key."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+
+import sqlite_utils
+
+from pyctl.anchors.record import AnchorRecord
+
+TABLE = "anchors"
+
+COLUMNS: dict[str, type] = {
+    "id": int,
+    "fault_id": str,
+    "kind": str,
+    "run_id": int,
+    "fault_seq": int,
+    "from_context": int,
+    "rec_seq": int,
+    "mono_ns": int,
+    "wall_ns": int,
+    "bdf": str,
+    "vendor": int,
+    "device": int,
+    "code": int,
+    "pid": int,
+    "ctx_pid": int,
+    "comm": str,
+    "config_ok": int,
+    "config": bytes,  # raw config space, GPUFA_CFG_SIZE bytes
+    "devsta": int,
+    "aer_pos": int,
+    "aer": str,  # JSON {register name: value} or NULL without an AER capability
+    "bar0": str,  # JSON {"0x0000": value or null}
+}
+
+
+def ensure_schema(db: sqlite_utils.Database) -> sqlite_utils.db.Table:
+    table = db.table(TABLE)
+    if not table.exists():
+        table.create(COLUMNS, pk="id", not_null={"fault_id", "kind"})
+        table.create_index(["fault_id"])
+    return table
+
+
+def to_row(rec: AnchorRecord) -> dict[str, object]:
+    return {
+        "fault_id": rec.fault_id,
+        "kind": rec.kind,
+        "run_id": rec.run_id,
+        "fault_seq": rec.fault_seq,
+        "from_context": int(rec.from_context),
+        "rec_seq": rec.rec_seq,
+        "mono_ns": rec.mono_ns,
+        "wall_ns": rec.wall_ns,
+        "bdf": rec.bdf,
+        "vendor": rec.vendor,
+        "device": rec.device,
+        "code": rec.code,
+        "pid": rec.pid,
+        "ctx_pid": rec.ctx_pid,
+        "comm": rec.comm,
+        "config_ok": int(rec.config_ok),
+        "config": rec.config,
+        "devsta": rec.devsta,
+        "aer_pos": rec.aer_pos,
+        "aer": json.dumps(rec.aer) if rec.aer is not None else None,
+        "bar0": json.dumps({f"0x{off:04x}": val for off, val in rec.bar0.items()}),
+    }
+
+
+def store_records(db: sqlite_utils.Database, records: Iterable[AnchorRecord]) -> int:
+    """Insert records; returns how many."""
+    table = ensure_schema(db)
+    rows = [to_row(r) for r in records]
+    table.insert_all(rows)
+    return len(rows)
+
+
+def by_fault(db: sqlite_utils.Database, fault_id: str) -> list[dict[str, object]]:
+    """Every anchor of one fault, oldest first."""
+    ensure_schema(db)
+    return list(db[TABLE].rows_where("fault_id = ?", [fault_id], order_by="mono_ns, id"))

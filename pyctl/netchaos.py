@@ -1,0 +1,485 @@
+"""Network chaos between two network namespaces (fault class 3, network level).
+
+A `Link` creates two namespaces joined by a veth pair, gives each end an
+address that exists only inside its namespace, and impairs traffic per
+direction at run time:
+
+- delay (+ jitter) and loss with tc netem (sch_netem) on the sender's veth;
+- loss where the kernel lacks sch_netem, and partitions everywhere, with a
+  small tc BPF drop filter (clsact egress, direct action) whose drop
+  probability lives in a BPF array map, so changing it is one map write.
+
+Nothing outside the namespaces we create is touched. Cleanup always runs:
+`Link` is a context manager, registers an atexit hook, and `cleanup()`
+removes namespaces left behind by dead owners (the owner pid is in the name).
+
+Example::
+
+    with Link() as link:
+        link.set(delay_ms=20, jitter_ms=2)           # both directions
+        link.set(loss_pct=10, direction="a2b")
+        link.partition()
+        link.heal()
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import ctypes.util
+import errno
+import os
+import re
+import secrets
+import socket
+import struct
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+NETNS_DIR = "/run/netns"
+# gf + owner pid (hex) + "n" + random hex + side: recognisable, and cleanup()
+# can tell whether the owner still runs.
+_NAME_RE = re.compile(r"^gf([0-9a-f]+)n([0-9a-f]{6})([ab])$")
+_CLONE_NEWNET = 0x40000000
+_T = TypeVar("_T")
+
+
+class NetChaosError(RuntimeError):
+    """A one-line, actionable error."""
+
+
+@dataclass
+class Impairment:
+    """What one direction of the link suffers. Zero everywhere = clean."""
+
+    delay_ms: float = 0.0
+    jitter_ms: float = 0.0
+    loss_pct: float = 0.0
+    partitioned: bool = False
+
+    def validate(self) -> None:
+        if self.delay_ms < 0 or self.jitter_ms < 0:
+            raise NetChaosError("delay and jitter must be >= 0 ms")
+        if self.jitter_ms > 0 and self.delay_ms == 0:
+            raise NetChaosError("jitter needs a delay: pass delay_ms > 0 too")
+        if not 0 <= self.loss_pct <= 100:
+            raise NetChaosError("loss must be a percentage between 0 and 100")
+
+
+# ---------------------------------------------------------------- BPF drop
+# A hand-assembled tc classifier (no clang at run time, no libbpf):
+#   if skb->protocol == ARP: pass  (keep neighbour resolution working)
+#   v = map[0]; v.seen++
+#   if v.threshold and prandom_u32() < v.threshold: v.drops++, TC_ACT_SHOT
+#   else TC_ACT_OK
+# threshold is in [0, 2**32]; 2**32 drops every non-ARP packet (partition).
+
+_NR_BPF = 321  # x86-64
+_BPF_MAP_CREATE, _BPF_MAP_LOOKUP, _BPF_MAP_UPDATE, _BPF_PROG_LOAD = 0, 1, 2, 5
+_BPF_MAP_TYPE_ARRAY = 2
+_BPF_PROG_TYPE_SCHED_CLS = 3
+_ETH_P_ARP_BE = 0x0608  # htons(0x0806) as the u32 skb->protocol reads it
+_TC_ACT_OK, _TC_ACT_SHOT = 0, 2
+
+
+def _insn(code: int, dst: int = 0, src: int = 0, off: int = 0, imm: int = 0) -> bytes:
+    return struct.pack("<BBhi", code, (src << 4) | dst, off, imm)
+
+
+def _drop_prog(map_fd: int) -> bytes:
+    r0, r1, r2, r6, r7, r8, r10 = 0, 1, 2, 6, 7, 8, 10
+    p = [
+        _insn(0xBF, r6, r1),  # r6 = skb
+        _insn(0x61, r2, r6, 16),  # r2 = skb->protocol
+        _insn(0x15, r2, 0, 17, _ETH_P_ARP_BE),  # ARP -> ok
+        _insn(0x62, r10, 0, -4, 0),  # *(u32 *)(fp - 4) = 0 (key)
+        _insn(0xBF, r2, r10),  # r2 = fp
+        _insn(0x07, r2, 0, 0, -4),  # r2 = &key
+        _insn(0x18, r1, 1, 0, map_fd),  # r1 = map (ld_imm64, pseudo fd)
+        _insn(0x00),
+        _insn(0x85, 0, 0, 0, 1),  # call map_lookup_elem
+        _insn(0x15, r0, 0, 10, 0),  # NULL -> ok
+        _insn(0xBF, r7, r0),  # r7 = value
+        _insn(0xB7, r1, 0, 0, 1),
+        _insn(0xDB, r7, r1, 16, 0),  # lock value->seen += 1
+        _insn(0x79, r8, r7, 0),  # r8 = value->threshold
+        _insn(0x15, r8, 0, 5, 0),  # 0 -> ok
+        _insn(0x85, 0, 0, 0, 7),  # call get_prandom_u32
+        _insn(0x3D, r0, r8, 3),  # r0 >= threshold -> ok
+        _insn(0xB7, r1, 0, 0, 1),
+        _insn(0xDB, r7, r1, 8, 0),  # lock value->drops += 1
+        _insn(0x05, 0, 0, 2, 0),  # goto shot
+        _insn(0xB7, r0, 0, 0, _TC_ACT_OK),  # ok:
+        _insn(0x95),
+        _insn(0xB7, r0, 0, 0, _TC_ACT_SHOT),  # shot:
+        _insn(0x95),
+    ]
+    return b"".join(p)
+
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+
+
+def _bpf(cmd: int, attr: bytes) -> int:
+    buf = ctypes.create_string_buffer(attr, 128)
+    ret = _libc.syscall(_NR_BPF, cmd, buf, 128)
+    if ret < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"bpf({cmd}): {os.strerror(err)}")
+    return int(ret)
+
+
+class DropFilter:
+    """The BPF program and its map for one veth end; owns both fds."""
+
+    def __init__(self) -> None:
+        self.map_fd = _bpf(_BPF_MAP_CREATE, struct.pack("<IIIII", _BPF_MAP_TYPE_ARRAY, 4, 24, 1, 0))
+        try:
+            code = _drop_prog(self.map_fd)
+            lic = ctypes.create_string_buffer(b"GPL")
+            log = ctypes.create_string_buffer(4096)
+            code_buf = ctypes.create_string_buffer(code, len(code))
+            attr = struct.pack(
+                "<IIQQIIQ",
+                _BPF_PROG_TYPE_SCHED_CLS,
+                len(code) // 8,
+                ctypes.addressof(code_buf),
+                ctypes.addressof(lic),
+                1,
+                len(log),
+                ctypes.addressof(log),
+            )
+            try:
+                self.prog_fd = _bpf(_BPF_PROG_LOAD, attr)
+            except OSError as e:
+                verifier = log.value.decode(errors="replace").strip().splitlines()
+                last = verifier[-1] if verifier else ""
+                raise NetChaosError(f"cannot load the tc drop filter: {e} {last}") from e
+        except BaseException:
+            os.close(self.map_fd)
+            raise
+
+    def set_threshold(self, fraction: float) -> None:
+        threshold = min(1 << 32, max(0, round(fraction * (1 << 32))))
+        self._update(threshold, keep_counters=True)
+
+    def counters(self) -> tuple[int, int, int]:
+        """(threshold, drops, seen) as the kernel sees them now."""
+        key = ctypes.c_uint32(0)
+        val = ctypes.create_string_buffer(24)
+        attr = struct.pack(
+            "<IIQQQ", self.map_fd, 0, ctypes.addressof(key), ctypes.addressof(val), 0
+        )
+        _bpf(_BPF_MAP_LOOKUP, attr)
+        thr, drops, seen = struct.unpack("<QQQ", val.raw)
+        return thr, drops, seen
+
+    def _update(self, threshold: int, keep_counters: bool) -> None:
+        _, drops, seen = self.counters() if keep_counters else (0, 0, 0)
+        key = ctypes.c_uint32(0)
+        # Counters may move between the read and the write; they are
+        # statistics, a lost increment there is acceptable.
+        val = ctypes.create_string_buffer(struct.pack("<QQQ", threshold, drops, seen), 24)
+        attr = struct.pack(
+            "<IIQQQ", self.map_fd, 0, ctypes.addressof(key), ctypes.addressof(val), 0
+        )
+        _bpf(_BPF_MAP_UPDATE, attr)
+
+    def close(self) -> None:
+        for fd in (self.prog_fd, self.map_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+# ---------------------------------------------------------------- netns
+
+
+def run_in_netns(ns: str, fn: Callable[[], _T]) -> _T:
+    """Run fn in a short-lived thread that has entered netns `ns`.
+
+    setns(CLONE_NEWNET) changes only the calling thread, and sockets keep
+    the namespace they were created in: a socket made here can be used
+    from any thread afterwards.
+    """
+    box: dict[str, Any] = {}
+
+    def body() -> None:
+        try:
+            fd = os.open(os.path.join(NETNS_DIR, ns), os.O_RDONLY)
+            try:
+                if _libc.setns(fd, _CLONE_NEWNET) != 0:
+                    err = ctypes.get_errno()
+                    raise OSError(err, f"setns({ns}): {os.strerror(err)}")
+            finally:
+                os.close(fd)
+            box["value"] = fn()
+        except BaseException as e:  # handed to the caller below
+            box["error"] = e
+
+    t = threading.Thread(target=body, name=f"netns-{ns}")
+    t.start()
+    t.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]  # type: ignore[no-any-return]
+
+
+def socket_in(ns: str, kind: int = socket.SOCK_STREAM) -> socket.socket:
+    """A new IPv4 socket that lives in netns `ns`."""
+    return run_in_netns(ns, lambda: socket.socket(socket.AF_INET, kind))
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def cleanup(all_owners: bool = False) -> list[str]:
+    """Remove namespaces made by Link whose owner process is gone.
+
+    all_owners=True also removes those of live owners (a manual reset).
+    Deleting a namespace destroys the veth end inside it, and the veth
+    peer with it. Returns the names removed.
+    """
+    from pyroute2 import netns
+
+    removed = []
+    for name in sorted(netns.listnetns()):
+        m = _NAME_RE.match(name)
+        if not m:
+            continue
+        if not all_owners and _pid_alive(int(m.group(1), 16)):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            netns.remove(name)
+            removed.append(name)
+    return removed
+
+
+@dataclass
+class _End:
+    ns: str
+    ifname: str
+    addr: str
+    index: int = 0
+    netem: bool = False
+    drop: DropFilter | None = None
+    state: Impairment = field(default_factory=Impairment)
+
+
+class Link:
+    """Two namespaces `a` and `b` joined by a veth pair, impairable per direction."""
+
+    def __init__(self, subnet: str | None = None) -> None:
+        tag = secrets.token_hex(3)
+        owner = f"{os.getpid():x}"
+        # Random /30 in 10.200-254.x.y unless given: no clash between runs.
+        if subnet is None:
+            rnd = secrets.randbelow(55 * 256 * 64)
+            base = f"10.{200 + rnd // (256 * 64)}.{(rnd // 64) % 256}.{(rnd % 64) * 4}"
+        else:
+            base = subnet
+        o = [int(x) for x in base.split(".")]
+        if len(o) != 4 or o[0] not in (10, 192) or (o[0] == 192 and o[1] != 168):
+            raise NetChaosError("subnet must be a private 10.x or 192.168.x /30 base address")
+        a_ip = ".".join(map(str, o[:3] + [o[3] + 1]))
+        b_ip = ".".join(map(str, o[:3] + [o[3] + 2]))
+        self.a = _End(f"gf{owner}n{tag}a", f"gf{tag}a", a_ip)
+        self.b = _End(f"gf{owner}n{tag}b", f"gf{tag}b", b_ip)
+        self._lock = threading.Lock()
+        self._closed = False
+        self._opened = False
+
+    # -- lifecycle
+    def __enter__(self) -> Link:
+        self.open()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def open(self) -> None:
+        if os.geteuid() != 0:
+            raise NetChaosError("netchaos needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN): run as root")
+        from pyroute2 import IPRoute, netns
+
+        atexit.register(self.close)
+        self._opened = True
+        try:
+            for end in (self.a, self.b):
+                netns.create(end.ns)
+            with IPRoute() as ipr:
+                ipr.link("add", ifname=self.a.ifname, kind="veth", peer=self.b.ifname)
+                for end in (self.a, self.b):
+                    idx = ipr.link_lookup(ifname=end.ifname)[0]
+                    ipr.link("set", index=idx, net_ns_fd=end.ns)
+            for end in (self.a, self.b):
+                with IPRoute(netns=end.ns) as ipr:
+                    end.index = ipr.link_lookup(ifname=end.ifname)[0]
+                    ipr.addr("add", index=end.index, address=end.addr, prefixlen=30)
+                    ipr.link("set", index=end.index, state="up")
+                    lo = ipr.link_lookup(ifname="lo")[0]
+                    ipr.link("set", index=lo, state="up")
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed or not self._opened:
+                return
+            self._closed = True
+        from pyroute2 import netns
+
+        for end in (self.a, self.b):
+            if end.drop is not None:
+                end.drop.close()
+                end.drop = None
+            with contextlib.suppress(FileNotFoundError, OSError):
+                netns.remove(end.ns)
+        atexit.unregister(self.close)
+
+    # -- impairments
+    def _ends(self, direction: str) -> list[_End]:
+        # An impairment of a->b traffic lives on a's egress, and vice versa.
+        table = {"a2b": [self.a], "b2a": [self.b], "both": [self.a, self.b]}
+        if direction not in table:
+            raise NetChaosError("direction must be one of a2b, b2a, both")
+        return table[direction]
+
+    def set(
+        self,
+        delay_ms: float = 0.0,
+        jitter_ms: float = 0.0,
+        loss_pct: float = 0.0,
+        direction: str = "both",
+    ) -> None:
+        """Replace the delay/jitter/loss of a direction (partitions stay)."""
+        for end in self._ends(direction):
+            new = Impairment(delay_ms, jitter_ms, loss_pct, end.state.partitioned)
+            new.validate()
+            self._apply(end, new)
+
+    def partition(self, direction: str = "both") -> None:
+        for end in self._ends(direction):
+            self._apply(end, Impairment(**{**end.state.__dict__, "partitioned": True}))
+
+    def heal(self, direction: str = "both") -> None:
+        for end in self._ends(direction):
+            self._apply(end, Impairment(**{**end.state.__dict__, "partitioned": False}))
+
+    def clear(self, direction: str = "both") -> None:
+        for end in self._ends(direction):
+            self._apply(end, Impairment())
+
+    def state(self, direction: str) -> Impairment:
+        (end,) = self._ends(direction)
+        return Impairment(**end.state.__dict__)
+
+    def drop_counters(self, direction: str) -> tuple[int, int]:
+        """(dropped, seen) packets of the BPF drop filter; (0, 0) if none."""
+        (end,) = self._ends(direction)
+        if end.drop is None:
+            return 0, 0
+        _, drops, seen = end.drop.counters()
+        return drops, seen
+
+    def _apply(self, end: _End, new: Impairment) -> None:
+        from pyroute2 import IPRoute
+
+        use_netem = new.delay_ms > 0 or (new.loss_pct > 0 and netem_available())
+        bpf_loss = 0.0 if use_netem else new.loss_pct
+        if new.delay_ms > 0 and not netem_available():
+            raise NetChaosError(
+                "delay needs sch_netem, which this kernel lacks: load it with"
+                " `modprobe sch_netem` (CONFIG_NET_SCH_NETEM)"
+            )
+        with IPRoute(netns=end.ns) as ipr:
+            if use_netem:
+                opts = {
+                    "delay": int(new.delay_ms * 1000),
+                    "jitter": int(new.jitter_ms * 1000),
+                    "loss": new.loss_pct,
+                }
+                ipr.tc("replace", "netem", end.index, handle="1:", **opts)
+                end.netem = True
+            elif end.netem:
+                ipr.tc("del", index=end.index, handle="1:", root=True)
+                end.netem = False
+            want_drop = new.partitioned or bpf_loss > 0
+            if want_drop and end.drop is None:
+                self._attach_drop(ipr, end)
+            if end.drop is not None:
+                end.drop.set_threshold(1.0 if new.partitioned else bpf_loss / 100.0)
+        end.state = new
+
+    @staticmethod
+    def _attach_drop(ipr: Any, end: _End) -> None:
+        from pyroute2.netlink.exceptions import NetlinkError
+
+        drop = DropFilter()
+        try:
+            ipr.tc("add", "clsact", end.index)
+            ipr.tc(
+                "add-filter",
+                "bpf",
+                end.index,
+                ":1",
+                fd=drop.prog_fd,
+                name="gf_drop",
+                parent="ffff:fff3",  # clsact egress
+                classid=1,
+                direct_action=True,
+            )
+        except NetlinkError as e:
+            drop.close()
+            if e.code == errno.ENOENT:
+                raise NetChaosError(
+                    "partition/loss needs tc clsact and cls_bpf, which this kernel lacks:"
+                    " `modprobe sch_ingress cls_bpf`"
+                ) from None
+            raise
+        end.drop = drop
+
+
+_NETEM: bool | None = None
+
+
+def netem_available() -> bool:
+    """Whether this kernel has sch_netem (probed once in a throwaway netns)."""
+    global _NETEM
+    if _NETEM is None:
+        from pyroute2 import IPRoute, netns
+        from pyroute2.netlink.exceptions import NetlinkError
+
+        name = f"gf{os.getpid():x}n{secrets.token_hex(3)}a"
+        netns.create(name)
+        try:
+            with IPRoute(netns=name) as ipr:
+                lo = ipr.link_lookup(ifname="lo")[0]
+                try:
+                    ipr.tc("add", "netem", lo, handle="1:", delay=1000)
+                    _NETEM = True
+                except NetlinkError as e:
+                    if e.code not in (errno.ENOENT, errno.EOPNOTSUPP, errno.EINVAL):
+                        raise
+                    _NETEM = False
+        finally:
+            netns.remove(name)
+    return _NETEM
+
+
+@contextlib.contextmanager
+def link(**kwargs: Any) -> Iterator[Link]:
+    """`with link() as l:` convenience wrapper around Link."""
+    with Link(**kwargs) as lk:
+        yield lk
