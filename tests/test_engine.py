@@ -206,7 +206,7 @@ def test_same_thread_next_error_is_linked(target: Target, tmp_db: Path) -> None:
     # gf_alloc #1 fails; the same thread's next non-zero return (gf_victim
     # returns i + 1) is linked to that fault, once; other threads are not.
     a = spec("gf_alloc", action="fail", ret=-9, nth=1)
-    o = spec(action="observe")
+    o = spec(action="observe", trace=True)
     with armed(tmp_db, target.pid, a, o) as eng:
         target.victim(2, threads=2)  # other threads: nothing to link yet
         out = target.cmd("both 2")

@@ -1,0 +1,362 @@
+"""netchaos for real: namespaces, veth, tc (netem where the kernel has it,
+the BPF drop filter everywhere), measured with real sockets."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import TypeVar, cast
+
+import pytest
+
+pytest.importorskip("pyroute2", reason="pyroute2 is not installed: pip install -e '.[dev]'")
+
+from pyctl import netchaos  # noqa: E402
+
+_T = TypeVar("_T")
+
+
+def needs_root(fn: _T) -> _T:
+    """Host tests: root on this kernel. (The VM test is not one of them.)"""
+    skip = pytest.mark.skipif(os.geteuid() != 0, reason="requires root (netns, tc, bpf)")
+    return cast(_T, pytest.mark.root(skip(fn)))
+
+
+PORT = 7707
+
+
+def _netns_names() -> set[str]:
+    from pyroute2 import netns
+
+    return set(netns.listnetns())
+
+
+@contextlib.contextmanager
+def _echo_server(link: netchaos.Link) -> Iterator[None]:
+    srv = netchaos.socket_in(link.b.ns)
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind((link.b.addr, PORT))
+    srv.listen(1)
+
+    def serve() -> None:
+        # One client at a time until the test shuts the listener down
+        # (shutdown() wakes a blocked accept() with an error).
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            with conn:
+                while data := conn.recv(64):
+                    conn.sendall(data)
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        srv.shutdown(socket.SHUT_RDWR)
+        t.join(10)
+        srv.close()
+    assert not t.is_alive()
+
+
+def _rtts_ms(link: netchaos.Link, n: int) -> list[float]:
+    """Round trips of a 1-byte TCP echo a -> b -> a, in ms."""
+    cli = netchaos.socket_in(link.a.ns)
+    cli.settimeout(5)
+    cli.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    cli.connect((link.b.addr, PORT))
+    out = []
+    with cli:
+        for _ in range(n):
+            t0 = time.perf_counter()
+            cli.sendall(b"x")
+            assert cli.recv(1) == b"x"
+            out.append((time.perf_counter() - t0) * 1000)
+    return out
+
+
+def _udp_delivery(link: netchaos.Link, n: int, port: int) -> int:
+    """Send n datagrams a -> b, then a sentinel on a clean link; count arrivals.
+
+    veth delivers in order, so once the sentinel is in, every earlier
+    datagram that survived is in too: no sleeping, no guessing.
+    """
+    rx = netchaos.socket_in(link.b.ns, socket.SOCK_DGRAM)
+    tx = netchaos.socket_in(link.a.ns, socket.SOCK_DGRAM)
+    rx.bind((link.b.addr, port))
+    rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+    rx.settimeout(5)
+    got = 0
+    with rx, tx:
+        for i in range(n):
+            tx.sendto(b"%d" % i, (link.b.addr, port))
+            if i % 200 == 199:  # drain so the receive buffer never overflows
+                rx.setblocking(False)
+                while True:
+                    try:
+                        rx.recv(64)
+                        got += 1
+                    except BlockingIOError:
+                        break
+                rx.settimeout(5)
+        saved = link.state("a2b")
+        link.set(delay_ms=saved.delay_ms, jitter_ms=saved.jitter_ms, loss_pct=0, direction="a2b")
+        partitioned = saved.partitioned
+        if partitioned:
+            link.heal("a2b")
+        tx.sendto(b"end", (link.b.addr, port))
+        while rx.recv(64) != b"end":
+            got += 1
+        if partitioned:
+            link.partition("a2b")
+    return got
+
+
+@needs_root
+def test_link_comes_up_and_echo_works() -> None:
+    with netchaos.Link() as link:
+        with _echo_server(link):
+            rtts = _rtts_ms(link, 50)
+    print(json.dumps({"clean_rtt_ms_median": statistics.median(rtts)}))
+    assert len(rtts) == 50
+
+
+@needs_root
+def test_delay_adds_measured_latency() -> None:
+    if not netchaos.netem_available():
+        with netchaos.Link() as link, pytest.raises(netchaos.NetChaosError, match="sch_netem"):
+            link.set(delay_ms=10)
+        pytest.skip("kernel lacks sch_netem (CONFIG_NET_SCH_NETEM): delay cannot be shaped here")
+    with netchaos.Link() as link:
+        with _echo_server(link):
+            base = statistics.median(_rtts_ms(link, 30))
+            link.set(delay_ms=20, jitter_ms=2)
+            rtts = _rtts_ms(link, 30)
+    added = statistics.median(rtts) - base
+    print(
+        json.dumps(
+            {
+                "base_rtt_ms": base,
+                "delayed_rtt_ms": statistics.median(rtts),
+                "added_ms": added,
+                "expected_ms": 40,
+            }
+        )
+    )
+    # 20 ms each way: the round trip gains about 40 ms.
+    assert 34 < added < 60
+
+
+@needs_root
+def test_loss_drops_a_fraction_of_udp() -> None:
+    n = 4000
+    with netchaos.Link() as link:
+        clean = _udp_delivery(link, n, 7710)
+        link.set(loss_pct=30, direction="a2b")
+        lossy = _udp_delivery(link, n, 7711)
+        drops, seen = link.drop_counters("a2b")
+    print(
+        json.dumps(
+            {
+                "sent": n,
+                "clean": clean,
+                "lossy": lossy,
+                "bpf_drops": drops,
+                "bpf_seen": seen,
+                "netem": netchaos.netem_available(),
+            }
+        )
+    )
+    assert clean == n
+    # 30 % of 4000: mean 1200 lost, sd about 29; 0.25..0.35 is > 5 sd wide.
+    assert 0.25 < (n - lossy) / n < 0.35
+    if not netchaos.netem_available():
+        assert drops == n - lossy
+
+
+@needs_root
+def test_partition_blocks_and_heals() -> None:
+    with netchaos.Link() as link:
+        with _echo_server(link):
+            link.partition()
+            cli = netchaos.socket_in(link.a.ns)
+            cli.settimeout(0.5)  # SYNs vanish: connect must time out
+            with cli, pytest.raises(TimeoutError):
+                cli.connect((link.b.addr, PORT))
+            assert _udp_delivery(link, 100, 7712) == 0
+            link.heal()
+            assert len(_rtts_ms(link, 5)) == 5
+        drops, _ = link.drop_counters("a2b")
+    assert drops >= 101
+
+
+@needs_root
+def test_partition_one_way_only() -> None:
+    with netchaos.Link() as link:
+        link.partition("b2a")
+        assert _udp_delivery(link, 50, 7713) == 50  # a -> b still flows
+
+
+@needs_root
+def test_cleanup_leaves_nothing_behind() -> None:
+    before = _netns_names()
+    with netchaos.Link() as link:
+        link.partition()
+        names = {link.a.ns, link.b.ns}
+        assert names <= _netns_names()
+        ifname = link.a.ifname
+    assert not names & _netns_names()
+    assert _netns_names() <= before
+    host_links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    assert ifname not in host_links
+
+
+@needs_root
+def test_cleanup_on_exception() -> None:
+    with pytest.raises(ZeroDivisionError), netchaos.Link() as link:
+        names = {link.a.ns, link.b.ns}
+        _ = 1 / 0
+    assert not names & _netns_names()
+
+
+@needs_root
+def test_atexit_cleans_up_normal_exit() -> None:
+    code = (
+        "from pyctl import netchaos; import json;"
+        "l = netchaos.Link(); l.open(); print(json.dumps([l.a.ns, l.b.ns]), flush=True)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    names = set(json.loads(out.stdout))
+    assert not names & _netns_names()
+
+
+@needs_root
+def test_cleanup_removes_stale_namespaces_of_dead_owners() -> None:
+    code = (
+        "from pyctl import netchaos; import json, sys;"
+        "l = netchaos.Link(); l.open(); print(json.dumps([l.a.ns, l.b.ns]), flush=True);"
+        "sys.stdin.read()"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    names = set(json.loads(proc.stdout.readline()))
+    assert names <= _netns_names()
+    assert not names & set(netchaos.cleanup())  # owner alive: kept
+    proc.send_signal(signal.SIGKILL)  # no atexit: a crash
+    proc.wait(timeout=10)
+    assert names <= _netns_names()
+    assert names <= set(netchaos.cleanup())
+    assert not names & _netns_names()
+
+
+@needs_root
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"loss_pct": 150}, {"delay_ms": -1}, {"jitter_ms": 3}, {"direction": "sideways"}],
+)
+def test_bad_input_is_one_line_error(kwargs: dict[str, object]) -> None:
+    with netchaos.Link() as link:
+        with pytest.raises(netchaos.NetChaosError) as e:
+            link.set(**kwargs)  # type: ignore[arg-type]
+        assert "\n" not in str(e.value)
+        assert link.state("a2b") == netchaos.Impairment()
+
+
+def test_subnet_must_be_private() -> None:
+    with pytest.raises(netchaos.NetChaosError, match="private"):
+        netchaos.Link(subnet="8.8.8.0")
+
+
+# ---------------------------------------------------------------- in a VM
+# This host's kernel has no sch_netem, so delay and netem loss are shown in
+# a qemu guest running Debian sid's kernel, which ships sch_netem and veth
+# as modules; the guest runs this repo's code from the host's root (9p).
+
+GUEST = r"""
+import ctypes, errno, json, os, statistics, sys
+repo, moddir = sys.argv[1], sys.argv[2]
+sys.path[:0] = [repo, os.path.join(repo, "vm"), os.path.join(repo, "tests")]
+import kmodules
+libc = ctypes.CDLL(None, use_errno=True)
+MODS = ("veth", "sch_netem", "sch_ingress", "cls_bpf")
+for name, elf in kmodules.load_order(__import__("pathlib").Path(moddir), MODS):
+    if libc.syscall(175, elf, ctypes.c_ulong(len(elf)), b"") != 0:  # init_module
+        if ctypes.get_errno() != errno.EEXIST:
+            raise SystemExit("insmod %s: %s" % (name, os.strerror(ctypes.get_errno())))
+from pyctl import netchaos
+import test_netchaos as t
+res = {"netem": netchaos.netem_available()}
+with netchaos.Link() as link:
+    with t._echo_server(link):
+        base = t._rtts_ms(link, 40)
+        link.set(delay_ms=20, jitter_ms=2)
+        delayed = t._rtts_ms(link, 40)
+        link.set(delay_ms=20, jitter_ms=2, direction="b2a")
+        link.set(delay_ms=0, direction="a2b")
+        oneway = t._rtts_ms(link, 40)
+    link.clear()
+    link.set(loss_pct=30, direction="a2b")
+    res["udp_delivered"] = t._udp_delivery(link, 2000, 7720)
+    res["bpf_counters"] = link.drop_counters("a2b")
+    link.set(loss_pct=0, direction="a2b")
+    link.partition()
+    res["partitioned_delivered"] = t._udp_delivery(link, 50, 7721)
+    names = [link.a.ns, link.b.ns]
+res["left_behind"] = [n for n in names if os.path.exists("/run/netns/" + n)]
+res["base_ms"] = statistics.median(base)
+res["delayed_ms"] = statistics.median(delayed)
+res["delayed_sd_ms"] = statistics.pstdev(delayed)
+res["oneway_ms"] = statistics.median(oneway)
+print("GFRESULT " + json.dumps(res), flush=True)
+"""
+
+
+@pytest.mark.vm
+@pytest.mark.slow
+def test_netem_delay_loss_partition_in_vm() -> None:
+    import pathlib
+
+    repo = pathlib.Path(__file__).resolve().parent.parent
+    sys.path.insert(0, str(repo / "vm"))
+    try:
+        import vmrun
+    except ImportError:
+        pytest.skip("vm/vmrun.py is missing (the VM runner)")
+    why = vmrun.kernel_available("sid")
+    if why:
+        pytest.skip(why)
+    release = vmrun.kernel_release("sid")
+    moddir = repo / "build/vm/sid/root/usr/lib/modules" / release
+    if not list(moddir.rglob("sch_netem.ko*")):
+        pytest.skip(f"sch_netem module not in {moddir} (make vm-kernels)")
+    r = vmrun.run_in_vm(
+        "sid", [sys.executable, "-c", GUEST, str(repo), str(moddir)], cwd=str(repo), timeout=280
+    )
+    lines = [x for x in r.output.splitlines() if x.startswith("GFRESULT ")]
+    assert r.rc == 0 and lines, (r.error, r.output[-2000:])
+    res = json.loads(lines[0].split(" ", 1)[1])
+    print(json.dumps(res))
+    assert res["netem"] is True
+    # 20 ms each way: +40 ms per round trip; TCG makes the base slow and noisy.
+    assert 34 < res["delayed_ms"] - res["base_ms"] < 80
+    assert 14 < res["oneway_ms"] - res["base_ms"] < 50
+    assert res["delayed_sd_ms"] > 0.3  # jitter is there
+    assert 0.2 < 1 - res["udp_delivered"] / 2000 < 0.4
+    assert res["bpf_counters"][0] == 0  # netem did the loss, not the BPF filter
+    assert res["partitioned_delivered"] == 0
+    assert res["left_behind"] == []
+    assert not r.splats
