@@ -8,6 +8,8 @@
  *   empty N      - gf_empty N times (benchmarks), prints "ns_per_call=<x>"
  *   pace N R     - gf_empty N times at R calls per second (busy-paced),
  *                  prints "ns_per_call=<x>"
+ *   timed N      - gf_victim N times, each call timed with CLOCK_MONOTONIC;
+ *                  prints "timed n=<N> p50=<ns> p99=<ns> max=<ns> failed=<k>"
  *   both N       - main thread: gf_alloc then gf_victim, N times, prints
  *                  "both i=<k> alloc=<r> victim=<r>"
  *   quit         - exit 0
@@ -49,6 +51,36 @@ static void *run_victim(void *arg)
 	return NULL;
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return (x > y) - (x < y);
+}
+
+static double now_ns(void);
+
+static void timed(long n)
+{
+	double *d = calloc(n, sizeof(*d));
+	long failed = 0;
+
+	if (!d)
+		return;
+	for (long i = 0; i < n; i++) {
+		long out;
+		double t0 = now_ns();
+		long r = gf_victim(i, &out);
+
+		d[i] = now_ns() - t0;
+		failed += r != i + 1;
+	}
+	qsort(d, n, sizeof(*d), cmp_double);
+	printf("timed n=%ld p50=%.0f p99=%.0f max=%.0f failed=%ld\n", n, d[n / 2],
+	       d[(long)(n * 0.99)], d[n - 1], failed);
+	free(d);
+}
+
 static double now_ns(void)
 {
 	struct timespec ts;
@@ -88,6 +120,8 @@ int main(void)
 
 				printf("alloc i=%ld ret=%d ptr=%#lx\n", i, r, (unsigned long)p);
 			}
+		} else if (sscanf(line, "timed %ld", &n) == 1 && n > 0) {
+			timed(n);
 		} else if (sscanf(line, "both %ld", &n) == 1) {
 			for (long i = 1; i <= n; i++) {
 				uint64_t p = 0;

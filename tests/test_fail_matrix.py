@@ -1,0 +1,99 @@
+"""`fail` and `corrupt` on every kernel: the same file runs on the host
+(6.18: the verifier refuses register writes, lockdown refuses user-memory
+writes, so the ptrace copilot finishes them) and inside qemu on Debian sid's
+7.2 kernel (register writes allowed: the regs mechanism, no stop).
+GF_EXPECT_MECH (set by tests/test_vm_matrix.py) says which one must be used;
+without it the test asserts the mechanism the trial load detected.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from gftarget import LIB, TARGET, Target
+from pyctl.bpf import abi
+from pyctl.capabilities import regs_writable, user_writable
+from pyctl.engine import Engine
+from pyctl.spec import FaultSpec
+
+pytestmark = [pytest.mark.root]
+
+if not TARGET.exists():  # pragma: no cover
+    pytest.skip("build/targets/gf_target missing: run make build", allow_module_level=True)
+
+EXPECT = os.environ.get("GF_EXPECT_MECH") or ("regs" if regs_writable() else "copilot")
+
+
+@pytest.fixture
+def target():
+    t = Target()
+    yield t
+    t.close()
+
+
+def run(db: Path, t: Target, spec: FaultSpec) -> Engine:
+    spec.tgid = t.pid
+    eng = Engine([spec], db_path=db, pid=t.pid, argv=["matrix"])
+    eng.start()
+    return eng
+
+
+def mechanisms(db: Path) -> set[str]:
+    con = sqlite3.connect(db)
+    try:
+        return {m for (m,) in con.execute("SELECT mechanism FROM faults")}
+    finally:
+        con.close()
+
+
+def test_detected_mechanism_is_the_expected_one() -> None:
+    assert ("regs" if regs_writable() else "copilot") == EXPECT
+
+
+@pytest.mark.parametrize("mode", ["skip", "after"])
+def test_fail_modes(target: Target, tmp_db: Path, mode: str) -> None:
+    eng = run(tmp_db, target, FaultSpec(lib=str(LIB), fn="gf_victim", action="fail", ret=-5,
+                                        mode=mode, nth=2))
+    try:
+        rows = target.victim(4)
+        eng.drain()
+        assert eng.mechanism == EXPECT
+    finally:
+        eng.close()
+    assert [r[3] for r in rows] == [2, -5, 4, 5]
+    assert [r[4] for r in rows] == ([2, -1, 6, 8] if mode == "skip" else [2, 4, 6, 8])
+    assert mechanisms(tmp_db) == {EXPECT}
+
+
+def test_sticky_with_8_threads(target: Target, tmp_db: Path) -> None:
+    eng = run(tmp_db, target, FaultSpec(lib=str(LIB), fn="gf_victim", action="fail", ret=-9,
+                                        after=100, sticky=True))
+    try:
+        rows = target.victim(50, threads=8)
+        eng.drain()
+        c = eng.counters()[0]
+    finally:
+        eng.close()
+    failed = [r for r in rows if r[3] == -9]
+    ok = [r for r in rows if r[3] == r[2] + 1]
+    assert len(failed) + len(ok) == 400
+    # Calls 1..100 pass; the 101st fires and every later one fails (sticky).
+    assert len(ok) == 100 and len(failed) == 300 and c.fires == 300
+    assert all(r[4] == -1 for r in failed)  # skip: no body ran
+    assert mechanisms(tmp_db) == {EXPECT}
+
+
+def test_corrupt_mechanism(target: Target, tmp_db: Path) -> None:
+    eng = run(tmp_db, target, FaultSpec(lib=str(LIB), fn="gf_alloc", action="corrupt",
+                                        corrupt=(1, 0, abi.CORRUPT_OPS["set"], 0xDEAD, 8), nth=1))
+    try:
+        got = target.alloc(2)
+        eng.drain()
+    finally:
+        eng.close()
+    assert got == [(1, 0, 0xDEAD), (2, 0, 0x102000)]
+    assert mechanisms(tmp_db) == {"bpf" if user_writable() else "copilot"}

@@ -1,0 +1,35 @@
+"""The kernel matrix: run tests/test_fail_matrix.py inside qemu (TCG) on
+Debian sid's 7.2 kernel, where uprobe programs may write registers, and
+require the regs mechanism there. (The host run of the same file requires
+the copilot.) About 20-40 s under TCG."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "vm"))
+
+import vmrun  # noqa: E402
+
+pytestmark = [pytest.mark.vm, pytest.mark.root]
+
+
+@pytest.mark.parametrize("kernel, expect", [("sid", "regs")])
+def test_fail_matrix_in_vm(kernel: str, expect: str) -> None:
+    why = vmrun.kernel_available(kernel)
+    if why:
+        pytest.skip(why)
+    res = vmrun.run_in_vm(
+        kernel,
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
+         # The guest's own tmpfs: SQLite's WAL needs shared mmap, which 9p lacks.
+         "tests/test_fail_matrix.py", "--basetemp", "/tmp/gf-pytest"],
+        cwd=REPO, env={"GF_EXPECT_MECH": expect}, timeout=600, mem="2G",
+    )
+    assert res.rc == 0, res.output[-4000:]
+    assert "passed" in res.output and "failed" not in res.output
+    assert not res.splats, res.splats
