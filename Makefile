@@ -1,6 +1,6 @@
 # gpufault task runner. `make help` lists the targets.
 .DELETE_ON_ERROR:
-.PHONY: help setup deps build test test-unit test-host vmtest demo bench lint clean device-bundle kmod
+.PHONY: help setup deps build test test-unit test-host vmtest vm-kernels kmod kmod-deps kmod-check demo bench lint clean device-bundle
 
 PYTHON ?= python3
 CLANG ?= clang
@@ -25,6 +25,8 @@ help:
 	@echo "make demo         inject faults into the libcuda CPU double's workload, show evidence"
 	@echo "make test         unit + host (root, real BPF) + vm (qemu/TCG) tests"
 	@echo "make bench        benchmarks, results to docs/benchmarks.md"
+	@echo "make vm-kernels   fetch Debian bookworm 6.1 / sid 7.2 test kernels into $(OUT)/vm/"
+	@echo "make kmod         build gpufa.ko against the VM's 6.1 headers"
 	@echo "make lint         ruff + mypy"
 	@echo "make device-bundle  prepare .device/ for the GPU machine"
 
@@ -35,7 +37,14 @@ deps:
 
 TARGETS := $(OUT)/targets/gf_target $(OUT)/targets/libgftarget.so
 
-build: $(BPF_OBJS) $(DOUBLES) $(TARGETS)
+PRELOAD := $(OUT)/hooks/.stamp
+
+build: $(BPF_OBJS) $(DOUBLES) $(TARGETS) $(PRELOAD)
+
+$(PRELOAD): $(wildcard hooks/preload/*.c hooks/preload/double/*.c hooks/preload/Makefile)
+	@mkdir -p $(dir $@)
+	$(Q)$(MAKE) -s -C hooks/preload OUT=$(abspath $(OUT)/hooks)
+	@touch $@
 
 # Test targets: probed by the host tests; frame pointers, no CET, so each
 # function starts with `push %rbp` (a probe the kernel emulates); -O0 for
@@ -55,12 +64,12 @@ $(DATA)/%.bpf.o: bpf/%.bpf.c bpf/*.h
 	$(Q)$(BPFTOOL) gen object $@ $@.tmp 2>/dev/null || cp $@.tmp $@
 	$(Q)rm -f $@.tmp
 
-$(DOUBLES): $(wildcard doubles/*.c) $(wildcard doubles/Makefile)
+$(DOUBLES): $(wildcard doubles/*.c doubles/*.h doubles/Makefile)
 	@mkdir -p $(dir $@)
 	$(Q)$(MAKE) -s -C doubles OUT=$(abspath $(OUT)/doubles)
 	@touch $@
 
-test: build
+test: build vm-kernels kmod-deps
 	$(PYTHON) -m pytest -q -ra tests
 
 test-unit:
@@ -69,8 +78,22 @@ test-unit:
 test-host: build
 	$(PYTHON) -m pytest -q -ra -m "root" tests
 
-vmtest: build
+vmtest: build vm-kernels
 	$(PYTHON) -m pytest -q -ra -m "vm" tests
+
+vm-kernels:
+	$(PYTHON) vm/fetch_kernels.py
+
+# gpufa.ko against bookworm's 6.1 headers (what the VM tests boot).
+kmod: vm-kernels
+	$(MAKE) -C kmod KDIR=$$(cat $(OUT)/vm/bookworm/kdir) tests
+
+# checkpatch.pl and the extra headers (6.12, 7.2) the build tests use.
+kmod-deps: vm-kernels
+	$(PYTHON) kmod/fetch_deps.py
+
+kmod-check:
+	$(MAKE) -C kmod check
 
 demo: build
 	$(PYTHON) -m pyctl demo --db $(OUT)/demo.db
@@ -79,7 +102,7 @@ bench: build
 	$(PYTHON) bench/run_all.py
 
 lint:
-	$(PYTHON) -m ruff check pyctl tests bench hooks
+	$(PYTHON) -m ruff check pyctl tests bench hooks vm doubles kmod
 	$(PYTHON) -m mypy pyctl
 
 device-bundle: build

@@ -199,6 +199,8 @@ class Engine:
                 "fail/stall on this kernel go through the ptrace copilot, which needs a "
                 "target: add --pid PID or -- CMD"
             )
+        if self._needs_copilot() and self.seize_pid is not None:
+            self._precheck_tracer(self.seize_pid)
         self.atts = plan(self.specs, self.pid if self.resolve_in_target else None)
         if self.pid is not None and not resolve.pid_alive(self.pid):
             raise EngineError(f"no process {self.pid}: check the pid (is it still running?)")
@@ -226,6 +228,30 @@ class Engine:
         # is gone before its fire record is read.
         for p in self.watch:
             self._symbolizers[p] = Symbolizer(p)
+
+    @staticmethod
+    def _precheck_tracer(pid: int) -> None:
+        """Refuse a target someone else traces before anything is attached."""
+        from pyctl.copilot import procfs
+
+        try:
+            tids = procfs.tids(pid) or [pid]
+        except OSError:
+            return  # gone: plan() reports it
+        for tid in tids:
+            try:
+                tracer = procfs.tracer_pid(pid, tid)
+            except OSError:
+                continue
+            if tracer:
+                try:
+                    comm = Path(f"/proc/{tracer}/comm").read_text().strip()
+                except OSError:
+                    comm = "?"
+                raise EngineError(
+                    f"pid {pid} is already traced by pid {tracer} ({comm}): detach that "
+                    "debugger/tracer (gdb, strace) first"
+                )
 
     def _load_and_attach(self) -> None:
         try:

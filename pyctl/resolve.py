@@ -247,11 +247,40 @@ def _classify(head: bytes) -> str:
     return "other"
 
 
+def _tokenizer_kind(lib: Library, kind: str) -> list[str]:
+    """`tok:KIND`: the tokenizer entry points found by demangled name."""
+    from pyctl.tokenizer import symbols as toksyms
+
+    try:
+        return [e.mangled for e in toksyms.find_entry_points(lib.path, kind)]
+    except (KeyError, LookupError) as e:
+        raise ResolveError(str(e).strip("'\"")) from None
+
+
+def _demangled_match(table: dict[str, tuple[int, int]], pattern: str) -> list[str]:
+    """Rust/C++ names by their demangled form: `--fn '*BPE*::tokenize'`."""
+    from pyctl.tokenizer.symbols import demangle
+
+    out = []
+    for n in table:
+        if n.startswith(("_R", "_ZN")) and fnmatch.fnmatchcase(demangle(n), pattern):
+            out.append(n)
+    return out
+
+
 def symbols(lib: Library, pattern: str) -> list[Symbol]:
-    """Functions of lib matching a name or glob. Raises when none match."""
+    """Functions of lib matching a name or glob. Raises when none match.
+
+    Also `tok:KIND` (tokenizer entry points, see `gpufault tokenizer probes`)
+    and globs containing '::' matched against demangled Rust/C++ names."""
     table, loads, _ = _elf_symbols(lib.path, os.stat(lib.path).st_mtime)
     globby = any(c in pattern for c in "*?[")
-    names = fnmatch.filter(table, pattern) if globby else [n for n in table if n == pattern]
+    if pattern.startswith("tok:"):
+        names = _tokenizer_kind(lib, pattern[4:])
+    elif "::" in pattern:
+        names = _demangled_match(table, pattern)
+    else:
+        names = fnmatch.filter(table, pattern) if globby else [n for n in table if n == pattern]
     if not names:
         close = [n for n in table if pattern.lower().rstrip("*") in n.lower()][:5]
         hint = f" (close: {', '.join(sorted(close))})" if close else ""

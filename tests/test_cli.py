@@ -158,3 +158,42 @@ def test_sigkill_of_controller_leaves_nothing(target: Target, tmp_path: Path) ->
     assert con.execute("PRAGMA integrity_check").fetchone() == ("ok",)
     assert con.execute("SELECT count(*) FROM faults").fetchone()[0] >= committed
     assert oct(db.stat().st_mode & 0o777) == "0o600"
+
+
+def _stopped_threads(pid: int) -> list[int]:
+    out = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state in ("t", "T"):
+            out.append(int(task.name))
+    return out
+
+
+@pytest.mark.root
+def test_sigkill_while_a_thread_hangs(target: Target, tmp_path: Path) -> None:
+    import threading
+
+    ctl = subprocess.Popen(
+        [*GF, "inject", "--pid", str(target.pid), "--lib", str(LIB), "--fn", "gf_victim",
+         "--action", "stall", "--nth", "1", "--db", str(tmp_path / "gf.db")],
+        stderr=subprocess.PIPE, text=True)
+    assert ctl.stderr is not None
+    while "Ctrl-C to end" not in (ln := ctl.stderr.readline()):
+        assert ln, "controller exited early"
+    result: list = []
+    th = threading.Thread(target=lambda: result.append(target.victim(2)))
+    th.start()
+    # Await the hang: the calling thread sits in a ptrace stop.
+    deadline = time.monotonic() + 20
+    while not _stopped_threads(target.pid):
+        assert time.monotonic() < deadline, "no thread was stalled"
+    assert th.is_alive()
+    ctl.kill()
+    ctl.wait(timeout=10)
+    th.join(timeout=20)
+    assert not th.is_alive(), "the stalled thread never resumed"
+    assert [r[3] for r in result[0]] == [2, 3]  # the call then ran normally
+    assert target.p.poll() is None and not _stopped_threads(target.pid)

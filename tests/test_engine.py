@@ -244,3 +244,33 @@ def test_database_is_root_only(target: Target, tmp_db: Path) -> None:
         target.victim(3)
         eng.drain()
     assert tmp_db.stat().st_mode & 0o777 == 0o600
+
+
+def test_stall_20ms_median_from_inside_the_target(target: Target, tmp_db: Path) -> None:
+    s = spec(action="stall", stall_ms=20, every=1, capture_stack=False)
+    with armed(tmp_db, target.pid, s):
+        (line,) = target.cmd("timed 25")
+    p50 = int(line.split("p50=")[1].split()[0])
+    assert 18e6 <= p50 <= 22e6, line  # 20 ms +- 2 ms at the median (a spec, not a bench)
+
+
+def test_already_traced_target_is_refused_before_attach(target: Target, tmp_db: Path) -> None:
+    import shutil
+    import subprocess
+
+    if shutil.which("strace") is None:
+        pytest.skip("needs strace as the other tracer")
+    st = subprocess.Popen(["strace", "-f", "-o", "/dev/null", "-p", str(target.pid)],
+                          stderr=subprocess.PIPE, text=True)
+    try:
+        assert st.stderr is not None
+        while "attached" not in st.stderr.readline():  # strace says when it holds it
+            pass
+        with pytest.raises(EngineError, match="already traced"):
+            Engine([spec(action="fail", ret=1, tgid=target.pid)], db_path=tmp_db,
+                   pid=target.pid).start()
+        assert not tmp_db.exists()
+    finally:
+        st.terminate()
+        st.wait()
+    assert [r[3] for r in target.victim(2)] == [2, 3]

@@ -2,8 +2,9 @@
 # Install what gpufault needs to build and test on a fresh Debian 12 host.
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
-APT_PKGS=(clang llvm libbpf-dev libbpf1 bpftool libelf-dev zlib1g-dev make gcc
-	qemu-system-x86 busybox-static cpio xz-utils zstd kmod sqlite3)
+APT_PKGS=(clang llvm libbpf-dev libbpf1 bpftool libelf-dev zlib1g-dev make gcc gcc-12
+	binutils qemu-system-x86 busybox-static cpio xz-utils zstd kmod sqlite3 strace
+	util-linux iproute2 dwarves sparse)
 missing=()
 for p in "${APT_PKGS[@]}"; do
 	dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -13,3 +14,6 @@ if ((${#missing[@]})); then
 	apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 python3 -m pip install -q -e '.[dev]'
+# The CPU build of torch for the Tensor-Core perturbation hook's tests (a
+# local file on these machines; pip takes it from there).
+python3 -c 'import torch' 2>/dev/null || python3 -m pip install -q torch==2.13.0

@@ -1,0 +1,321 @@
+"""Record NVIDIA Xids (nvidia:nvidia_dev_xid) and link them to faults.
+
+The driver's tracepoint carries the device (PCI name, e.g. 0000:18:00.0),
+the Xid number and the message. The driver has no BTF, so the record's
+layout is read from the tracepoint's `format` file and handed to
+bpf/xid.bpf.c as .rodata before load. Each Xid becomes a row of the
+`xids` table; its fault is the newest fault fired in a process that has
+that GPU open (/dev/nvidiaN, N from /proc/driver/nvidia/gpus/BDF) no
+longer than `window_s` before the Xid (rule `xid-on-device-of-faulted-
+process`), else the row keeps a NULL fault_id (rule `unattributed`).
+
+Use it beside an Engine writing the same database::
+
+    mon = XidMonitor(db_path)
+    mon.start()            # XidError if the tracepoint is absent
+    ... mon.note_fault(row) from Engine.on_fire; mon.poll(0.1) in the loop
+    mon.close()
+"""
+
+from __future__ import annotations
+
+import ctypes as C
+import os
+import re
+import select
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pyctl import store
+from pyctl.bpf.libbpf import BpfError, Object, lib, map_lookup
+from pyctl.bpf.ringbuf import RingReader
+
+XID_OBJ = Path(__file__).resolve().parent / "data" / "xid.bpf.o"
+TRACEFS_DIRS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
+CATEGORY, EVENT = "nvidia", "nvidia_dev_xid"
+DEV_LEN, MSG_LEN = 32, 128
+EVENT_FMT = struct.Struct(f"=QQII{DEV_LEN}s{MSG_LEN}s")  # struct xid_event
+RING_BYTES = 64 * 1024
+DEFAULT_WINDOW_S = 60.0
+
+
+class XidError(Exception):
+    """One line for the user: what is missing and what to do."""
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    offset: int
+    size: int
+    data_loc: bool  # a __data_loc string: a u32 (len << 16 | offset) at `offset`
+
+
+_FIELD = re.compile(r"field:(?P<decl>[^;]+);\s*offset:(?P<off>\d+);\s*size:(?P<size>\d+);")
+
+
+def parse_format(text: str) -> dict[str, Field]:
+    """The fields of a tracepoint `format` file, by name."""
+    out: dict[str, Field] = {}
+    for m in _FIELD.finditer(text):
+        decl = m.group("decl").strip()
+        name = re.sub(r"\[.*?\]", "", decl.split()[-1])
+        out[name] = Field(name, int(m.group("off")), int(m.group("size")),
+                          decl.startswith("__data_loc"))
+    return out
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where bpf/xid.bpf.c finds dev, error_code and msg in the record."""
+
+    dev: Field
+    code: Field
+    msg: Field | None
+
+    @classmethod
+    def from_format(cls, text: str, dev: str = "dev", code: str = "error_code",
+                    msg: str | None = "msg") -> Layout:
+        f = parse_format(text)
+        missing = [n for n in (dev, code, msg) if n and n not in f]
+        if missing:
+            raise XidError(f"tracepoint format lacks field(s) {', '.join(missing)}: "
+                           "a driver with another nvidia_dev_xid layout; report it")
+        if f[code].size not in (1, 2, 4, 8):
+            raise XidError(f"field {code} has size {f[code].size}, not 1, 2, 4 or 8")
+        for n in (dev, msg):
+            if n and not f[n].data_loc and f[n].size == 0:
+                raise XidError(f"field {n} is neither a string nor a char array")
+        return cls(f[dev], f[code], f[msg] if msg else None)
+
+    def rodata(self) -> dict[str, int]:
+        m = self.msg
+        return {"off_dev": self.dev.offset, "dev_loc": int(self.dev.data_loc),
+                "off_code": self.code.offset, "size_code": self.code.size,
+                "off_msg": m.offset if m else 0, "msg_loc": int(m.data_loc) if m else 0,
+                "has_msg": int(m is not None)}
+
+
+def tracefs() -> str | None:
+    for p in TRACEFS_DIRS:
+        if os.path.isdir(os.path.join(p, "events")):
+            return p
+    return None
+
+
+def format_path(category: str = CATEGORY, event: str = EVENT) -> Path | None:
+    tf = tracefs()
+    if tf is None:
+        return None
+    p = Path(tf) / "events" / category / event / "format"
+    return p if p.exists() else None
+
+
+def _minor_of_bdf(bdf: str) -> int | None:
+    """/proc/driver/nvidia/gpus/BDF/information has 'Device Minor: N'."""
+    try:
+        text = Path(f"/proc/driver/nvidia/gpus/{bdf}/information").read_text()
+    except OSError:
+        return None
+    m = re.search(r"Device Minor:\s*(\d+)", text)
+    return int(m.group(1)) if m else None
+
+
+def nvidia_minors_of(pid: int) -> set[int]:
+    """The /dev/nvidiaN files a process has open."""
+    out: set[int] = set()
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return out
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        m = re.fullmatch(r"/dev/nvidia(\d+)", target)
+        if m:
+            out.add(int(m.group(1)))
+    return out
+
+
+def _str(b: bytes) -> str:
+    return b.split(b"\0", 1)[0].decode(errors="replace")
+
+
+@dataclass
+class Xid:
+    ts_ns: int
+    error_code: int
+    pid: int
+    tid: int
+    dev: str
+    msg: str
+
+    @classmethod
+    def unpack(cls, data: bytes | memoryview) -> Xid:
+        ts, code, pid, tid, dev, msg = EVENT_FMT.unpack_from(bytes(data[: EVENT_FMT.size]))
+        return cls(ts, code, pid, tid, _str(dev), _str(msg))
+
+
+class XidMonitor:
+    """Loads bpf/xid.bpf.o, attaches it, stores and links each Xid."""
+
+    def __init__(self, db_path: str | os.PathLike[str] = store.DEFAULT_DB, *,
+                 run_id: str | None = None, window_s: float = DEFAULT_WINDOW_S,
+                 category: str = CATEGORY, event: str = EVENT,
+                 fields: tuple[str, str, str | None] = ("dev", "error_code", "msg"),
+                 minor_of: Any = None):
+        self.db_path = db_path
+        self.run_id = run_id
+        self.window_ns = int(window_s * 1e9)
+        self.category, self.event = category, event
+        self.fields = fields
+        # BDF -> /dev/nvidiaN minor; replaceable where no NVIDIA driver runs.
+        self.minor_of = minor_of or _minor_of_bdf
+        self.obj: Object | None = None
+        self.ring: RingReader | None = None
+        self.db: Any = None
+        self._ep: select.epoll | None = None
+        self._pid_minors: dict[int, set[int]] = {}
+        self.seen: list[Xid] = []
+
+    # ---- set-up -------------------------------------------------------
+    def start(self) -> None:
+        """Check, load, attach; on failure nothing stays loaded or written."""
+        if os.geteuid() != 0:
+            raise XidError("recording Xids needs root (BPF): run with sudo")
+        fmt = format_path(self.category, self.event)
+        if fmt is None:
+            where = tracefs()
+            if where is None:
+                raise XidError("tracefs is not mounted: mount -t tracefs nodev "
+                               "/sys/kernel/tracing, then retry")
+            raise XidError(f"tracepoint {self.category}:{self.event} absent: Xids need the "
+                           "NVIDIA kernel module (open, >= 575) loaded; see gpufault doctor")
+        if not XID_OBJ.exists():
+            raise XidError(f"{XID_OBJ} missing: run `make build` first")
+        layout = Layout.from_format(fmt.read_text(), *self.fields)
+        try:
+            obj = Object(XID_OBJ)
+        except BpfError as e:
+            raise XidError(str(e)) from None
+        try:
+            self._set_rodata(obj, layout.rodata())
+            obj.load()
+            self._attach(obj)
+        except BpfError as e:
+            obj.close()
+            raise XidError(f"{e}: see `gpufault doctor`") from None
+        self.obj = obj
+        self.ring = RingReader(obj.map_fd("xids"), RING_BYTES)
+        self._ep = select.epoll()
+        self._ep.register(self.ring.fd, select.EPOLLIN)
+        self.db = store.open_db(self.db_path)
+        with self.db.conn:
+            self.db["xids"].create(
+                {"id": int, "fault_id": str, "run_id": str, "dev": str, "error_code": int,
+                 "msg": str, "ts_ns": int, "pid": int, "tid": int, "rule": str},
+                pk="id", if_not_exists=True)
+
+    @staticmethod
+    def _set_rodata(obj: Object, values: dict[str, int]) -> None:
+        from elftools.elf.elffile import ELFFile
+
+        addr, size = obj.initial_value(".rodata")
+        buf = (C.c_char * size).from_address(addr)
+        with open(XID_OBJ, "rb") as f:
+            symtab = ELFFile(f).get_section_by_name(".symtab")
+            for sym in symtab.iter_symbols():  # type: ignore[union-attr]
+                if sym.name in values:
+                    struct.pack_into("=I", buf, sym["st_value"], values[sym.name])
+
+    def _attach(self, obj: Object) -> None:
+        lb = lib()
+        fn = lb.bpf_program__attach_tracepoint
+        fn.restype = C.c_void_p
+        fn.argtypes = [C.c_void_p, C.c_char_p, C.c_char_p]
+        C.set_errno(0)
+        link = fn(obj.program("gf_xid"), self.category.encode(), self.event.encode())
+        if not link:
+            e = C.get_errno()
+            raise BpfError(e, f"cannot attach {self.category}:{self.event}: {os.strerror(e)}")
+        obj.links.append(int(link))
+
+    # ---- linking ------------------------------------------------------
+    def note_fault(self, row: dict[str, Any]) -> None:
+        """Remember which GPUs a faulted process has open (call from on_fire:
+        the process may be gone by the time its Xid is read)."""
+        pid = int(row["pid"])
+        if pid not in self._pid_minors:
+            self._pid_minors[pid] = nvidia_minors_of(pid)
+
+    def _link(self, x: Xid) -> tuple[str | None, str]:
+        minor = self.minor_of(x.dev)
+        sql = ("SELECT fault_id, pid FROM faults WHERE ts_ns <= ? AND ts_ns >= ?"
+               + (" AND run_id = ?" if self.run_id else "") + " ORDER BY ts_ns DESC")
+        args: tuple[Any, ...] = (x.ts_ns, x.ts_ns - self.window_ns)
+        if self.run_id:
+            args += (self.run_id,)
+        try:
+            rows = self.db.conn.execute(sql, args).fetchall()
+        except Exception:  # noqa: BLE001 - no faults table yet: nothing to link
+            rows = []
+        for fid, pid in rows:
+            minors = self._pid_minors.get(pid)
+            if minors is None:
+                minors = self._pid_minors[pid] = nvidia_minors_of(pid)
+            if minor is not None and minor in minors:
+                return fid, "xid-on-device-of-faulted-process"
+        return None, "unattributed"
+
+    # ---- the loop -----------------------------------------------------
+    def poll(self, timeout: float = 0.05) -> list[Xid]:
+        assert self._ep is not None
+        self._ep.poll(timeout)
+        return self.drain()
+
+    def drain(self) -> list[Xid]:
+        if self.ring is None:
+            return []
+        new = [Xid.unpack(r) for r in self.ring.records()]
+        if not new:
+            return []
+        rows = []
+        for x in new:
+            fid, rule = self._link(x)
+            rows.append({"fault_id": fid, "run_id": self.run_id, "dev": x.dev,
+                         "error_code": x.error_code, "msg": x.msg, "ts_ns": x.ts_ns,
+                         "pid": x.pid, "tid": x.tid, "rule": rule})
+        with self.db.conn:
+            self.db["xids"].insert_all(rows)
+        self.seen.extend(new)
+        return new
+
+    def lost(self) -> int:
+        if self.obj is None:
+            return 0
+        v = C.c_uint64()
+        map_lookup(self.obj.map_fd("xid_lost"), C.c_uint32(0), v)
+        return v.value
+
+    def close(self) -> None:
+        """Detach, read what is left, close. Idempotent."""
+        if self.obj is not None:
+            self.obj.detach_all()
+            try:
+                self.drain()
+            finally:
+                if self.ring is not None:
+                    self.ring.close()
+                    self.ring = None
+                if self._ep is not None:
+                    self._ep.close()
+                    self._ep = None
+                self.obj.close()
+                self.obj = None
+        if self.db is not None:
+            self.db.close()
+            self.db = None
