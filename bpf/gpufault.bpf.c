@@ -27,6 +27,13 @@ struct gf_regs {
 const volatile __u32 copilot_signo = 23;	/* SIGURG: ignored by default */
 const volatile __u64 events_wake_bytes = 256 * 1024;
 
+struct inflight_key {
+	__u32 tid;
+	__u32 cookie_lo;	/* function index: one entry per (thread, func) */
+	__u32 spec;
+	__u32 pad;
+};
+
 /* Fire counter of the run: fault_seq of the next fire is this + 1. */
 __u64 fault_seq_ctr = 0;
 
@@ -50,13 +57,6 @@ struct {
 	__type(key, __u32);
 	__type(value, __u64);
 } stats SEC(".maps");
-
-struct inflight_key {
-	__u32 tid;
-	__u32 cookie_lo;	/* function index: one entry per (thread, func) */
-	__u32 spec;
-	__u32 pad;
-};
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -88,13 +88,31 @@ struct {
 	__type(value, __u8);
 } watched SEC(".maps");
 
-/* Per-CPU scratch for a gf_pending: too big for the 512-byte BPF stack. */
+/*
+ * Per-thread scratch. Why not locals or a per-CPU array: uprobe programs
+ * run preemptibly (migrate_disable only), and kernels since 6.13 give a
+ * program whose stack reaches 64 bytes a *per-CPU* private stack. Two
+ * threads preempting each other on one CPU inside such a program then
+ * share one stack, and the kernel oopses (seen on 7.2 under qemu). So the
+ * programs keep their own stack below 64 bytes (tests/test_bpf_stack.py
+ * checks the JIT image) and park everything else here, per task.
+ */
+struct gf_task {
+	struct gf_inflight inf;	/* this call's entry state */
+	struct gf_pending pend;	/* built here, then copied into "pending" */
+	struct inflight_key k;
+	__u64 cookie;
+	__u64 ra;
+	__u32 tid;
+	__u32 mech;
+};
+
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct gf_pending);
-} scratch SEC(".maps");
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct gf_task);
+} tasks SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -114,7 +132,33 @@ static __always_inline void stat_add(__u32 idx)
 		__sync_fetch_and_add(v, 1);
 }
 
-/* args[i - 1] with constant offsets only (keeps the verifier simple). */
+static __always_inline struct gf_task *task_scratch(bool create)
+{
+	return bpf_task_storage_get(&tasks, bpf_get_current_task_btf(), 0,
+				    create ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
+}
+
+/*
+ * Argument i (1-based) straight from the registers: no stack copy. The
+ * empty asm after each load keeps clang from merging the cases into one
+ * load through a computed ctx pointer, which the verifier rejects.
+ */
+#define GF_KEEP(v) asm volatile("" : "+r"(v))
+static __always_inline __u64 reg_arg(const struct gf_regs *r, __u32 i)
+{
+	__u64 v = 0;
+
+	switch (i) {
+	case 1: v = r->di; GF_KEEP(v); break;
+	case 2: v = r->si; GF_KEEP(v); break;
+	case 3: v = r->dx; GF_KEEP(v); break;
+	case 4: v = r->cx; GF_KEEP(v); break;
+	case 5: v = r->r8; GF_KEEP(v); break;
+	case 6: v = r->r9; GF_KEEP(v); break;
+	}
+	return v;
+}
+
 static __always_inline __u64 arg_at(const __u64 *args, __u32 i)
 {
 	switch (i) {
@@ -128,16 +172,15 @@ static __always_inline __u64 arg_at(const __u64 *args, __u32 i)
 	return 0;
 }
 
-static __always_inline bool pred_holds(const struct gf_spec *s, const __u64 *args)
+static __always_inline bool pred_holds(const struct gf_spec *s, const struct gf_regs *r)
 {
-	__u32 i = s->pred_arg;
 	__u64 v;
 
-	if (!i || s->pred_op == GF_PRED_NONE)
+	if (!s->pred_arg || s->pred_op == GF_PRED_NONE)
 		return true;
-	if (i > GF_NARGS)
+	if (s->pred_arg > GF_NARGS)
 		return false;
-	v = arg_at(args, i);
+	v = reg_arg(r, s->pred_arg);
 	switch (s->pred_op) {
 	case GF_PRED_EQ: return v == s->pred_val;
 	case GF_PRED_NE: return v != s->pred_val;
@@ -150,30 +193,29 @@ static __always_inline bool pred_holds(const struct gf_spec *s, const __u64 *arg
 	return false;
 }
 
-/* The trigger: does this matching call (number call_seq) fire? */
+/* The trigger: does this matching call (w->inf.call_seq) fire? */
 static __always_inline bool should_fire(const struct gf_spec *s,
-					struct gf_counters *c, __u64 call_seq,
-					__u64 now)
+					struct gf_counters *c, struct gf_task *w)
 {
 	__u64 n;
 
 	if (s->action == GF_ACT_OBSERVE)
 		return false;
-	if (s->deadline_ns && now >= s->deadline_ns) {
+	if (s->deadline_ns && w->inf.ts_ns >= s->deadline_ns) {
 		__sync_fetch_and_add(&c->expired, 1);
 		return false;
 	}
-	if (s->window_start_ns && now < s->window_start_ns)
+	if (s->window_start_ns && w->inf.ts_ns < s->window_start_ns)
 		return false;
 	if ((s->flags & GF_F_STICKY) && c->sticky) {
 		__sync_fetch_and_add(&c->fires, 1);
 		return true;
 	}
-	if (s->nth && call_seq != s->nth)
+	if (s->nth && w->inf.call_seq != s->nth)
 		return false;
-	if (s->every && call_seq % s->every)
+	if (s->every && w->inf.call_seq % s->every)
 		return false;
-	if (s->after && call_seq <= s->after)
+	if (s->after && w->inf.call_seq <= s->after)
 		return false;
 	if (s->prob_ppm && bpf_get_prandom_u32() % 1000000 >= s->prob_ppm)
 		return false;
@@ -188,36 +230,24 @@ static __always_inline bool should_fire(const struct gf_spec *s,
 	return true;
 }
 
-static __always_inline void read_args(struct gf_regs *r, __u64 *args)
-{
-	args[0] = r->di;
-	args[1] = r->si;
-	args[2] = r->dx;
-	args[3] = r->cx;
-	args[4] = r->r8;
-	args[5] = r->r9;
-}
-
-static __always_inline void emit_fire(void *ctx, const struct gf_spec *s,
-				      __u64 cookie, __u64 call_seq,
-				      __u64 seq, __u64 now, __u32 mech)
+static __always_inline void emit_fire(struct gf_regs *ctx, const struct gf_spec *s,
+				      struct gf_task *w)
 {
 	struct gf_fire_event *e;
-	__u64 id = bpf_get_current_pid_tgid();
 
 	e = bpf_ringbuf_reserve(&fires, sizeof(*e), 0);
 	if (!e) {
 		stat_add(GF_STAT_FIRES_LOST);
 		return;
 	}
-	e->fault_seq = seq;
-	e->ts_ns = now;
-	e->cookie = cookie;
-	e->call_seq = call_seq;
-	e->pid = id >> 32;
-	e->tid = (__u32)id;
+	e->fault_seq = w->inf.fault_seq;
+	e->ts_ns = w->inf.ts_ns;
+	e->cookie = w->cookie;
+	e->call_seq = w->inf.call_seq;
+	e->pid = bpf_get_current_pid_tgid() >> 32;
+	e->tid = w->tid;
 	e->action = s->action;
-	e->mech = mech;
+	e->mech = w->mech;
 	e->retval = s->retval;
 	e->flags = s->flags;
 	__builtin_memcpy(e->regs, ctx, sizeof(e->regs));
@@ -230,13 +260,12 @@ static __always_inline void emit_fire(void *ctx, const struct gf_spec *s,
 	bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
 }
 
-static __always_inline void emit_call(__u32 kind, __u64 cookie, __u64 ts,
-				      __u64 lat, __u64 call_seq, __u64 seq,
-				      const __u64 *args, __s64 ret)
+/* One call record. lat == 0: entry only. Args come from the task scratch. */
+static __always_inline void emit_call(struct gf_task *w, __u32 kind, __u64 ts,
+				      __u64 lat, __u64 seq, __s64 ret)
 {
 	struct gf_call_event *e;
-	__u64 id = bpf_get_current_pid_tgid();
-	__u64 flags, avail;
+	__u64 avail;
 
 	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
@@ -245,13 +274,13 @@ static __always_inline void emit_call(__u32 kind, __u64 cookie, __u64 ts,
 	}
 	e->ts_ns = ts;
 	e->latency_ns = lat;
-	e->cookie = cookie;
-	e->call_seq = call_seq;
+	e->cookie = w->cookie;
+	e->call_seq = kind == GF_EV_FOLLOW && lat == 0 ? 0 : w->inf.call_seq;
 	e->fault_seq = seq;
-	__builtin_memcpy(e->args, args, sizeof(e->args));
+	__builtin_memcpy(e->args, w->inf.args, sizeof(e->args));
 	e->ret = ret;
-	e->pid = id >> 32;
-	e->tid = (__u32)id;
+	e->pid = bpf_get_current_pid_tgid() >> 32;
+	e->tid = w->tid;
 	e->kind = kind;
 	e->flags = 0;
 	/*
@@ -260,22 +289,18 @@ static __always_inline void emit_call(__u32 kind, __u64 cookie, __u64 ts,
 	 * polls on a short timer, which covers a crossing raced by two CPUs).
 	 */
 	avail = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA);
-	flags = avail >= events_wake_bytes &&
-		avail < events_wake_bytes + sizeof(*e) + 8 ?
-		BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
-	bpf_ringbuf_submit(e, flags);
+	bpf_ringbuf_submit(e, avail >= events_wake_bytes &&
+			   avail < events_wake_bytes + sizeof(*e) + 8 ?
+			   BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
 }
 
 /* Hand the rest of a fire to the copilot: state first, then the signal. */
-static __always_inline void to_copilot(void *ctx, const struct gf_spec *s,
-				       __u64 seq, __u32 tid, __u64 corrupt_addr)
+static __always_inline void to_copilot(struct gf_regs *ctx, const struct gf_spec *s,
+				       struct gf_task *w, __u64 corrupt_addr)
 {
-	__u32 zero = 0;
-	struct gf_pending *p = bpf_map_lookup_elem(&scratch, &zero);
+	struct gf_pending *p = &w->pend;
 
-	if (!p)
-		return;
-	p->fault_seq = seq;
+	p->fault_seq = w->inf.fault_seq;
 	__builtin_memcpy(p->regs, ctx, sizeof(p->regs));
 	p->retval = s->retval;
 	p->stall_ns = s->stall_ns;
@@ -286,7 +311,7 @@ static __always_inline void to_copilot(void *ctx, const struct gf_spec *s,
 	p->corrupt_mask = s->corrupt_mask;
 	p->corrupt_op = s->corrupt_op;
 	p->corrupt_len = s->corrupt_len;
-	if (bpf_map_update_elem(&pending, &tid, p, BPF_ANY)) {
+	if (bpf_map_update_elem(&pending, &w->tid, p, BPF_ANY)) {
 		stat_add(GF_STAT_PENDING_ERR);
 		return;
 	}
@@ -294,131 +319,147 @@ static __always_inline void to_copilot(void *ctx, const struct gf_spec *s,
 		stat_add(GF_STAT_SIGNAL_ERR);
 }
 
+static __always_inline void fire_at_entry(struct gf_regs *ctx, const struct gf_spec *s,
+					  struct gf_task *w, const bool regs_ok)
+{
+	w->inf.fault_seq = __sync_fetch_and_add(&fault_seq_ctr, 1) + 1;
+	w->mech = GF_MECH_BPF;
+	if (s->action == GF_ACT_STALL)
+		w->mech = GF_MECH_COPILOT;
+	if (s->action == GF_ACT_FAIL)
+		w->mech = regs_ok ? GF_MECH_REGS : GF_MECH_COPILOT;
+	if (s->action == GF_ACT_CORRUPT && (s->flags & GF_F_COPILOT))
+		w->mech = GF_MECH_COPILOT;
+	emit_fire(ctx, s, w);
+
+	if (s->action == GF_ACT_SIGNAL) {
+		if (bpf_send_signal_thread(s->signo))
+			stat_add(GF_STAT_SIGNAL_ERR);
+	} else if (s->action == GF_ACT_STALL) {
+		to_copilot(ctx, s, w, 0);
+	} else if (s->action == GF_ACT_FAIL && !(s->flags & GF_F_AFTER)) {
+		if (!regs_ok) {
+			to_copilot(ctx, s, w, 0);
+			return;
+		}
+		/* Return at once: ip = return address, pop it, ax = value. */
+		if (bpf_probe_read_user(&w->ra, sizeof(w->ra), (void *)ctx->sp)) {
+			stat_add(GF_STAT_CORRUPT_ERR);
+			return;
+		}
+		ctx->ax = s->retval;
+		ctx->ip = w->ra;
+		ctx->sp += 8;
+	}
+}
+
 static __always_inline int do_entry(struct gf_regs *ctx, const bool regs_ok)
 {
 	__u64 cookie = bpf_get_attach_cookie(ctx);
 	__u32 si = GF_COOKIE_SPEC(cookie);
-	__u64 id = bpf_get_current_pid_tgid();
-	__u32 tgid = id >> 32, tid = (__u32)id;
-	struct gf_inflight inf = {};
 	struct gf_counters *c;
 	struct gf_spec *s;
-	__u64 now, call_seq, seq = 0, ra;
-	__u32 mech = GF_MECH_BPF;
-	bool fire;
+	struct gf_task *w;
+	__u64 id;
 
 	s = bpf_map_lookup_elem(&specs, &si);
+	if (!s || !(s->flags & GF_F_ENABLED))
+		return 0;
+	/* Who and the predicate first: armed-not-matching costs little. */
+	id = bpf_get_current_pid_tgid();
+	if (s->tgid && s->tgid != id >> 32)
+		return 0;
+	if (s->tid && s->tid != (__u32)id)
+		return 0;
+	if (!pred_holds(s, ctx))
+		return 0;
 	c = bpf_map_lookup_elem(&counters, &si);
-	if (!s || !c || !(s->flags & GF_F_ENABLED))
+	w = task_scratch(true);
+	if (!c || !w) {
+		stat_add(GF_STAT_INFLIGHT_ERR);
 		return 0;
-	/* Who: cheap filters first, so armed-not-matching costs little. */
-	if (s->tgid && s->tgid != tgid)
-		return 0;
-	if (s->tid && s->tid != tid)
-		return 0;
-	read_args(ctx, inf.args);
-	if (!pred_holds(s, inf.args))
-		return 0;
-
-	call_seq = __sync_fetch_and_add(&c->calls, 1) + 1;
-	now = bpf_ktime_get_ns();
-	fire = should_fire(s, c, call_seq, now);
-
-	if (fire) {
-		seq = __sync_fetch_and_add(&fault_seq_ctr, 1) + 1;
-		if ((s->action == GF_ACT_FAIL && !(s->flags & GF_F_AFTER)) ||
-		    s->action == GF_ACT_STALL)
-			mech = regs_ok && s->action == GF_ACT_FAIL ?
-				GF_MECH_REGS : GF_MECH_COPILOT;
-		if (s->action == GF_ACT_FAIL && (s->flags & GF_F_AFTER))
-			mech = regs_ok ? GF_MECH_REGS : GF_MECH_COPILOT;
-		if (s->action == GF_ACT_CORRUPT && (s->flags & GF_F_COPILOT))
-			mech = GF_MECH_COPILOT;
-		emit_fire(ctx, s, cookie, call_seq, seq, now, mech);
-
-		switch (s->action) {
-		case GF_ACT_SIGNAL:
-			if (bpf_send_signal_thread(s->signo))
-				stat_add(GF_STAT_SIGNAL_ERR);
-			break;
-		case GF_ACT_STALL:
-			to_copilot(ctx, s, seq, tid, 0);
-			break;
-		case GF_ACT_FAIL:
-			if (s->flags & GF_F_AFTER)
-				break;	/* done by the return program */
-			if (regs_ok) {
-				/* Return at once: ip = return address, pop it. */
-				if (bpf_probe_read_user(&ra, sizeof(ra),
-							(void *)ctx->sp)) {
-					stat_add(GF_STAT_CORRUPT_ERR);
-					break;
-				}
-				ctx->ax = s->retval;
-				ctx->ip = ra;
-				ctx->sp += 8;
-			} else {
-				to_copilot(ctx, s, seq, tid, 0);
-			}
-			break;
-		}
 	}
+	w->cookie = cookie;
+	w->tid = (__u32)id;
+	w->inf.args[0] = ctx->di;
+	w->inf.args[1] = ctx->si;
+	w->inf.args[2] = ctx->dx;
+	w->inf.args[3] = ctx->cx;
+	w->inf.args[4] = ctx->r8;
+	w->inf.args[5] = ctx->r9;
+	w->inf.call_seq = __sync_fetch_and_add(&c->calls, 1) + 1;
+	w->inf.ts_ns = bpf_ktime_get_ns();
+	w->inf.fault_seq = 0;
+	w->inf.fired = should_fire(s, c, w);
+	if (w->inf.fired)
+		fire_at_entry(ctx, s, w, regs_ok);
 
 	if (s->flags & GF_F_RETPROBE) {
-		struct inflight_key k = { .tid = tid, .cookie_lo = GF_COOKIE_FUNC(cookie),
-					  .spec = si };
-
-		inf.ts_ns = now;
-		inf.call_seq = call_seq;
-		inf.fault_seq = seq;
-		inf.fired = fire;
-		if (bpf_map_update_elem(&inflight, &k, &inf, BPF_ANY))
+		w->k.tid = w->tid;
+		w->k.cookie_lo = GF_COOKIE_FUNC(w->cookie);
+		w->k.spec = GF_COOKIE_SPEC(w->cookie);
+		w->k.pad = 0;
+		if (bpf_map_update_elem(&inflight, &w->k, &w->inf, BPF_ANY))
 			stat_add(GF_STAT_INFLIGHT_ERR);
-	} else if ((s->flags & GF_F_TRACE) || fire) {
+	} else if ((s->flags & GF_F_TRACE) || w->inf.fired) {
 		/* No return probe: the entry is all we will see of this call. */
-		emit_call(GF_EV_ENTRY, cookie, now, 0, call_seq, seq, inf.args,
-			  fire && s->action == GF_ACT_FAIL ? s->retval : 0);
-		if (fire)
-			bpf_map_update_elem(&follow, &tid, &seq, BPF_ANY);
+		emit_call(w, GF_EV_ENTRY, w->inf.ts_ns, 0, w->inf.fault_seq,
+			  w->inf.fired && s->action == GF_ACT_FAIL ? s->retval : 0);
+		if (w->inf.fired)
+			bpf_map_update_elem(&follow, &w->tid, &w->inf.fault_seq, BPF_ANY);
 	}
 	return 0;
 }
 
-static __always_inline void do_corrupt(void *ctx, const struct gf_spec *s,
-				       const struct gf_inflight *inf, __u32 tid,
-				       const bool wu_ok)
+static __always_inline void do_corrupt(struct gf_regs *ctx, const struct gf_spec *s,
+				       struct gf_task *w, const bool wu_ok)
 {
-	__u32 i = s->corrupt_arg;
-	__u64 old = 0, val;
 	void *p;
 
-	if (!i || i > GF_NARGS)
+	if (!s->corrupt_arg || s->corrupt_arg > GF_NARGS)
 		return;
-	p = (void *)(arg_at(inf->args, i) + s->corrupt_off);
+	p = (void *)(arg_at(w->inf.args, s->corrupt_arg) + s->corrupt_off);
 	if (!wu_ok) {
 		/* Kernel lockdown forbids bpf_probe_write_user: copilot writes. */
-		to_copilot(ctx, s, inf->fault_seq, tid, (__u64)p);
+		to_copilot(ctx, s, w, (__u64)p);
 		return;
 	}
-	if (bpf_probe_read_user(&old, sizeof(old), p)) {
+	w->ra = 0;
+	if (bpf_probe_read_user(&w->ra, sizeof(w->ra), p)) {
 		stat_add(GF_STAT_CORRUPT_ERR);
 		return;
 	}
-	switch (s->corrupt_op) {
-	case GF_CORRUPT_XOR: val = old ^ s->corrupt_mask; break;
-	case GF_CORRUPT_SET: val = s->corrupt_mask; break;
-	default: val = 0; break;
-	}
-	/* Write exactly corrupt_len bytes (little endian low bytes of val). */
+	if (s->corrupt_op == GF_CORRUPT_XOR)
+		w->ra ^= s->corrupt_mask;
+	else if (s->corrupt_op == GF_CORRUPT_SET)
+		w->ra = s->corrupt_mask;
+	else
+		w->ra = 0;
+	/* Write exactly corrupt_len bytes (little endian low bytes). */
 	switch (s->corrupt_len) {
-	case 1: if (bpf_probe_write_user(p, &val, 1)) goto err; break;
-	case 2: if (bpf_probe_write_user(p, &val, 2)) goto err; break;
-	case 4: if (bpf_probe_write_user(p, &val, 4)) goto err; break;
-	default: if (bpf_probe_write_user(p, &val, 8)) goto err; break;
+	case 1: if (bpf_probe_write_user(p, &w->ra, 1)) goto err; break;
+	case 2: if (bpf_probe_write_user(p, &w->ra, 2)) goto err; break;
+	case 4: if (bpf_probe_write_user(p, &w->ra, 4)) goto err; break;
+	default: if (bpf_probe_write_user(p, &w->ra, 8)) goto err; break;
 	}
 	return;
 err:
 	stat_add(GF_STAT_CORRUPT_ERR);
+}
+
+/* The fired thread's next failing return: link it to the fault, once. */
+static __always_inline void follow_check(struct gf_task *w, __u64 ts, __u64 lat,
+					 __s64 ret)
+{
+	__u64 *fseq;
+
+	if ((__u32)ret == 0)
+		return;
+	fseq = bpf_map_lookup_elem(&follow, &w->tid);
+	if (!fseq)
+		return;
+	emit_call(w, GF_EV_FOLLOW, ts, lat, *fseq, ret);
+	bpf_map_delete_elem(&follow, &w->tid);
 }
 
 static __always_inline int do_return(struct gf_regs *ctx, const bool regs_ok,
@@ -426,62 +467,50 @@ static __always_inline int do_return(struct gf_regs *ctx, const bool regs_ok,
 {
 	__u64 cookie = bpf_get_attach_cookie(ctx);
 	__u32 si = GF_COOKIE_SPEC(cookie);
-	__u64 id = bpf_get_current_pid_tgid();
-	__u32 tid = (__u32)id;
-	struct inflight_key k = { .tid = tid, .cookie_lo = GF_COOKIE_FUNC(cookie),
-				  .spec = si };
 	struct gf_inflight *inf;
 	struct gf_spec *s;
-	__s64 ret = ctx->ax;
-	__u64 now, *fseq;
+	struct gf_task *w;
 
 	s = bpf_map_lookup_elem(&specs, &si);
-	if (!s)
-		return 0;
-	inf = bpf_map_lookup_elem(&inflight, &k);
+	w = task_scratch(false);
+	if (!s || !w)
+		return 0;	/* this thread never matched an entry */
+	w->cookie = cookie;
+	w->tid = (__u32)bpf_get_current_pid_tgid();
+	w->k.tid = w->tid;
+	w->k.cookie_lo = GF_COOKIE_FUNC(cookie);
+	w->k.spec = si;
+	w->k.pad = 0;
+	inf = bpf_map_lookup_elem(&inflight, &w->k);
 	if (!inf) {
 		/* Not a matching call: only the fired thread's next error counts. */
-		if ((__u32)ret == 0)
-			return 0;
-		fseq = bpf_map_lookup_elem(&follow, &tid);
-		if (fseq) {
-			__u64 args[GF_NARGS] = {};
-
-			emit_call(GF_EV_FOLLOW, cookie, bpf_ktime_get_ns(), 0, 0,
-				  *fseq, args, ret);
-			bpf_map_delete_elem(&follow, &tid);
-		}
+		__builtin_memset(w->inf.args, 0, sizeof(w->inf.args));
+		follow_check(w, bpf_ktime_get_ns(), 0, ctx->ax);
 		return 0;
 	}
-	now = bpf_ktime_get_ns();
-	if (inf->fired) {
+	w->inf = *inf;
+	bpf_map_delete_elem(&inflight, &w->k);
+	w->ra = bpf_ktime_get_ns() - w->inf.ts_ns;	/* latency */
+	if (w->inf.fired) {
 		if (s->action == GF_ACT_FAIL && (s->flags & GF_F_AFTER)) {
 			if (regs_ok)
 				ctx->ax = s->retval;
 			else
-				to_copilot(ctx, s, inf->fault_seq, tid, 0);
-			ret = s->retval;
-		} else if (s->action == GF_ACT_CORRUPT) {
-			do_corrupt(ctx, s, inf, tid, wu_ok);
+				to_copilot(ctx, s, w, 0);
+			emit_call(w, GF_EV_CALL, w->inf.ts_ns, w->ra, w->inf.fault_seq,
+				  s->retval);
+		} else {
+			if (s->action == GF_ACT_CORRUPT)
+				do_corrupt(ctx, s, w, wu_ok);
+			emit_call(w, GF_EV_CALL, w->inf.ts_ns, w->ra, w->inf.fault_seq,
+				  ctx->ax);
 		}
-		emit_call(GF_EV_CALL, cookie, inf->ts_ns, now - inf->ts_ns,
-			  inf->call_seq, inf->fault_seq, inf->args, ret);
-		bpf_map_update_elem(&follow, &tid, &inf->fault_seq, BPF_ANY);
-	} else {
-		if (s->flags & GF_F_TRACE)
-			emit_call(GF_EV_CALL, cookie, inf->ts_ns, now - inf->ts_ns,
-				  inf->call_seq, 0, inf->args, ret);
-		if ((__u32)ret != 0) {
-			fseq = bpf_map_lookup_elem(&follow, &tid);
-			if (fseq) {
-				emit_call(GF_EV_FOLLOW, cookie, inf->ts_ns,
-					  now - inf->ts_ns, inf->call_seq, *fseq,
-					  inf->args, ret);
-				bpf_map_delete_elem(&follow, &tid);
-			}
-		}
+		bpf_map_update_elem(&follow, &w->tid, &w->inf.fault_seq, BPF_ANY);
+		return 0;
 	}
-	bpf_map_delete_elem(&inflight, &k);
+	if (s->flags & GF_F_TRACE)
+		emit_call(w, GF_EV_CALL, w->inf.ts_ns, w->ra, 0, ctx->ax);
+	follow_check(w, w->inf.ts_ns, w->ra, ctx->ax);
 	return 0;
 }
 

@@ -1,0 +1,70 @@
+"""Our uprobe programs must not get a per-CPU private stack.
+
+Kernels since 6.13 give a BPF program whose stack reaches 64 bytes a
+private stack per CPU. Uprobe programs run preemptibly, so two threads on
+one CPU can be inside the program at once and share that stack: the
+kernel oopses (seen on Debian's 7.2 under qemu with 8 threads firing). The
+engine keeps its state in task storage instead; this test loads every
+uprobe program and inspects the JIT image's prologue (x86-64: the private
+frame pointer is r9, loaded with `movabs $off,%r9; add %gs:...,%r9`)."""
+
+from __future__ import annotations
+
+import ctypes as C
+
+import pytest
+
+from pyctl.bpf.libbpf import BpfError, Object, lib
+from pyctl.capabilities import MAIN_OBJ, regs_writable, user_writable
+
+pytestmark = [pytest.mark.root]
+
+PROGS = ["gf_entry", "gf_return", "gf_return_wu", "gf_entry_regs", "gf_return_regs",
+         "gf_return_regs_wu"]
+PRIVATE_STACK_PROLOGUE = bytes.fromhex("65 4c 03 0c 25".replace(" ", ""))  # add %gs:X,%r9
+
+
+def jit_image(prog_fd: int) -> bytes:
+    get = lib().bpf_obj_get_info_by_fd
+    get.argtypes = [C.c_int, C.c_void_p, C.POINTER(C.c_uint32)]
+    info = (C.c_uint8 * 512)()
+    n = C.c_uint32(512)
+    assert get(prog_fd, info, C.byref(n)) == 0
+    jlen = int.from_bytes(bytes(info[16:20]), "little")
+    code = (C.c_uint8 * jlen)()
+    info2 = (C.c_uint8 * 512)()
+    info2[16:20] = list(jlen.to_bytes(4, "little"))
+    info2[24:32] = list(C.addressof(code).to_bytes(8, "little"))
+    n = C.c_uint32(512)
+    assert get(prog_fd, info2, C.byref(n)) == 0
+    return bytes(code)
+
+
+def loadable() -> list[str]:
+    ok = ["gf_entry", "gf_return"]
+    if user_writable():
+        ok.append("gf_return_wu")
+    if regs_writable():
+        ok += ["gf_entry_regs", "gf_return_regs"]
+        if user_writable():
+            ok.append("gf_return_regs_wu")
+    return ok
+
+
+@pytest.mark.parametrize("prog", PROGS)
+def test_no_private_stack(prog: str) -> None:
+    if prog not in loadable():
+        pytest.skip(f"{prog} does not load on this kernel")
+    obj = Object(MAIN_OBJ)
+    try:
+        for p in PROGS:
+            obj.set_autoload(p, p == prog)
+        try:
+            obj.load()
+        except BpfError as e:
+            pytest.fail(f"{prog} failed to load: {e}")
+        fd = lib().bpf_program__fd(obj.program(prog))
+        head = jit_image(fd)[:64]
+        assert PRIVATE_STACK_PROLOGUE not in head, f"{prog} uses a per-CPU private stack"
+    finally:
+        obj.close()
