@@ -45,8 +45,9 @@ def best(t: Target, reps: int = 3) -> float:
     return min(ns_per_call(t) for _ in range(reps))
 
 
-def with_engine(t: Target, spec: FaultSpec, db: Path, concurrent: bool = True,
-                n: int = N) -> tuple[float, dict]:
+def with_engine(
+    t: Target, spec: FaultSpec, db: Path, concurrent: bool = True, n: int = N
+) -> tuple[float, dict]:
     """Best of 3. concurrent: the consumer drains while the target runs (as in
     real use; on 2 cores it competes with the target for CPU). Otherwise the
     ring (64 MiB) holds every event and is drained afterwards: the probe's
@@ -99,8 +100,9 @@ def floor(t: Target) -> float:
 def drain_capacity(t: Target, db: Path, n: int) -> dict:
     """Consumer alone: fill a large ring first, then time the drain into
     SQLite (what limits ingest when the producer is faster)."""
-    spec = FaultSpec(lib=str(LIB), fn="gf_empty", trace=True, entry_only=True,
-                     capture_stack=False, tgid=t.pid)
+    spec = FaultSpec(
+        lib=str(LIB), fn="gf_empty", trace=True, entry_only=True, capture_stack=False, tgid=t.pid
+    )
     eng = Engine([spec], db_path=db, pid=t.pid, argv=["bench-drain"], ring_mib=256)
     eng.start()
     try:
@@ -110,15 +112,20 @@ def drain_capacity(t: Target, db: Path, n: int) -> dict:
         while k := eng.drain():
             got += k
         el = time.perf_counter() - t0
-        return {"events": got, "lost": eng.lost()["events_lost"], "seconds": round(el, 3),
-                "events_per_s": round(got / el)}
+        return {
+            "events": got,
+            "lost": eng.lost()["events_lost"],
+            "seconds": round(el, 3),
+            "events_per_s": round(got / el),
+        }
     finally:
         eng.close()
 
 
 def ingest(t: Target, db: Path, n: int, rate: int = 0) -> dict:
-    spec = FaultSpec(lib=str(LIB), fn="gf_empty", trace=True, entry_only=True,
-                     capture_stack=False, tgid=t.pid)
+    spec = FaultSpec(
+        lib=str(LIB), fn="gf_empty", trace=True, entry_only=True, capture_stack=False, tgid=t.pid
+    )
     eng = Engine([spec], db_path=db, pid=t.pid, argv=["bench-ingest"], ring_mib=64)
     eng.start()
     import threading
@@ -144,13 +151,23 @@ def ingest(t: Target, db: Path, n: int, rate: int = 0) -> dict:
     th.join()
     lost = eng.lost()["events_lost"]
     eng.close()
-    return {"calls": n, "target_rate": rate or "max", "events_ingested": got, "events_lost": lost, "seconds": round(el, 3),
-            "events_per_s": round(got / el)}
+    return {
+        "calls": n,
+        "target_rate": rate or "max",
+        "events_ingested": got,
+        "events_lost": lost,
+        "seconds": round(el, 3),
+        "events_per_s": round(got / el),
+    }
 
 
 def main() -> None:
-    out: dict = {"machine": platform.node(), "kernel": platform.release(),
-                 "cpus": os.cpu_count(), "calls_per_measure": N}
+    out: dict = {
+        "machine": platform.node(),
+        "kernel": platform.release(),
+        "cpus": os.cpu_count(),
+        "calls_per_measure": N,
+    }
     t = Target()
     try:
         with tempfile.TemporaryDirectory() as d:
@@ -159,31 +176,56 @@ def main() -> None:
             fl = floor(t)
             fl = min(fl, floor(t))
             solo = 150_000  # fits the 64 MiB ring: no consumer needed meanwhile
-            obs_entry, l1 = with_engine(t, FaultSpec(lib=str(LIB), fn="gf_empty", trace=True,
-                                                     entry_only=True, capture_stack=False), db,
-                                        concurrent=False, n=solo)
-            obs_pair, l2 = with_engine(t, FaultSpec(lib=str(LIB), fn="gf_empty", trace=True,
-                                                    capture_stack=False), db,
-                                       concurrent=False, n=solo)
-            obs_entry_c, l3 = with_engine(t, FaultSpec(lib=str(LIB), fn="gf_empty", trace=True,
-                                                       entry_only=True, capture_stack=False), db)
-            armed, _ = with_engine(t, FaultSpec(lib=str(LIB), fn="gf_empty", action="fail",
-                                                ret=1, nth=10**15), db)
-            armed_other, _ = with_engine(t, FaultSpec(lib=str(LIB), fn="gf_empty",
-                                                      action="fail", ret=1,
-                                                      tid=1), db)
+            obs_entry, l1 = with_engine(
+                t,
+                FaultSpec(
+                    lib=str(LIB), fn="gf_empty", trace=True, entry_only=True, capture_stack=False
+                ),
+                db,
+                concurrent=False,
+                n=solo,
+            )
+            obs_pair, l2 = with_engine(
+                t,
+                FaultSpec(lib=str(LIB), fn="gf_empty", trace=True, capture_stack=False),
+                db,
+                concurrent=False,
+                n=solo,
+            )
+            obs_entry_c, l3 = with_engine(
+                t,
+                FaultSpec(
+                    lib=str(LIB), fn="gf_empty", trace=True, entry_only=True, capture_stack=False
+                ),
+                db,
+            )
+            armed, _ = with_engine(
+                t, FaultSpec(lib=str(LIB), fn="gf_empty", action="fail", ret=1, nth=10**15), db
+            )
+            armed_other, _ = with_engine(
+                t, FaultSpec(lib=str(LIB), fn="gf_empty", action="fail", ret=1, tid=1), db
+            )
             out["per_call_ns"] = {
-                "no_probe": base, "empty_bpf_uprobe_floor": fl,
-                "observe_entry_event": obs_entry, "observe_entry_return_event": obs_pair,
+                "no_probe": base,
+                "empty_bpf_uprobe_floor": fl,
+                "observe_entry_event": obs_entry,
+                "observe_entry_return_event": obs_pair,
                 "observe_entry_event_consumer_running": obs_entry_c,
-                "armed_not_firing": armed, "armed_other_thread": armed_other,
+                "armed_not_firing": armed,
+                "armed_other_thread": armed_other,
             }
             out["probe_cost_ns"] = {k: round(v - base, 1) for k, v in out["per_call_ns"].items()}
             fc = fl - base
-            out["ratio_to_floor"] = {k: round((v - base) / fc, 3)
-                                     for k, v in out["per_call_ns"].items() if k != "no_probe"}
-            out["lost_during_cost_runs"] = {"entry": l1["events_lost"], "pair": l2["events_lost"],
-                                            "entry_concurrent": l3["events_lost"]}
+            out["ratio_to_floor"] = {
+                k: round((v - base) / fc, 3)
+                for k, v in out["per_call_ns"].items()
+                if k != "no_probe"
+            }
+            out["lost_during_cost_runs"] = {
+                "entry": l1["events_lost"],
+                "pair": l2["events_lost"],
+                "entry_concurrent": l3["events_lost"],
+            }
             out["drain_capacity"] = drain_capacity(t, Path(d) / "drain.db", min(N, 1_000_000))
             out["ingest_concurrent"] = ingest(t, Path(d) / "ingest.db", N)
             out["ingest_sustained_300k"] = ingest(t, Path(d) / "ingest2.db", 900_000, 300_000)

@@ -40,8 +40,15 @@ def timed(t: Target, n: int) -> dict:
 
 
 def with_fault(t: Target, use_regs: bool, db: Path) -> dict:
-    spec = FaultSpec(lib=str(LIB), fn="gf_victim", action="fail", ret=-5, every=1,
-                     capture_stack=False, tgid=t.pid)
+    spec = FaultSpec(
+        lib=str(LIB),
+        fn="gf_victim",
+        action="fail",
+        ret=-5,
+        every=1,
+        capture_stack=False,
+        tgid=t.pid,
+    )
     eng = Engine([spec], db_path=db, pid=t.pid, argv=["bench-fail"], use_regs=use_regs)
     eng.start()
     try:
@@ -55,8 +62,12 @@ def with_fault(t: Target, use_regs: bool, db: Path) -> dict:
 
 
 def main() -> None:
-    out: dict = {"kernel": platform.release(), "cpus": os.cpu_count(), "calls": N,
-                 "regs_available": regs_writable()}
+    out: dict = {
+        "kernel": platform.release(),
+        "cpus": os.cpu_count(),
+        "calls": N,
+        "regs_available": regs_writable(),
+    }
     t = Target()
     try:
         with tempfile.TemporaryDirectory() as d:

@@ -77,15 +77,19 @@ def checks() -> list[Check]:
 
         major, minor = libbpf.version()
         ok = major >= 1
-        out.append(
-            Check("libbpf", ok, f"libbpf {major}.{minor}", "install libbpf1 (>= 1.0)")
-        )
+        out.append(Check("libbpf", ok, f"libbpf {major}.{minor}", "install libbpf1 (>= 1.0)"))
     except Exception as e:  # noqa: BLE001 - doctor reports, never crashes
         out.append(Check("libbpf", False, str(e), "install libbpf1 or set GPUFAULT_LIBBPF"))
         return out
     btf = os.path.exists("/sys/kernel/btf/vmlinux")
-    out.append(Check("btf", btf, "/sys/kernel/btf/vmlinux" if btf else "missing",
-                     "kernel built without CONFIG_DEBUG_INFO_BTF: CO-RE relocations fail"))
+    out.append(
+        Check(
+            "btf",
+            btf,
+            "/sys/kernel/btf/vmlinux" if btf else "missing",
+            "kernel built without CONFIG_DEBUG_INFO_BTF: CO-RE relocations fail",
+        )
+    )
     objs = MAIN_OBJ.exists()
     out.append(Check("bpf objects", objs, str(MAIN_OBJ) if objs else "not built", "run make build"))
     if root and objs:
@@ -100,32 +104,62 @@ def checks() -> list[Check]:
             obj.close()
             out.append(Check("bpf + uprobes", True, "engine programs load"))
         except BpfError as e:
-            out.append(Check("bpf + uprobes", False, str(e),
-                             "need CONFIG_BPF_SYSCALL, CONFIG_UPROBE_EVENTS, CAP_BPF+CAP_PERFMON"))
+            out.append(
+                Check(
+                    "bpf + uprobes",
+                    False,
+                    str(e),
+                    "need CONFIG_BPF_SYSCALL, CONFIG_UPROBE_EVENTS, CAP_BPF+CAP_PERFMON",
+                )
+            )
         rw = regs_writable()
-        out.append(Check(
-            "register writes", True,
-            "uprobe programs may write pt_regs: fail uses the regs mechanism (no stop)"
-            if rw else
-            "verifier refuses pt_regs writes in uprobes: fail uses the ptrace copilot",
-        ))
+        out.append(
+            Check(
+                "register writes",
+                True,
+                "uprobe programs may write pt_regs: fail uses the regs mechanism (no stop)"
+                if rw
+                else "verifier refuses pt_regs writes in uprobes: fail uses the ptrace copilot",
+            )
+        )
         wu = user_writable()
-        out.append(Check(
-            "user memory writes", True,
-            "bpf_probe_write_user allowed: corrupt is done in BPF"
-            if wu else
-            "bpf_probe_write_user refused (kernel lockdown?): corrupt uses the ptrace copilot",
-        ))
+        out.append(
+            Check(
+                "user memory writes",
+                True,
+                "bpf_probe_write_user allowed: corrupt is done in BPF"
+                if wu
+                else "bpf_probe_write_user refused (kernel lockdown?): "
+                "corrupt uses the ptrace copilot",
+            )
+        )
     tf = _tracefs()
-    out.append(Check("tracefs", tf is not None, tf or "not mounted",
-                     "mount -t tracefs nodev /sys/kernel/tracing"))
+    out.append(
+        Check(
+            "tracefs",
+            tf is not None,
+            tf or "not mounted",
+            "mount -t tracefs nodev /sys/kernel/tracing",
+        )
+    )
     if tf:
         xid = os.path.exists(os.path.join(tf, "events/nvidia/nvidia_dev_xid"))
-        out.append(Check("nvidia xid tracepoint", xid,
-                         "nvidia:nvidia_dev_xid present" if xid else "absent",
-                         "needs the NVIDIA open kernel module >= 575 loaded; "
-                         "without it Xids are not recorded"))
+        out.append(
+            Check(
+                "nvidia xid tracepoint",
+                xid,
+                "nvidia:nvidia_dev_xid present" if xid else "absent",
+                "needs the NVIDIA open kernel module >= 575 loaded; "
+                "without it Xids are not recorded",
+            )
+        )
     scope = ptrace_scope()
-    out.append(Check("ptrace", root and scope < 3, f"yama ptrace_scope={scope}",
-                     "ptrace_scope 3 forbids the copilot: fail/stall need register writes"))
+    out.append(
+        Check(
+            "ptrace",
+            root and scope < 3,
+            f"yama ptrace_scope={scope}",
+            "ptrace_scope 3 forbids the copilot: fail/stall need register writes",
+        )
+    )
     return out

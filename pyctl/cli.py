@@ -59,8 +59,13 @@ def _user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def _db_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     return click.option(
-        "--db", "db_path", type=click.Path(dir_okay=False), envvar="GPUFAULT_DB",
-        default=str(store.DEFAULT_DB), show_default=True, help="evidence database",
+        "--db",
+        "db_path",
+        type=click.Path(dir_okay=False),
+        envvar="GPUFAULT_DB",
+        default=str(store.DEFAULT_DB),
+        show_default=True,
+        help="evidence database",
     )(fn)
 
 
@@ -78,10 +83,17 @@ def _trigger_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--prob", default=None, help="fire with this probability (5%, 0.05, ppm)"),
         click.option("--max", "max_fires", default="0", help="fire at most K times"),
         click.option("--sticky", is_flag=True, help="once fired, fail every later call"),
-        click.option("--when", "when", default=None,
-                     help="argument predicate, e.g. 'arg2>=200M' (== != < > <= >= &)"),
-        click.option("--window", default=None,
-                     help="fire only from START after start until --duration, e.g. 5s"),
+        click.option(
+            "--when",
+            "when",
+            default=None,
+            help="argument predicate, e.g. 'arg2>=200M' (== != < > <= >= &)",
+        ),
+        click.option(
+            "--window",
+            default=None,
+            help="fire only from START after start until --duration, e.g. 5s",
+        ),
     ]
     for o in reversed(opts):
         fn = o(fn)
@@ -89,10 +101,12 @@ def _trigger_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _fn_lib_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    fn = click.option("--fn", "fn_pattern", required=True,
-                      help="function name or glob (cuMemAlloc*)")(fn)
-    fn = click.option("--lib", required=True,
-                      help="library: soname/name (libcuda, cuda), path, or glob")(fn)
+    fn = click.option(
+        "--fn", "fn_pattern", required=True, help="function name or glob (cuMemAlloc*)"
+    )(fn)
+    fn = click.option(
+        "--lib", required=True, help="library: soname/name (libcuda, cuda), path, or glob"
+    )(fn)
     return fn
 
 
@@ -125,7 +139,11 @@ def _build_spec(lib: str, fn_pattern: str, action: str, **o: Any) -> FaultSpec:
     ret, ret_text = _resolve_ret(o.get("ret"), lib)
     window = parse_duration(o["window"], "--window") if o.get("window") else 0.0
     spec = FaultSpec(
-        lib=lib, fn=fn_pattern, action=action, ret=ret, ret_text=ret_text,
+        lib=lib,
+        fn=fn_pattern,
+        action=action,
+        ret=ret,
+        ret_text=ret_text,
         mode=o.get("mode") or "skip",
         signo=parse_signal(o["signal_name"]) if o.get("signal_name") else 0,
         nth=parse_int(o.get("nth") or "0", "--nth"),
@@ -133,11 +151,13 @@ def _build_spec(lib: str, fn_pattern: str, action: str, **o: Any) -> FaultSpec:
         after=parse_int(o.get("after_n") or "0", "--after"),
         max_fires=parse_int(o.get("max_fires") or "0", "--max"),
         prob_ppm=parse_prob(o["prob"]) if o.get("prob") else 0,
-        sticky=bool(o.get("sticky")), window_start_s=window,
+        sticky=bool(o.get("sticky")),
+        window_start_s=window,
         pred=parse_predicate(o["when"]) if o.get("when") else None,
         corrupt=parse_corrupt(o["corrupt"]) if o.get("corrupt") else None,
         stall_ms=parse_duration(o["stall"], "--stall") * 1000 if o.get("stall") else 0.0,
-        trace=bool(o.get("trace")), entry_only=bool(o.get("entry_only")),
+        trace=bool(o.get("trace")),
+        entry_only=bool(o.get("entry_only")),
         capture_stack=not o.get("no_stack"),
     )
     return spec.validate()
@@ -145,14 +165,24 @@ def _build_spec(lib: str, fn_pattern: str, action: str, **o: Any) -> FaultSpec:
 
 def _fire_line(row: dict[str, Any]) -> str:
     ret = f" -> {row['retval']}" if row.get("retval") is not None else ""
-    return (f"FAULT {row['fault_id']}  {row['function']}  pid {row['pid']} tid {row['tid']} "
-            f"({row['comm']})  call #{row['call_seq']}  {row['action']}{ret} "
-            f"[{row['mechanism']}]")
+    return (
+        f"FAULT {row['fault_id']}  {row['function']}  pid {row['pid']} tid {row['tid']} "
+        f"({row['comm']})  call #{row['call_seq']}  {row['action']}{ret} "
+        f"[{row['mechanism']}]"
+    )
 
 
-def _run_engine(specs: list[FaultSpec], pid: int | None, tid: int | None,
-                cmd: tuple[str, ...], db_path: str, duration: float, kind: str,
-                copilot_signal: str | None, quiet: bool) -> None:
+def _run_engine(
+    specs: list[FaultSpec],
+    pid: int | None,
+    tid: int | None,
+    cmd: tuple[str, ...],
+    db_path: str,
+    duration: float,
+    kind: str,
+    copilot_signal: str | None,
+    quiet: bool,
+) -> None:
     from pyctl.runner import Target, run
 
     try:
@@ -175,20 +205,35 @@ def _run_engine(specs: list[FaultSpec], pid: int | None, tid: int | None,
         what = "; ".join(s.describe() for s in specs)
         fns = ", ".join(sorted({a.sym.name for a in eng.atts}))
         slow = [a.sym.name for a in eng.atts if a.sym.slow]
-        click.echo(f"{'Tracing' if kind == 'trace' else 'Injecting'} {what} in {who} "
-                   f"[run {eng.run_id}, mechanism {eng.mechanism}] ... Ctrl-C to end", err=True)
+        click.echo(
+            f"{'Tracing' if kind == 'trace' else 'Injecting'} {what} in {who} "
+            f"[run {eng.run_id}, mechanism {eng.mechanism}] ... Ctrl-C to end",
+            err=True,
+        )
         click.echo(f"  probes: {fns}", err=True)
         if slow:
             click.echo(f"  slow probe sites (single-stepped): {', '.join(slow)}", err=True)
 
     on_fire = None if quiet else (lambda row: click.echo(_fire_line(row), err=True))
-    rc, eng = run(specs, Target(pid=pid, tid=tid, cmd=cmd), db_path=db_path, argv=argv,
-                  kind=kind, duration=duration, copilot_signal=sig, on_start=started,
-                  on_fire=on_fire, status=not quiet)
+    rc, eng = run(
+        specs,
+        Target(pid=pid, tid=tid, cmd=cmd),
+        db_path=db_path,
+        argv=argv,
+        kind=kind,
+        duration=duration,
+        copilot_signal=sig,
+        on_start=started,
+        on_fire=on_fire,
+        status=not quiet,
+    )
     st = eng.stats
     lost = sum(st.lost.values()) if st.lost else 0
-    click.echo(f"run {eng.run_id}: {st.calls} matching calls, {st.fires} fires, "
-               f"{st.events} events, {lost} lost -> {db_path}", err=True)
+    click.echo(
+        f"run {eng.run_id}: {st.calls} matching calls, {st.fires} fires, "
+        f"{st.events} events, {lost} lost -> {db_path}",
+        err=True,
+    )
     if cmd:
         sys.exit(rc)
 
@@ -255,14 +300,20 @@ def probes(lib: str | None, pid: int | None, fn_pattern: str, as_json: bool) -> 
     """
     from pyctl import resolve
 
+    rows: list[dict[str, Any]]
     if lib is None:
         try:
             from pyctl import catalog
         except ImportError:
             raise UserError("no catalog installed") from None
-        rows = [{"lib": f.lib, "function": f.name,
-                 "args": ", ".join(f"{a.ctype} {a.name}" for a in f.args)}
-                for f in catalog.functions()]
+        rows = [
+            {
+                "lib": f.lib,
+                "function": f.name,
+                "args": ", ".join(f"{a.ctype} {a.name}" for a in f.args),
+            }
+            for f in catalog.functions()
+        ]
         if as_json:
             click.echo(json.dumps(rows, indent=2))
         else:
@@ -271,28 +322,46 @@ def probes(lib: str | None, pid: int | None, fn_pattern: str, as_json: bool) -> 
         return
     L = resolve.find_library(lib, pid)
     syms = resolve.symbols(L, fn_pattern)
-    rows = [{"function": s.name, "aliases": s.aliases, "address": s.address, "offset": s.offset,
-             "first_insn": s.first_insn, "skipped_endbr64": s.skipped_endbr, "slow": s.slow}
-            for s in sorted(syms, key=lambda s: s.name)]
+    rows = [
+        {
+            "function": s.name,
+            "aliases": s.aliases,
+            "address": s.address,
+            "offset": s.offset,
+            "first_insn": s.first_insn,
+            "skipped_endbr64": s.skipped_endbr,
+            "slow": s.slow,
+        }
+        for s in sorted(syms, key=lambda s: s.name)
+    ]
     if as_json:
-        click.echo(json.dumps({"library": L.display, "mapped": L.mapped, "functions": rows},
-                              indent=2))
+        click.echo(
+            json.dumps({"library": L.display, "mapped": L.mapped, "functions": rows}, indent=2)
+        )
         return
     click.echo(f"{L.display} ({'mapped' if L.mapped else 'on disk'}), {len(rows)} functions")
     for r in rows:
-        note = "SLOW (single-stepped)" if r["slow"] else (
-            "after endbr64" if r["skipped_endbr64"] else "")
+        note = (
+            "SLOW (single-stepped)"
+            if r["slow"]
+            else ("after endbr64" if r["skipped_endbr64"] else "")
+        )
         click.echo(f"  {r['function']:40} +{r['offset']:#x} {r['first_insn']:8} {note}")
 
 
 def _common_run_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     fn = click.argument("cmd", nargs=-1, type=click.UNPROCESSED)(fn)
     fn = click.option("--quiet", "-q", is_flag=True, help="no per-fire lines, no status")(fn)
-    fn = click.option("--copilot-signal", default=None,
-                      help="signal the copilot uses (default SIGURG; pick one the target "
-                           "does not handle)")(fn)
-    fn = click.option("--duration", default=None,
-                      help="stop after this long (faults expire in the kernel too), e.g. 30s")(fn)
+    fn = click.option(
+        "--copilot-signal",
+        default=None,
+        help="signal the copilot uses (default SIGURG; pick one the target does not handle)",
+    )(fn)
+    fn = click.option(
+        "--duration",
+        default=None,
+        help="stop after this long (faults expire in the kernel too), e.g. 30s",
+    )(fn)
     fn = _db_option(fn)
     fn = _target_options(fn)
     return fn
@@ -301,14 +370,26 @@ def _common_run_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 @cli.command(context_settings={"ignore_unknown_options": True})
 @_fn_lib_options
 @click.option("--no-stack", is_flag=True, help="do not capture user stacks")
-@click.option("--entry-only", is_flag=True,
-              help="record entries only (args, no return/latency): half the probe cost")
+@click.option(
+    "--entry-only",
+    is_flag=True,
+    help="record entries only (args, no return/latency): half the probe cost",
+)
 @_common_run_options
 @_user_errors
-def trace(lib: str, fn_pattern: str, no_stack: bool, entry_only: bool, pid: int | None,
-          tid: int | None,
-          db_path: str, duration: str | None, copilot_signal: str | None, quiet: bool,
-          cmd: tuple[str, ...]) -> None:
+def trace(
+    lib: str,
+    fn_pattern: str,
+    no_stack: bool,
+    entry_only: bool,
+    pid: int | None,
+    tid: int | None,
+    db_path: str,
+    duration: str | None,
+    copilot_signal: str | None,
+    quiet: bool,
+    cmd: tuple[str, ...],
+) -> None:
     """Trace calls: args, return codes, latency, into the database.
 
     \b
@@ -316,34 +397,66 @@ def trace(lib: str, fn_pattern: str, no_stack: bool, entry_only: bool, pid: int 
       gpufault trace --pid 1234 --lib libcuda --fn 'cuMemAlloc*' --duration 10s
       gpufault trace --lib libgftarget --fn gf_victim -- ./build/targets/gf_target
     """
-    spec = _build_spec(lib, fn_pattern, "observe", trace=True, no_stack=no_stack,
-                       entry_only=entry_only)
+    spec = _build_spec(
+        lib, fn_pattern, "observe", trace=True, no_stack=no_stack, entry_only=entry_only
+    )
     dur = parse_duration(duration) if duration else 0.0
     _run_engine([spec], pid, tid, cmd, db_path, dur, "trace", copilot_signal, quiet)
 
 
 @cli.command(context_settings={"ignore_unknown_options": True})
 @_fn_lib_options
-@click.option("--action", type=click.Choice(["observe", "fail", "signal", "corrupt", "stall"]),
-              default="fail", show_default=True)
+@click.option(
+    "--action",
+    type=click.Choice(["observe", "fail", "signal", "corrupt", "stall"]),
+    default="fail",
+    show_default=True,
+)
 @click.option("--ret", default=None, help="fail: the return value, a number or a code name")
-@click.option("--mode", type=click.Choice(["skip", "after"]), default="skip", show_default=True,
-              help="fail: skip the body, or run it and replace the return value")
+@click.option(
+    "--mode",
+    type=click.Choice(["skip", "after"]),
+    default="skip",
+    show_default=True,
+    help="fail: skip the body, or run it and replace the return value",
+)
 @click.option("--signal", "signal_name", default=None, help="signal: SIGSEGV, SIGBUS, ...")
-@click.option("--corrupt", default=None,
-              help="corrupt: argN[+OFF][:zero|xor=M|set=V][:LEN], e.g. arg1:zero")
+@click.option(
+    "--corrupt", default=None, help="corrupt: argN[+OFF][:zero|xor=M|set=V][:LEN], e.g. arg1:zero"
+)
 @click.option("--stall", default=None, help="stall: how long (20ms); omit for a hang")
 @click.option("--trace", "trace_calls", is_flag=True, help="also record every call")
 @click.option("--no-stack", is_flag=True, help="do not capture user stacks")
 @_trigger_options
 @_common_run_options
 @_user_errors
-def inject(lib: str, fn_pattern: str, action: str, ret: str | None, mode: str,
-           signal_name: str | None, corrupt: str | None, stall: str | None, trace_calls: bool,
-           no_stack: bool, nth: str, every: str, after_n: str, prob: str | None,
-           max_fires: str, sticky: bool, when: str | None, window: str | None,
-           pid: int | None, tid: int | None, db_path: str, duration: str | None,
-           copilot_signal: str | None, quiet: bool, cmd: tuple[str, ...]) -> None:
+def inject(
+    lib: str,
+    fn_pattern: str,
+    action: str,
+    ret: str | None,
+    mode: str,
+    signal_name: str | None,
+    corrupt: str | None,
+    stall: str | None,
+    trace_calls: bool,
+    no_stack: bool,
+    nth: str,
+    every: str,
+    after_n: str,
+    prob: str | None,
+    max_fires: str,
+    sticky: bool,
+    when: str | None,
+    window: str | None,
+    pid: int | None,
+    tid: int | None,
+    db_path: str,
+    duration: str | None,
+    copilot_signal: str | None,
+    quiet: bool,
+    cmd: tuple[str, ...],
+) -> None:
     """Inject a fault into a function of a running process (or a command).
 
     \b
@@ -357,17 +470,38 @@ def inject(lib: str, fn_pattern: str, action: str, ret: str | None, mode: str,
       gpufault inject --lib libgftarget --fn gf_alloc --action signal \\
           --signal SIGSEGV --nth 2 -- ./build/targets/gf_target
     """
-    spec = _build_spec(lib, fn_pattern, action, ret=ret, mode=mode, signal_name=signal_name,
-                       corrupt=corrupt, stall=stall, trace=trace_calls, no_stack=no_stack,
-                       nth=nth, every=every, after_n=after_n, prob=prob, max_fires=max_fires,
-                       sticky=sticky, when=when, window=window)
+    spec = _build_spec(
+        lib,
+        fn_pattern,
+        action,
+        ret=ret,
+        mode=mode,
+        signal_name=signal_name,
+        corrupt=corrupt,
+        stall=stall,
+        trace=trace_calls,
+        no_stack=no_stack,
+        nth=nth,
+        every=every,
+        after_n=after_n,
+        prob=prob,
+        max_fires=max_fires,
+        sticky=sticky,
+        when=when,
+        window=window,
+    )
     dur = parse_duration(duration) if duration else 0.0
     _run_engine([spec], pid, tid, cmd, db_path, dur, "inject", copilot_signal, quiet)
 
 
 @cli.command()
-@click.option("--pid", "ctl_pid", type=int, default=None,
-              help="the gpufault controller's pid (default: every running one)")
+@click.option(
+    "--pid",
+    "ctl_pid",
+    type=int,
+    default=None,
+    help="the gpufault controller's pid (default: every running one)",
+)
 def release(ctl_pid: int | None) -> None:
     """Release threads held by a stall (hang) fault in running controllers.
 
@@ -421,8 +555,10 @@ def faults(db_path: str, run_id: str | None, limit: int, as_json: bool) -> None:
     click.echo(f"{'FAULT':14} {'FUNCTION':24} {'ACTION':8} {'RET':>6} {'PID':>7} {'TID':>7} LINKS")
     for r in rows:
         ret = "" if r["ret"] is None else str(r["ret"])
-        click.echo(f"{r['fault_id']:14} {r['function'][:24]:24} {r['action']:8} {ret:>6} "
-                   f"{r['pid']:>7} {r['tid']:>7} {r['links']}")
+        click.echo(
+            f"{r['fault_id']:14} {r['function'][:24]:24} {r['action']:8} {ret:>6} "
+            f"{r['pid']:>7} {r['tid']:>7} {r['links']}"
+        )
 
 
 @cli.command()
@@ -471,9 +607,13 @@ def demo(db_path: str, threads: int, steps: int) -> None:
 
 def _register_optional() -> None:
     """Sub-command groups owned by other modules (present when installed)."""
-    for mod, name in (("pyctl.tokenizer.cli", "tokenizer"), ("pyctl.anchors.cli", "anchors"),
-                      ("pyctl.hooks_cli", "hooks_group"), ("pyctl.hooks_cli", "netchaos_group"),
-                      ("pyctl.templates_cli", "template")):
+    for mod, name in (
+        ("pyctl.tokenizer.cli", "tokenizer"),
+        ("pyctl.anchors.cli", "anchors"),
+        ("pyctl.hooks_cli", "hooks_group"),
+        ("pyctl.hooks_cli", "netchaos_group"),
+        ("pyctl.templates_cli", "template"),
+    ):
         try:
             m = __import__(mod, fromlist=[name])
             cli.add_command(getattr(m, name))

@@ -27,13 +27,26 @@ OOM = 2  # CUDA_ERROR_OUT_OF_MEMORY
 def run(db_path: str, *, threads: int = 2, steps: int = 6) -> int:
     if not WORKLOAD.exists() or not DOUBLE.exists():
         raise EngineError(f"{WORKLOAD} missing: run `make build` first")
-    spec = FaultSpec(lib=str(DOUBLE), fn="cuMemAlloc_v2", action="fail", ret=OOM,
-                     ret_text="CUDA_ERROR_OUT_OF_MEMORY", nth=3, trace=True).validate()
+    spec = FaultSpec(
+        lib=str(DOUBLE),
+        fn="cuMemAlloc_v2",
+        action="fail",
+        ret=OOM,
+        ret_text="CUDA_ERROR_OUT_OF_MEMORY",
+        nth=3,
+        trace=True,
+    ).validate()
     cmd = [str(WORKLOAD), "--threads", str(threads), "--steps", str(steps)]
     click.echo(f"demo: {' '.join(cmd)}  (libcuda test double, CPU only)", err=True)
     click.echo(f"demo: arming {spec.describe()}", err=True)
-    r = Runner([spec], Target(cmd=cmd), db_path=db_path, argv=["gpufault", "demo"],
-               kind="demo", status=False)
+    r = Runner(
+        [spec],
+        Target(cmd=cmd),
+        db_path=db_path,
+        argv=["gpufault", "demo"],
+        kind="demo",
+        status=False,
+    )
     eng = r.start()
     click.echo(f"demo: run {eng.run_id}, mechanism {eng.mechanism}", err=True)
     try:
@@ -42,21 +55,24 @@ def run(db_path: str, *, threads: int = 2, steps: int = 6) -> int:
         r.finish(status="done", exit_code=None)
     db = store.open_db(db_path)
     rows = query.faults(db, run_id=eng.run_id)
-    calls = db.conn.execute(
-        "SELECT count(*) FROM calls WHERE run_id=?", (eng.run_id,)).fetchone()[0]
-    click.echo(f"\ndemo: workload exited {rc}; {calls} cuMemAlloc_v2 calls traced, "
-               f"{len(rows)} fault(s) fired\n")
+    calls = db.conn.execute("SELECT count(*) FROM calls WHERE run_id=?", (eng.run_id,)).fetchone()[
+        0
+    ]
+    click.echo(
+        f"\ndemo: workload exited {rc}; {calls} cuMemAlloc_v2 calls traced, "
+        f"{len(rows)} fault(s) fired\n"
+    )
     for row in rows:
         doc = query.fault_chain(db, row["fault_id"])
         assert doc is not None
         click.echo(query.render_chain(doc))
         click.echo("")
-    click.echo(f"Ask the database yourself: gpufault show {rows[0]['fault_id'] if rows else '-'} "
-               f"--db {db_path}   or   sqlite3 {db_path} 'select * from faults'")
+    click.echo(
+        f"Ask the database yourself: gpufault show {rows[0]['fault_id'] if rows else '-'} "
+        f"--db {db_path}   or   sqlite3 {db_path} 'select * from faults'"
+    )
     db.close()
     if not rows:
         click.echo("demo: no fault fired (unexpected)", err=True)
         sys.exit(1)
     return rc
-
-

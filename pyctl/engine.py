@@ -123,8 +123,11 @@ def plan(specs: Sequence[FaultSpec], pid: int | None) -> list[Attachment]:
             if key in seen:
                 continue
             seen[key] = len(atts)
-            atts.append(Attachment(len(atts), si, lib, sym, needs_return_probe(sp),
-                                   resolve.build_id(lib.path)))
+            atts.append(
+                Attachment(
+                    len(atts), si, lib, sym, needs_return_probe(sp), resolve.build_id(lib.path)
+                )
+            )
     if len(specs) > abi.MAX_SPECS:
         raise EngineError(f"at most {abi.MAX_SPECS} specs per run")
     return atts
@@ -220,7 +223,10 @@ class Engine:
         # Only now, with everything in place, does the run exist on disk.
         self.db = store.open_db(self.db_path)
         self.run_id = store.new_run(
-            self.db, self.argv, self.kind, mechanism=self.mechanism,
+            self.db,
+            self.argv,
+            self.kind,
+            mechanism=self.mechanism,
             capabilities={"regs": self.regs, "copilot_signal": self.copilot_signal},
         )
         self._write_plan()
@@ -261,8 +267,14 @@ class Engine:
         self.obj = obj
         entry = "gf_entry_regs" if self.regs else "gf_entry"
         ret = ("gf_return_regs" if self.regs else "gf_return") + ("_wu" if self.wu else "")
-        for p in ("gf_entry", "gf_entry_regs", "gf_return", "gf_return_wu", "gf_return_regs",
-                  "gf_return_regs_wu"):
+        for p in (
+            "gf_entry",
+            "gf_entry_regs",
+            "gf_return",
+            "gf_return_wu",
+            "gf_return_regs",
+            "gf_return_regs_wu",
+        ):
             obj.set_autoload(p, p in (entry, ret))
         obj.set_max_entries("events", self.ring_bytes)
         self._set_rodata(obj)
@@ -279,8 +291,8 @@ class Engine:
                 cfg.flags |= abi.F_COPILOT
             map_update(fd, C.c_uint32(i), cfg)
         wfd = obj.map_fd("watched")
-        for p in self.watch:
-            map_update(wfd, C.c_uint32(p), C.c_uint8(1))
+        for wpid in self.watch:
+            map_update(wfd, C.c_uint32(wpid), C.c_uint8(1))
         obj.attach("gf_signal_deliver")
         obj.attach("gf_process_exit")
         attach_pid = self.pid if self.pid is not None else -1
@@ -306,8 +318,10 @@ class Engine:
         with open(MAIN_OBJ, "rb") as f:
             elf = ELFFile(f)
             symtab = elf.get_section_by_name(".symtab")
-            values = {"copilot_signo": ("=I", self.copilot_signal),
-                      "events_wake_bytes": ("=Q", max(4096, self.ring_bytes // 8))}
+            values = {
+                "copilot_signo": ("=I", self.copilot_signal),
+                "events_wake_bytes": ("=Q", max(4096, self.ring_bytes // 8)),
+            }
             for sym in symtab.iter_symbols():  # type: ignore[union-attr]
                 if sym.name in values:
                     fmt, v = values[sym.name]
@@ -331,16 +345,26 @@ class Engine:
                 err = write_corruption(tid, p)
                 self._outcomes.put(CorruptOutcome(p.fault_seq, tid, p.corrupt_addr, err))
                 return Injection(
-                    fault_seq=p.fault_seq, regs=tuple(p.regs), retval=p.regs[10],
-                    stall_ns=0, deadline_ns=p.deadline_ns, action=abi.ACT_FAIL,
+                    fault_seq=p.fault_seq,
+                    regs=tuple(p.regs),
+                    retval=p.regs[10],
+                    stall_ns=0,
+                    deadline_ns=p.deadline_ns,
+                    action=abi.ACT_FAIL,
                     flags=p.flags | abi.F_AFTER,
                 )
             return Injection(
-                fault_seq=p.fault_seq, regs=tuple(p.regs), retval=p.retval,
-                stall_ns=p.stall_ns, deadline_ns=p.deadline_ns, action=p.action, flags=p.flags,
+                fault_seq=p.fault_seq,
+                regs=tuple(p.regs),
+                retval=p.retval,
+                stall_ns=p.stall_ns,
+                deadline_ns=p.deadline_ns,
+                action=p.action,
+                flags=p.flags,
             )
 
         try:
+            assert self.seize_pid is not None
             self.copilot = Copilot(self.seize_pid, self.copilot_signal, fetch, self._outcomes.put)
             self.copilot.start()
         except CopilotError as e:
@@ -350,14 +374,25 @@ class Engine:
     def _write_plan(self) -> None:
         with self.db.conn:
             self.db["specs"].insert_all(
-                {"run_id": self.run_id, "spec": i, "text": s.describe(),
-                 "json": json.dumps(s.to_json(), default=str)}
+                {
+                    "run_id": self.run_id,
+                    "spec": i,
+                    "text": s.describe(),
+                    "json": json.dumps(s.to_json(), default=str),
+                }
                 for i, s in enumerate(self.specs)
             )
             self.db["funcs"].insert_all(
-                {"run_id": self.run_id, "func": a.func, "library": a.lib.display,
-                 "build_id": a.build_id, "symbol": a.sym.name,
-                 "offset": a.sym.offset, "address": a.sym.address, "first_insn": a.sym.first_insn}
+                {
+                    "run_id": self.run_id,
+                    "func": a.func,
+                    "library": a.lib.display,
+                    "build_id": a.build_id,
+                    "symbol": a.sym.name,
+                    "offset": a.sym.offset,
+                    "address": a.sym.address,
+                    "first_insn": a.sym.first_insn,
+                }
                 for a in self.atts
             )
 
@@ -405,36 +440,49 @@ class Engine:
         for the few that belong to a fault (r[6] = fault_seq != 0)."""
         rid = self.run_id
         marked = [r for r in rows if r[6]]
-        fault_updates = [(r[13], r[3], store.fault_id(rid, r[6]))
-                         for r in marked if r[16] != abi.EV_FOLLOW]
-        follow = [(store.fault_id(rid, r[6]), rid, "error-return", "same-thread-next-error",
-                   r[2], r[14], r[15], json.dumps({"func": r[4] & 0xFFFFFFFF, "ret": r[13]}))
-                  for r in marked if r[16] == abi.EV_FOLLOW]
+        fault_updates = [
+            (r[13], r[3], store.fault_id(rid, r[6])) for r in marked if r[16] != abi.EV_FOLLOW
+        ]
+        follow = [
+            (
+                store.fault_id(rid, r[6]),
+                rid,
+                "error-return",
+                "same-thread-next-error",
+                r[2],
+                r[14],
+                r[15],
+                json.dumps({"func": r[4] & 0xFFFFFFFF, "ret": r[13]}),
+            )
+            for r in marked
+            if r[16] == abi.EV_FOLLOW
+        ]
         with self.db.conn:
             store.insert_call_records(self.db, rid, rows)
             if fault_updates:
                 self.db.conn.executemany(
-                    "UPDATE faults SET ret=?, latency_ns=? WHERE fault_id=?", fault_updates)
+                    "UPDATE faults SET ret=?, latency_ns=? WHERE fault_id=?", fault_updates
+                )
             if follow:
                 self.db.conn.executemany(
                     "INSERT INTO links (fault_id, run_id, kind, rule, ts_ns, pid, tid, detail) "
-                    "VALUES (?,?,?,?,?,?,?,?)", follow)
+                    "VALUES (?,?,?,?,?,?,?,?)",
+                    follow,
+                )
         self.stats.events += len(rows)
         self.stats.links += len(follow)
 
     def _ingest_fire_or_proc(self, data: bytes) -> None:
         if len(data) >= 8 and struct.unpack_from("=Q", data)[0] == abi.PROC_MAGIC:
-            ev = abi.ProcEvent.from_buffer_copy(data[: C.sizeof(abi.ProcEvent)])
-            self._record_proc(ev)
+            self._record_proc(abi.ProcEvent.from_buffer_copy(data[: C.sizeof(abi.ProcEvent)]))
             return
-        ev = abi.FireEvent.from_buffer_copy(data[: C.sizeof(abi.FireEvent)])
-        self._record_fire(ev)
+        self._record_fire(abi.FireEvent.from_buffer_copy(data[: C.sizeof(abi.FireEvent)]))
 
     def _record_fire(self, ev: abi.FireEvent) -> None:
         fid = store.fault_id(self.run_id, ev.fault_seq)
         a = self.atts[ev.cookie & 0xFFFFFFFF]
         sp = self.specs[a.spec]
-        regs = dict(zip(abi.REG_NAMES, ev.regs))
+        regs = dict(zip(abi.REG_NAMES, ev.regs, strict=True))
         raw_args = [regs["di"], regs["si"], regs["dx"], regs["cx"], regs["r8"], regs["r9"]]
         cat = _fetch_catalog()
         decoded: dict[str, str] = {}
@@ -445,13 +493,22 @@ class Engine:
                 decoded = {}
         names = list(decoded)
         row = {
-            "fault_id": fid, "run_id": self.run_id, "seq": ev.fault_seq, "spec": a.spec,
-            "func": a.func, "function": a.sym.name, "library": a.lib.display,
-            "build_id": a.build_id, "action": abi.ACTION_NAMES[ev.action],
+            "fault_id": fid,
+            "run_id": self.run_id,
+            "seq": ev.fault_seq,
+            "spec": a.spec,
+            "func": a.func,
+            "function": a.sym.name,
+            "library": a.lib.display,
+            "build_id": a.build_id,
+            "action": abi.ACTION_NAMES[ev.action],
             "mechanism": abi.MECH_NAMES.get(ev.mech, str(ev.mech)),
             "retval": ev.retval if ev.action == abi.ACT_FAIL else None,
-            "call_seq": ev.call_seq, "pid": ev.pid, "tid": ev.tid,
-            "comm": ev.comm.decode(errors="replace"), "ts_ns": ev.ts_ns,
+            "call_seq": ev.call_seq,
+            "pid": ev.pid,
+            "tid": ev.tid,
+            "comm": ev.comm.decode(errors="replace"),
+            "ts_ns": ev.ts_ns,
             "wall": time.time() - (time.clock_gettime_ns(time.CLOCK_MONOTONIC) - ev.ts_ns) / 1e9,
             "outcome": None,
         }
@@ -469,20 +526,35 @@ class Engine:
             for i in range(min(ev.stack_bytes // 8, abi.MAX_STACK)):
                 addr = ev.stack[i]
                 if addr:
-                    frames.append({"fault_id": fid, "depth": i, "address": abi.s64(addr),
-                                   "symbol": sym.symbolize(addr)})
+                    frames.append(
+                        {
+                            "fault_id": fid,
+                            "depth": i,
+                            "address": abi.s64(addr),
+                            "symbol": sym.symbolize(addr),
+                        }
+                    )
         with self.db.conn:
             self.db["faults"].insert(row, replace=True)
             self.db["registers"].insert_all(
-                ({"fault_id": fid, "reg": k, "value": abi.s64(v)} for k, v in regs.items()), replace=True)
+                ({"fault_id": fid, "reg": k, "value": abi.s64(v)} for k, v in regs.items()),
+                replace=True,
+            )
             # Catalogued functions keep only their real arguments.
             nargs = len(names) if names else abi.NARGS
             self.db["args"].insert_all(
-                ({"fault_id": fid, "idx": i + 1,
-                  "name": names[i] if i < len(names) else f"arg{i + 1}",
-                  "raw": abi.s64(raw_args[i]),
-                  "decoded": decoded[names[i]] if i < len(names) else hex(raw_args[i])}
-                 for i in range(min(nargs, abi.NARGS))), replace=True)
+                (
+                    {
+                        "fault_id": fid,
+                        "idx": i + 1,
+                        "name": names[i] if i < len(names) else f"arg{i + 1}",
+                        "raw": abi.s64(raw_args[i]),
+                        "decoded": decoded[names[i]] if i < len(names) else hex(raw_args[i]),
+                    }
+                    for i in range(min(nargs, abi.NARGS))
+                ),
+                replace=True,
+            )
             if frames:
                 self.db["stacks"].insert_all(frames, replace=True)
         self._fault_pids.setdefault(ev.pid, []).append((fid, ev.ts_ns))
@@ -499,14 +571,26 @@ class Engine:
         else:
             kind, rule = "exit", "exit-of-faulted-process"
             status = ev.code
-            detail = {"exit_status": status >> 8 & 0xFF, "term_signal": status & 0x7F,
-                      "core": bool(status & 0x80)}
+            detail = {
+                "exit_status": status >> 8 & 0xFF,
+                "term_signal": status & 0x7F,
+                "core": bool(status & 0x80),
+            }
         if fid is None:
             rule = "unattributed"
         with self.db.conn:
-            self.db["links"].insert({
-                "fault_id": fid, "run_id": self.run_id, "kind": kind, "rule": rule,
-                "ts_ns": ev.ts_ns, "pid": ev.pid, "tid": ev.tid, "detail": json.dumps(detail)})
+            self.db["links"].insert(
+                {
+                    "fault_id": fid,
+                    "run_id": self.run_id,
+                    "kind": kind,
+                    "rule": rule,
+                    "ts_ns": ev.ts_ns,
+                    "pid": ev.pid,
+                    "tid": ev.tid,
+                    "detail": json.dumps(detail),
+                }
+            )
         self.stats.links += 1
 
     def _record_outcome(self, out: Any) -> None:
@@ -515,11 +599,23 @@ class Engine:
         if isinstance(out, CorruptOutcome):
             patch: dict[str, Any] = {"corrupt_addr": out.addr, "corrupt_error": out.error}
         else:
-            patch = {"copilot": {k: getattr(out, k) for k in
-                                 ("tid", "action", "stop_ns", "resume_ns", "ip_before",
-                                  "ip_after", "ret_addr", "error") if hasattr(out, k)}}
-        row = self.db.conn.execute(
-            "SELECT outcome FROM faults WHERE fault_id=?", (fid,)).fetchone()
+            patch = {
+                "copilot": {
+                    k: getattr(out, k)
+                    for k in (
+                        "tid",
+                        "action",
+                        "stop_ns",
+                        "resume_ns",
+                        "ip_before",
+                        "ip_after",
+                        "ret_addr",
+                        "error",
+                    )
+                    if hasattr(out, k)
+                }
+            }
+        row = self.db.conn.execute("SELECT outcome FROM faults WHERE fault_id=?", (fid,)).fetchone()
         if row is None:
             # The fire record is still in the ring: retry on the next drain.
             tries = getattr(out, "_gf_tries", 0)
@@ -533,8 +629,9 @@ class Engine:
         merged = json.loads(row[0]) if row[0] else {}
         merged.update(patch)
         with self.db.conn:
-            self.db.conn.execute("UPDATE faults SET outcome=? WHERE fault_id=?",
-                                 (json.dumps(merged), fid))
+            self.db.conn.execute(
+                "UPDATE faults SET outcome=? WHERE fault_id=?", (json.dumps(merged), fid)
+            )
 
     # ---- state --------------------------------------------------------
     def counters(self) -> list[abi.Counters]:
@@ -596,10 +693,19 @@ class Engine:
             self.obj.close()
             self.obj = None
         if self.db is not None and self.run_id:
-            store.end_run(self.db, self.run_id, status, exit_code, {
-                "calls": self.stats.calls, "fires": self.stats.fires,
-                "events": self.stats.events, "links": self.stats.links,
-                **self.stats.lost})
+            store.end_run(
+                self.db,
+                self.run_id,
+                status,
+                exit_code,
+                {
+                    "calls": self.stats.calls,
+                    "fires": self.stats.fires,
+                    "events": self.stats.events,
+                    "links": self.stats.links,
+                    **self.stats.lost,
+                },
+            )
             self.db.close()
             self.db = None
 

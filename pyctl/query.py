@@ -23,19 +23,20 @@ def faults(db: Any, *, run_id: str | None = None, limit: int = 50) -> list[dict[
     )
     cur = db.conn.execute(sql, [*params, limit])
     cols = [c[0] for c in cur.description]
-    return [dict(zip(cols, r)) for r in cur.fetchall()]
+    return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
 
 
 def _rows(db: Any, sql: str, params: tuple[Any, ...]) -> list[dict[str, Any]]:
     cur = db.conn.execute(sql, params)
     cols = [c[0] for c in cur.description]
-    return [dict(zip(cols, r)) for r in cur.fetchall()]
+    return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
 
 
 def _table_exists(db: Any, name: str) -> bool:
     return bool(
-        db.conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (name,))
-        .fetchone()
+        db.conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (name,)
+        ).fetchone()
     )
 
 
@@ -46,17 +47,26 @@ def fault_chain(db: Any, fault_id: str) -> dict[str, Any] | None:
     f = rows[0]
     if f.get("outcome"):
         f["outcome"] = json.loads(f["outcome"])
-    spec = _rows(db, "SELECT text, json FROM specs WHERE run_id=? AND spec=?",
-                 (f["run_id"], f["spec"]))
-    regs = {r["reg"]: u64(r["value"]) for r in
-            _rows(db, "SELECT reg, value FROM registers WHERE fault_id=?", (fault_id,))}
-    args = [{"idx": r["idx"], "name": r["name"], "raw": u64(r["raw"]), "decoded": r["decoded"]}
-            for r in _rows(db, "SELECT * FROM args WHERE fault_id=? ORDER BY idx", (fault_id,))]
-    stack = [{"depth": r["depth"], "address": u64(r["address"]), "symbol": r["symbol"]}
-             for r in _rows(db, "SELECT * FROM stacks WHERE fault_id=? ORDER BY depth",
-                            (fault_id,))]
-    links = _rows(db, "SELECT kind, rule, ts_ns, pid, tid, detail FROM links "
-                      "WHERE fault_id=? ORDER BY ts_ns", (fault_id,))
+    spec = _rows(
+        db, "SELECT text, json FROM specs WHERE run_id=? AND spec=?", (f["run_id"], f["spec"])
+    )
+    regs = {
+        r["reg"]: u64(r["value"])
+        for r in _rows(db, "SELECT reg, value FROM registers WHERE fault_id=?", (fault_id,))
+    }
+    args = [
+        {"idx": r["idx"], "name": r["name"], "raw": u64(r["raw"]), "decoded": r["decoded"]}
+        for r in _rows(db, "SELECT * FROM args WHERE fault_id=? ORDER BY idx", (fault_id,))
+    ]
+    stack = [
+        {"depth": r["depth"], "address": u64(r["address"]), "symbol": r["symbol"]}
+        for r in _rows(db, "SELECT * FROM stacks WHERE fault_id=? ORDER BY depth", (fault_id,))
+    ]
+    links = _rows(
+        db,
+        "SELECT kind, rule, ts_ns, pid, tid, detail FROM links WHERE fault_id=? ORDER BY ts_ns",
+        (fault_id,),
+    )
     for link in links:
         link["detail"] = json.loads(link["detail"]) if link["detail"] else None
     anchors: list[dict[str, Any]] = []
@@ -101,8 +111,24 @@ def render_chain(doc: dict[str, Any]) -> str:
             out.append(f"    {a['name']:12} {a['decoded']}")
     if doc["registers"]:
         regs = doc["registers"]
-        names = ["ip", "sp", "bp", "ax", "di", "si", "dx", "cx", "r8", "r9", "bx", "r12", "r13",
-                 "r14", "r15", "flags"]
+        names = [
+            "ip",
+            "sp",
+            "bp",
+            "ax",
+            "di",
+            "si",
+            "dx",
+            "cx",
+            "r8",
+            "r9",
+            "bx",
+            "r12",
+            "r13",
+            "r14",
+            "r15",
+            "flags",
+        ]
         out.append("  registers at entry")
         line = []
         for n in names:
@@ -117,13 +143,18 @@ def render_chain(doc: dict[str, Any]) -> str:
         out.append("  stack")
         for s in doc["stack"]:
             out.append(f"    #{s['depth']:<2} {s['address']:#018x} {s['symbol']}")
-    out.append("  what followed" if doc["links"] or doc["anchors"] or doc["xids"] else
-               "  nothing linked to it (yet)")
+    out.append(
+        "  what followed"
+        if doc["links"] or doc["anchors"] or doc["xids"]
+        else "  nothing linked to it (yet)"
+    )
     for link in doc["links"]:
         out.append(f"    {link['kind']:8} {json.dumps(link['detail'])}  [rule: {link['rule']}]")
     for x in doc["xids"]:
-        out.append(f"    xid      {x.get('error_code')} on {x.get('dev')}: {x.get('msg')}  "
-                   f"[rule: {x.get('rule')}]")
+        out.append(
+            f"    xid      {x.get('error_code')} on {x.get('dev')}: {x.get('msg')}  "
+            f"[rule: {x.get('rule')}]"
+        )
     for a in doc["anchors"]:
         out.append(f"    anchor   {a.get('kind')} {a.get('bdf')}  [record {a.get('seq')}]")
     return "\n".join(out)

@@ -118,7 +118,7 @@ def add_search_dirs_for_program(program: str) -> None:
             dyn = ELFFile(f).get_section_by_name(".dynamic")
             if dyn is None:
                 return
-            for tag in dyn.iter_tags():
+            for tag in dyn.iter_tags():  # type: ignore[attr-defined]
                 if tag.entry.d_tag in ("DT_RUNPATH", "DT_RPATH"):
                     val = tag.runpath if tag.entry.d_tag == "DT_RUNPATH" else tag.rpath
                     for d in val.split(":"):
@@ -149,9 +149,7 @@ def _search_dirs(pid: int | None) -> list[str]:
 def _ldconfig() -> dict[str, str]:
     out: dict[str, str] = {}
     try:
-        text = subprocess.run(
-            ["ldconfig", "-p"], capture_output=True, text=True, timeout=10
-        ).stdout
+        text = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.SubprocessError):
         return out
     for line in text.splitlines():
@@ -222,7 +220,7 @@ def _elf_symbols(path: str, mtime: float) -> tuple[dict[str, tuple[int, int]], l
         build_id = ""
         for sec in elf.iter_sections():
             if sec["sh_type"] == "SHT_NOTE":
-                for note in sec.iter_notes():
+                for note in sec.iter_notes():  # type: ignore[attr-defined]
                     if note["n_type"] == "NT_GNU_BUILD_ID":
                         build_id = note["n_desc"]
     return syms, loads, build_id

@@ -111,8 +111,15 @@ class Runner:
                 raise EngineError(f"cannot start {t.cmd[0]}: {e.strerror}") from None
             os.close(r)
             self._prepare_specs(self.child.pid, None)
-            eng = Engine(self.specs, db_path=self.db_path, pid=self.child.pid, argv=self.argv,
-                         kind=self.kind, resolve_in_target=False, **kw)
+            eng = Engine(
+                self.specs,
+                db_path=self.db_path,
+                pid=self.child.pid,
+                argv=self.argv,
+                kind=self.kind,
+                resolve_in_target=False,
+                **kw,
+            )
             try:
                 eng.start()
             except BaseException:
@@ -125,8 +132,9 @@ class Runner:
             os.close(w)
         else:
             self._prepare_specs(pid, t.tid)
-            eng = Engine(self.specs, db_path=self.db_path, pid=pid, argv=self.argv,
-                         kind=self.kind, **kw)
+            eng = Engine(
+                self.specs, db_path=self.db_path, pid=pid, argv=self.argv, kind=self.kind, **kw
+            )
             eng.start()
         self.engine = eng
         self._write_pidfile()
@@ -186,7 +194,8 @@ class Runner:
                     lost = sum(eng.lost().values())
                     sys.stderr.write(
                         f"\r{now - t0:6.1f}s  events {eng.stats.events}  fires {eng.stats.fires}"
-                        f"  lost {lost}   ")
+                        f"  lost {lost}   "
+                    )
                     sys.stderr.flush()
         finally:
             signal.signal(signal.SIGINT, old_int)
@@ -252,8 +261,16 @@ def run(
     on_fire: Callable[[dict[str, Any]], None] | None = None,
     status: bool = True,
 ) -> tuple[int, Engine]:
-    r = Runner(specs, target, db_path=db_path, argv=argv, kind=kind, duration=duration,
-               copilot_signal=copilot_signal, status=status)
+    r = Runner(
+        specs,
+        target,
+        db_path=db_path,
+        argv=argv,
+        kind=kind,
+        duration=duration,
+        copilot_signal=copilot_signal,
+        status=status,
+    )
     eng = r.start()
     eng.on_fire = on_fire
     if on_start:

@@ -54,7 +54,9 @@ def parse_prob(text: str) -> int:
         else:
             v = float(t)
     except ValueError:
-        raise SpecError(f"--prob: {text!r} is not a probability (use 5%, 0.05 or 50000ppm)") from None
+        raise SpecError(
+            f"--prob: {text!r} is not a probability (use 5%, 0.05 or 50000ppm)"
+        ) from None
     if not 0 < v <= 1:
         raise SpecError(f"--prob: {text!r} must be in (0, 1]")
     return max(1, round(v * 1_000_000))
@@ -67,7 +69,9 @@ def parse_signal(name: str) -> int:
     try:
         return int(getattr(_signal, n))
     except AttributeError:
-        raise SpecError(f"--signal: unknown signal {name!r} (e.g. SIGSEGV, SIGBUS, SIGABRT)") from None
+        raise SpecError(
+            f"--signal: unknown signal {name!r} (e.g. SIGSEGV, SIGBUS, SIGABRT)"
+        ) from None
 
 
 _PRED = re.compile(r"\s*arg([1-6])\s*(==|!=|<=|>=|<|>|&)\s*(\S+)\s*$")
@@ -83,7 +87,9 @@ def parse_predicate(text: str) -> tuple[int, int, int]:
     return int(m.group(1)), abi.PRED_OPS[m.group(2)], parse_int(m.group(3), "--when") & (2**64 - 1)
 
 
-_CORRUPT = re.compile(r"\s*arg([1-6])(?:\+(\w+))?\s*(?::\s*(zero|xor|set)(?:=(\S+))?)?(?::(\d))?\s*$")
+_CORRUPT = re.compile(
+    r"\s*arg([1-6])(?:\+(\w+))?\s*(?::\s*(zero|xor|set)(?:=(\S+))?)?(?::(\d))?\s*$"
+)
 
 
 def parse_corrupt(text: str) -> tuple[int, int, int, int, int]:
@@ -180,8 +186,14 @@ class FaultSpec:
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
-    def to_bpf(self, *, mech_regs: bool, retprobe: bool, start_mono_ns: int | None = None) -> abi.Spec:
-        now = start_mono_ns if start_mono_ns is not None else time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+    def to_bpf(
+        self, *, mech_regs: bool, retprobe: bool, start_mono_ns: int | None = None
+    ) -> abi.Spec:
+        now = (
+            start_mono_ns
+            if start_mono_ns is not None
+            else time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        )
         s = abi.Spec()
         s.action = abi.ACTIONS[self.action]
         flags = abi.F_ENABLED | abi.F_CAP_REGS
@@ -210,6 +222,8 @@ class FaultSpec:
         if self.pred:
             s.pred_arg, s.pred_op, s.pred_val = self.pred
         if self.corrupt:
-            (s.corrupt_arg, s.corrupt_off, s.corrupt_op, s.corrupt_mask, s.corrupt_len) = self.corrupt
+            (s.corrupt_arg, s.corrupt_off, s.corrupt_op, s.corrupt_mask, s.corrupt_len) = (
+                self.corrupt
+            )
         s.stall_ns = int(self.stall_ms * 1e6)
         return s

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import sqlite_utils
+from sqlite_utils.db import Table
 
 DEFAULT_DB = Path("/var/lib/gpufault/gpufault.db")
 SCHEMA_VERSION = 1
@@ -77,10 +78,16 @@ def open_db(path: str | os.PathLike[str] = DEFAULT_DB) -> sqlite_utils.Database:
     return db
 
 
+def _t(db: sqlite_utils.Database, name: str) -> Table:
+    t = db[name]
+    assert isinstance(t, Table)
+    return t
+
+
 def ensure_schema(db: sqlite_utils.Database) -> None:
     """Create every table the engine writes. Idempotent."""
     with db.conn:
-        db["runs"].create(
+        _t(db, "runs").create(
             {
                 "run_id": str,
                 "argv": str,
@@ -98,12 +105,12 @@ def ensure_schema(db: sqlite_utils.Database) -> None:
             pk="run_id",
             if_not_exists=True,
         )
-        db["specs"].create(
+        _t(db, "specs").create(
             {"run_id": str, "spec": int, "text": str, "json": str},
             pk=("run_id", "spec"),
             if_not_exists=True,
         )
-        db["funcs"].create(
+        _t(db, "funcs").create(
             {
                 "run_id": str,
                 "func": int,
@@ -117,7 +124,7 @@ def ensure_schema(db: sqlite_utils.Database) -> None:
             pk=("run_id", "func"),
             if_not_exists=True,
         )
-        db["faults"].create(
+        _t(db, "faults").create(
             {
                 "fault_id": str,
                 "run_id": str,
@@ -143,22 +150,22 @@ def ensure_schema(db: sqlite_utils.Database) -> None:
             pk="fault_id",
             if_not_exists=True,
         )
-        db["registers"].create(
+        _t(db, "registers").create(
             {"fault_id": str, "reg": str, "value": int},
             pk=("fault_id", "reg"),
             if_not_exists=True,
         )
-        db["args"].create(
+        _t(db, "args").create(
             {"fault_id": str, "idx": int, "name": str, "raw": int, "decoded": str},
             pk=("fault_id", "idx"),
             if_not_exists=True,
         )
-        db["stacks"].create(
+        _t(db, "stacks").create(
             {"fault_id": str, "depth": int, "address": int, "symbol": str},
             pk=("fault_id", "depth"),
             if_not_exists=True,
         )
-        db["links"].create(
+        _t(db, "links").create(
             {
                 "id": int,
                 "fault_id": str,
@@ -203,7 +210,7 @@ def new_run(
     run_id = secrets.token_hex(4)
     facts = host_facts()
     with db.conn:
-        db["runs"].insert(
+        _t(db, "runs").insert(
             {
                 "run_id": run_id,
                 "argv": json.dumps(list(argv)),
@@ -227,7 +234,7 @@ def end_run(
     stats: dict[str, Any] | None = None,
 ) -> None:
     with db.conn:
-        db["runs"].update(
+        _t(db, "runs").update(
             run_id,
             {
                 "ended": time.time(),

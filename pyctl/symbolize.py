@@ -74,7 +74,8 @@ class Symbolizer:
             if lo <= addr < hi:
                 base = self._load_bias(path) or 0
                 rel = addr - base
-                addrs, names = [], []
+                addrs: list[int] = []
+                names: list[str] = []
                 for real in (f"/proc/{self.pid}/root{path}", path):
                     try:
                         addrs, names = _sorted_syms(real, os.stat(real).st_mtime)

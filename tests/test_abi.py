@@ -16,8 +16,13 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def c_layout(tmp_path: Path) -> dict[str, int]:
-    lines = ["#include <stdio.h>", "#include <stddef.h>", "#include <linux/types.h>",
-             '#include "gpufault.h"', "int main(void) {"]
+    lines = [
+        "#include <stdio.h>",
+        "#include <stddef.h>",
+        "#include <linux/types.h>",
+        '#include "gpufault.h"',
+        "int main(void) {",
+    ]
     for cname, py in abi.MIRRORS.items():
         lines.append(f'printf("{cname} %zu\\n", sizeof(struct {cname}));')
         for f in py._fields_:
@@ -48,7 +53,11 @@ def test_call_record_format_matches_event() -> None:
 
 def test_header_constants_match() -> None:
     text = (REPO / "bpf" / "gpufault.h").read_text()
-    for name, val in [("GF_MAX_SPECS", abi.MAX_SPECS), ("GF_NARGS", abi.NARGS),
-                      ("GF_NREGS", abi.NREGS), ("GF_MAX_STACK", abi.MAX_STACK),
-                      ("GF_ABI_VERSION", abi.ABI_VERSION)]:
+    for name, val in [
+        ("GF_MAX_SPECS", abi.MAX_SPECS),
+        ("GF_NARGS", abi.NARGS),
+        ("GF_NREGS", abi.NREGS),
+        ("GF_MAX_STACK", abi.MAX_STACK),
+        ("GF_ABI_VERSION", abi.ABI_VERSION),
+    ]:
         assert f"#define {name} {val}" in text, name

@@ -19,8 +19,14 @@ from pyctl.capabilities import MAIN_OBJ, regs_writable, user_writable
 
 pytestmark = [pytest.mark.root]
 
-PROGS = ["gf_entry", "gf_return", "gf_return_wu", "gf_entry_regs", "gf_return_regs",
-         "gf_return_regs_wu"]
+PROGS = [
+    "gf_entry",
+    "gf_return",
+    "gf_return_wu",
+    "gf_entry_regs",
+    "gf_return_regs",
+    "gf_return_regs_wu",
+]
 PRIVATE_STACK_PROLOGUE = bytes.fromhex("65 4c 03 0c 25".replace(" ", ""))  # add %gs:X,%r9
 
 

@@ -14,8 +14,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-
 from gftarget import LIB, TARGET, Target
+
 from pyctl.bpf import abi
 from pyctl.engine import Engine, EngineError
 from pyctl.spec import FaultSpec
@@ -151,8 +151,9 @@ def test_signal_kills_target_and_is_linked(target: Target, tmp_db: Path) -> None
                 break
     links = q(tmp_db, "SELECT kind, rule, detail FROM links ORDER BY ts_ns")
     assert [k for k, *_ in links] == ["signal", "exit"]
-    assert all(r == "signal-in-faulted-process" or r == "exit-of-faulted-process"
-               for _, r, _ in links)
+    assert all(
+        r == "signal-in-faulted-process" or r == "exit-of-faulted-process" for _, r, _ in links
+    )
     fault = q(tmp_db, "SELECT function, call_seq, action, comm FROM faults")
     assert fault == [("gf_alloc", 2, "signal", "gf_target")]
     regs = dict(q(tmp_db, "SELECT reg, value FROM registers"))
@@ -172,8 +173,7 @@ def test_corrupt_zeroes_the_output_pointer(target: Target, tmp_db: Path) -> None
 
 
 def test_corrupt_xor_flips_bits(target: Target, tmp_db: Path) -> None:
-    s = spec("gf_alloc", action="corrupt", corrupt=(1, 0, abi.CORRUPT_OPS["xor"], 0xFF, 1),
-             nth=1)
+    s = spec("gf_alloc", action="corrupt", corrupt=(1, 0, abi.CORRUPT_OPS["xor"], 0xFF, 1), nth=1)
     with armed(tmp_db, target.pid, s):
         got = target.alloc(1)
     assert got == [(1, 0, 0x101000 ^ 0xFF)]
@@ -260,15 +260,19 @@ def test_already_traced_target_is_refused_before_attach(target: Target, tmp_db: 
 
     if shutil.which("strace") is None:
         pytest.skip("needs strace as the other tracer")
-    st = subprocess.Popen(["strace", "-f", "-o", "/dev/null", "-p", str(target.pid)],
-                          stderr=subprocess.PIPE, text=True)
+    st = subprocess.Popen(
+        ["strace", "-f", "-o", "/dev/null", "-p", str(target.pid)],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert st.stderr is not None
         while "attached" not in st.stderr.readline():  # strace says when it holds it
             pass
         with pytest.raises(EngineError, match="already traced"):
-            Engine([spec(action="fail", ret=1, tgid=target.pid)], db_path=tmp_db,
-                   pid=target.pid).start()
+            Engine(
+                [spec(action="fail", ret=1, tgid=target.pid)], db_path=tmp_db, pid=target.pid
+            ).start()
         assert not tmp_db.exists()
     finally:
         st.terminate()

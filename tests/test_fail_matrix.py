@@ -13,8 +13,8 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-
 from gftarget import LIB, TARGET, Target
+
 from pyctl.bpf import abi
 from pyctl.capabilities import regs_writable, user_writable
 from pyctl.engine import Engine
@@ -56,8 +56,11 @@ def test_detected_mechanism_is_the_expected_one() -> None:
 
 @pytest.mark.parametrize("mode", ["skip", "after"])
 def test_fail_modes(target: Target, tmp_db: Path, mode: str) -> None:
-    eng = run(tmp_db, target, FaultSpec(lib=str(LIB), fn="gf_victim", action="fail", ret=-5,
-                                        mode=mode, nth=2))
+    eng = run(
+        tmp_db,
+        target,
+        FaultSpec(lib=str(LIB), fn="gf_victim", action="fail", ret=-5, mode=mode, nth=2),
+    )
     try:
         rows = target.victim(4)
         eng.drain()
@@ -70,8 +73,11 @@ def test_fail_modes(target: Target, tmp_db: Path, mode: str) -> None:
 
 
 def test_sticky_with_8_threads(target: Target, tmp_db: Path) -> None:
-    eng = run(tmp_db, target, FaultSpec(lib=str(LIB), fn="gf_victim", action="fail", ret=-9,
-                                        after=100, sticky=True))
+    eng = run(
+        tmp_db,
+        target,
+        FaultSpec(lib=str(LIB), fn="gf_victim", action="fail", ret=-9, after=100, sticky=True),
+    )
     try:
         rows = target.victim(50, threads=8)
         eng.drain()
@@ -88,8 +94,17 @@ def test_sticky_with_8_threads(target: Target, tmp_db: Path) -> None:
 
 
 def test_corrupt_mechanism(target: Target, tmp_db: Path) -> None:
-    eng = run(tmp_db, target, FaultSpec(lib=str(LIB), fn="gf_alloc", action="corrupt",
-                                        corrupt=(1, 0, abi.CORRUPT_OPS["set"], 0xDEAD, 8), nth=1))
+    eng = run(
+        tmp_db,
+        target,
+        FaultSpec(
+            lib=str(LIB),
+            fn="gf_alloc",
+            action="corrupt",
+            corrupt=(1, 0, abi.CORRUPT_OPS["set"], 0xDEAD, 8),
+            nth=1,
+        ),
+    )
     try:
         got = target.alloc(2)
         eng.drain()

@@ -39,15 +39,24 @@ WORKLOAD = textwrap.dedent("""
 
 
 def test_encode_calls_counted_exactly_per_thread(tmp_path: Path) -> None:
-    p = subprocess.Popen([sys.executable, "-c", WORKLOAD], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parent.parent)
+    p = subprocess.Popen(
+        [sys.executable, "-c", WORKLOAD],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).parent.parent,
+    )
     assert p.stdout is not None and p.stdin is not None
     try:
         assert p.stdout.readline().strip() == "ready"
         lib = str(Path(tokenizers.__file__).parent / "tokenizers.abi3.so")
         db = tmp_path / "gf.db"
-        eng = Engine([FaultSpec(lib=lib, fn="tok:hf-encode", trace=True, tgid=p.pid)],
-                     db_path=db, pid=p.pid, argv=["tok"])
+        eng = Engine(
+            [FaultSpec(lib=lib, fn="tok:hf-encode", trace=True, tgid=p.pid)],
+            db_path=db,
+            pid=p.pid,
+            argv=["tok"],
+        )
         eng.start()
         try:
             p.stdin.write("250 4\n")

@@ -25,10 +25,24 @@ def test_fail_matrix_in_vm(kernel: str, expect: str) -> None:
         pytest.skip(why)
     res = vmrun.run_in_vm(
         kernel,
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
-         # The guest's own tmpfs: SQLite's WAL needs shared mmap, which 9p lacks.
-         "tests/test_fail_matrix.py", "tests/test_bpf_stack.py", "--basetemp", "/tmp/gf-pytest"],
-        cwd=REPO, env={"GF_EXPECT_MECH": expect}, timeout=600, mem="2G",
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-x",
+            # The guest's own tmpfs: SQLite's WAL needs shared mmap, which 9p lacks.
+            "tests/test_fail_matrix.py",
+            "tests/test_bpf_stack.py",
+            "--basetemp",
+            "/tmp/gf-pytest",
+        ],
+        cwd=REPO,
+        env={"GF_EXPECT_MECH": expect},
+        timeout=600,
+        mem="2G",
     )
     assert res.rc == 0, res.output[-4000:]
     assert "passed" in res.output and "failed" not in res.output

@@ -102,5 +102,3 @@ class RingReader:
                 yield self.data[off + HDR : off + HDR + (ln & ~(BUSY | DISCARD))]
             cons += total
             self._commit(cons)
-
-
