@@ -176,6 +176,7 @@ class Engine:
         self._fault_pids: dict[int, list[tuple[str, int]]] = {}
         self._symbolizers: dict[int, Symbolizer] = {}
         self._ep: select.epoll | None = None
+        self.anchor_dev: Any = None
         self.on_fire: Callable[[dict[str, Any]], None] | None = None
 
     # ---- set-up -------------------------------------------------------
@@ -230,6 +231,7 @@ class Engine:
             capabilities={"regs": self.regs, "copilot_signal": self.copilot_signal},
         )
         self._write_plan()
+        self._open_anchors()
         # Snapshot the maps now: a process that crashes on its first fault
         # is gone before its fire record is read.
         for p in self.watch:
@@ -396,6 +398,31 @@ class Engine:
                 for a in self.atts
             )
 
+    def _open_anchors(self) -> None:
+        """With gpufa.ko loaded, tag its anchors with our fault IDs and store
+        them; without it, nothing to do (Xids and signals come from BPF)."""
+        self.anchor_dev = None
+        if not os.path.exists("/dev/gpufa"):
+            return
+        try:
+            from pyctl.anchors.device import AnchorDevice
+
+            self.anchor_dev = AnchorDevice(nonblock=True)
+        except OSError:
+            self.anchor_dev = None
+
+    def _drain_anchors(self) -> None:
+        if self.anchor_dev is None:
+            return
+        from pyctl.anchors.store import store_records
+
+        try:
+            recs = self.anchor_dev.read()
+        except OSError:
+            return
+        if recs:
+            store_records(self.db, recs)
+
     # ---- the loop -----------------------------------------------------
     def refresh_maps(self) -> None:
         """Keep a recent copy of each watched process's maps for stacks."""
@@ -425,6 +452,7 @@ class Engine:
             n += len(rows)
             if len(rows) < 4096:
                 break
+        self._drain_anchors()
         retry, self._pending_outcomes = self._pending_outcomes, []
         for out in retry:
             self._record_outcome(out)
@@ -558,6 +586,14 @@ class Engine:
             if frames:
                 self.db["stacks"].insert_all(frames, replace=True)
         self._fault_pids.setdefault(ev.pid, []).append((fid, ev.ts_ns))
+        if self.anchor_dev is not None:
+            # Anchors that fire from now on (a reset, the device falling off
+            # the bus) carry this fault's ID; set when the fire is read, so
+            # milliseconds after the injected call.
+            try:
+                self.anchor_dev.set_context(fid, ev.pid)
+            except OSError:
+                pass
         self.stats.fires += 1
         if self.on_fire:
             self.on_fire(row)
@@ -692,6 +728,9 @@ class Engine:
                 self._ep = None
             self.obj.close()
             self.obj = None
+        if self.anchor_dev is not None:
+            self.anchor_dev.close()  # also clears the module's fault context
+            self.anchor_dev = None
         if self.db is not None and self.run_id:
             store.end_run(
                 self.db,
