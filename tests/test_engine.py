@@ -278,3 +278,29 @@ def test_already_traced_target_is_refused_before_attach(target: Target, tmp_db: 
         st.terminate()
         st.wait()
     assert [r[3] for r in target.victim(2)] == [2, 3]
+
+
+def test_target_killed_mid_stall(target: Target, tmp_db: Path) -> None:
+    import os
+    import signal
+    import threading
+
+    s = spec(action="stall", nth=1, capture_stack=False)  # a hang
+    with armed(tmp_db, target.pid, s) as eng:
+        th = threading.Thread(target=lambda: pytest.raises(EOFError, target.victim, 1))
+        th.start()
+        assert eng.copilot.wait_stalled(1, timeout=20)
+        os.kill(target.pid, signal.SIGKILL)
+        th.join(timeout=20)
+        # The copilot (our own thread) reaps our child: ask it, not Popen.
+        target.p.wait(timeout=20)
+        # The engine keeps running and records how the process ended.
+        for _ in range(100):
+            eng.poll(0.05)
+            if eng.stats.links:
+                break
+    import json
+
+    links = sqlite3.connect(tmp_db).execute("SELECT kind, detail FROM links").fetchall()
+    exits = [json.loads(d) for k, d in links if k == "exit"]
+    assert exits and exits[0]["term_signal"] == signal.SIGKILL
