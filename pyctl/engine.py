@@ -554,12 +554,15 @@ class Engine:
             for i in range(min(ev.stack_bytes // 8, abi.MAX_STACK)):
                 addr = ev.stack[i]
                 if addr:
+                    loc = sym.locate(addr)
                     frames.append(
                         {
                             "fault_id": fid,
                             "depth": i,
                             "address": abi.s64(addr),
-                            "symbol": sym.symbolize(addr),
+                            "symbol": sym.symbolize(addr, parse=False),
+                            "module": loc[0] if loc else None,
+                            "offset": loc[1] if loc else None,
                         }
                     )
         with self.db.conn:
@@ -584,7 +587,7 @@ class Engine:
                 replace=True,
             )
             if frames:
-                self.db["stacks"].insert_all(frames, replace=True)
+                self.db["stacks"].insert_all(frames, replace=True, alter=True)
         self._fault_pids.setdefault(ev.pid, []).append((fid, ev.ts_ns))
         if self.anchor_dev is not None:
             # Anchors that fire from now on (a reset, the device falling off

@@ -40,6 +40,17 @@ def _table_exists(db: Any, name: str) -> bool:
     )
 
 
+def _late_symbol(r: dict[str, Any]) -> str:
+    """Frames left as 'lib+0xoff' at ingest (big libraries are not parsed
+    while events stream in) are named now, if the library is still there."""
+    sym = r["symbol"]
+    if "!" in (sym or "") or not r.get("module") or r.get("offset") is None:
+        return sym
+    from pyctl.symbolize import name_in
+
+    return name_in(r["module"], r["offset"]) or sym
+
+
 def fault_chain(db: Any, fault_id: str) -> dict[str, Any] | None:
     rows = _rows(db, "SELECT * FROM faults WHERE fault_id = ?", (fault_id,))
     if not rows:
@@ -59,7 +70,7 @@ def fault_chain(db: Any, fault_id: str) -> dict[str, Any] | None:
         for r in _rows(db, "SELECT * FROM args WHERE fault_id=? ORDER BY idx", (fault_id,))
     ]
     stack = [
-        {"depth": r["depth"], "address": u64(r["address"]), "symbol": r["symbol"]}
+        {"depth": r["depth"], "address": u64(r["address"]), "symbol": _late_symbol(r)}
         for r in _rows(db, "SELECT * FROM stacks WHERE fault_id=? ORDER BY depth", (fault_id,))
     ]
     links = _rows(

@@ -192,9 +192,28 @@ def find_library(want: str, pid: int | None = None) -> Library:
     )
 
 
-@lru_cache(maxsize=64)
-def _elf_symbols(path: str, mtime: float) -> tuple[dict[str, tuple[int, int]], list, str]:
+ElfInfo = tuple[dict[str, tuple[int, int]], list, str]
+# Keyed by the file itself (device, inode, mtime), not the path: the same
+# library is reached as /proc/PID/root/... and as its host path, and a big
+# one (libcuda, torch's) takes seconds to read with pyelftools.
+_ELF_CACHE: dict[tuple[int, int, float], ElfInfo] = {}
+
+
+def _file_key(path: str) -> tuple[int, int, float]:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino, st.st_mtime
+
+
+def _elf_symbols(path: str, mtime: float | None = None) -> ElfInfo:
     """name -> (st_value, st_size) for defined functions; PT_LOADs; build-id."""
+    key = _file_key(path)
+    info = _ELF_CACHE.get(key)
+    if info is None:
+        info = _ELF_CACHE[key] = _read_elf(path)
+    return info
+
+
+def _read_elf(path: str) -> ElfInfo:
     syms: dict[str, tuple[int, int]] = {}
     with open(path, "rb") as f:
         elf = ELFFile(f)
@@ -224,6 +243,14 @@ def _elf_symbols(path: str, mtime: float) -> tuple[dict[str, tuple[int, int]], l
                     if note["n_type"] == "NT_GNU_BUILD_ID":
                         build_id = note["n_desc"]
     return syms, loads, build_id
+
+
+def is_parsed(path: str) -> bool:
+    """Has this library's symbol table been read already (cheap to reuse)?"""
+    try:
+        return _file_key(path) in _ELF_CACHE
+    except OSError:
+        return False
 
 
 def build_id(path: str) -> str:

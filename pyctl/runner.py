@@ -79,6 +79,7 @@ class Runner:
         self.echo = echo or (lambda s: print(s, file=sys.stderr))
         self.child: subprocess.Popen[bytes] | None = None
         self.engine: Engine | None = None
+        self.xids: Any = None
         self._stop = False
 
     def _prepare_specs(self, pid: int | None, tid: int | None) -> None:
@@ -137,8 +138,25 @@ class Runner:
             )
             eng.start()
         self.engine = eng
+        self._start_xids()
         self._write_pidfile()
         return eng
+
+    def _start_xids(self) -> None:
+        """Record NVIDIA Xids beside the engine where the driver's tracepoint
+        exists (gpufault doctor says when it does not)."""
+        try:
+            from pyctl.xid import XidError, XidMonitor
+
+            mon = XidMonitor(self.db_path, run_id=self.engine.run_id if self.engine else None)
+            mon.start()
+        except (ImportError, XidError, OSError):
+            return
+        self.xids = mon
+
+    def note_fire(self, row: dict[str, Any]) -> None:
+        if getattr(self, "xids", None) is not None:
+            self.xids.note_fault(row)
 
     def _write_pidfile(self) -> None:
         try:
@@ -176,6 +194,8 @@ class Runner:
         try:
             while not self._stop:
                 eng.poll(0.05)
+                if self.xids is not None:
+                    self.xids.poll(0)
                 now = time.monotonic()
                 # Often at first (a started command is still loading its
                 # libraries), then every 2 s.
@@ -243,6 +263,12 @@ class Runner:
         return 128 - code if code < 0 else code
 
     def finish(self, status: str = "done", exit_code: int | None = None) -> None:
+        if getattr(self, "xids", None) is not None:
+            try:
+                self.xids.drain()
+            finally:
+                self.xids.close()
+                self.xids = None
         if self.engine is not None:
             self.engine.close(status=status, exit_code=exit_code)
         self._remove_pidfile()
@@ -272,7 +298,13 @@ def run(
         status=status,
     )
     eng = r.start()
-    eng.on_fire = on_fire
+
+    def fired(row: dict[str, Any]) -> None:
+        r.note_fire(row)
+        if on_fire is not None:
+            on_fire(row)
+
+    eng.on_fire = fired
     if on_start:
         on_start(eng)
     rc = 0

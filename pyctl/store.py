@@ -65,7 +65,11 @@ def open_db(path: str | os.PathLike[str] = DEFAULT_DB) -> sqlite_utils.Database:
             # Create the file ourselves so its mode never passes through 0644.
             fd = os.open(p, os.O_CREAT | os.O_RDWR, 0o600)
             os.close(fd)
-        db = sqlite_utils.Database(p)
+        # One writer at a time, but not always the thread that opened it
+        # (a controller may arm on one thread and consume on another).
+        import sqlite3
+
+        db = sqlite_utils.Database(sqlite3.connect(p, check_same_thread=False))
         db.conn.execute("PRAGMA journal_mode=WAL")
         db.conn.execute("PRAGMA synchronous=NORMAL")
         db.conn.execute("PRAGMA busy_timeout=5000")
@@ -161,7 +165,14 @@ def ensure_schema(db: sqlite_utils.Database) -> None:
             if_not_exists=True,
         )
         _t(db, "stacks").create(
-            {"fault_id": str, "depth": int, "address": int, "symbol": str},
+            {
+                "fault_id": str,
+                "depth": int,
+                "address": int,
+                "symbol": str,
+                "module": str,
+                "offset": int,
+            },
             pk=("fault_id", "depth"),
             if_not_exists=True,
         )

@@ -5,17 +5,21 @@ from __future__ import annotations
 
 import bisect
 import os
-from functools import lru_cache
 from pathlib import Path
 
 from pyctl import resolve
 
+_SORTED: dict[tuple[int, int, float], tuple[list[int], list[str]]] = {}
 
-@lru_cache(maxsize=64)
-def _sorted_syms(path: str, mtime: float) -> tuple[list[int], list[str]]:
-    table, _, _ = resolve._elf_symbols(path, mtime)
+
+def _sorted_syms(path: str, mtime: float | None = None) -> tuple[list[int], list[str]]:
+    key = resolve._file_key(path)
+    if key in _SORTED:
+        return _SORTED[key]
+    table, _, _ = resolve._elf_symbols(path)
     items = sorted((addr, name) for name, (addr, _size) in table.items())
-    return [a for a, _ in items], [n for _, n in items]
+    _SORTED[key] = ([a for a, _ in items], [n for _, n in items])
+    return _SORTED[key]
 
 
 class Symbolizer:
@@ -67,23 +71,43 @@ class Symbolizer:
         bases = [lo - off for lo, _hi, off, p in self.maps if p == path]
         return min(bases) if bases else None
 
-    def symbolize(self, addr: int) -> str:
+    def locate(self, addr: int) -> tuple[str, int] | None:
+        """(library path as mapped, offset from its load base), or None."""
         if not any(lo <= addr < hi for lo, hi, _o, _p in self.maps):
             self.refresh()
         for lo, hi, _off, path in self.maps:
             if lo <= addr < hi:
-                base = self._load_bias(path) or 0
-                rel = addr - base
-                addrs: list[int] = []
-                names: list[str] = []
-                for real in (f"/proc/{self.pid}/root{path}", path):
-                    try:
-                        addrs, names = _sorted_syms(real, os.stat(real).st_mtime)
-                        break
-                    except Exception:  # noqa: BLE001 - gone or unreadable: try the next
-                        continue
-                i = bisect.bisect_right(addrs, rel) - 1
-                if i >= 0:
-                    return f"{os.path.basename(path)}!{names[i]}+{rel - addrs[i]:#x}"
-                return f"{os.path.basename(path)}+{rel:#x}"
-        return self._from_known(addr) or f"{addr:#x}"
+                return path, addr - (self._load_bias(path) or 0)
+        return None
+
+    def symbolize(self, addr: int, *, parse: bool = True) -> str:
+        """'lib!symbol+0xoff'. parse=False only uses symbol tables already
+        read (the probed libraries): reading a big library's .symtab (torch's
+        take tens of seconds) must not stall the ring consumer; such frames
+        stay 'lib+0xoff' and `gpufault show` resolves them later."""
+        loc = self.locate(addr)
+        if loc is None:
+            return self._from_known(addr) or f"{addr:#x}"
+        path, rel = loc
+        name = name_in(path, rel, self.pid, parse=parse)
+        return name or f"{os.path.basename(path)}+{rel:#x}"
+
+
+def name_in(path: str, rel: int, pid: int | None = None, *, parse: bool = True) -> str | None:
+    """The symbol containing offset rel of library path, if known."""
+    for real in ([f"/proc/{pid}/root{path}"] if pid else []) + [path]:
+        try:
+            st = os.stat(real)
+        except OSError:
+            continue
+        if not parse and not resolve.is_parsed(real):
+            return None
+        try:
+            addrs, names = _sorted_syms(real, st.st_mtime)
+        except Exception:  # noqa: BLE001 - unreadable ELF: no name
+            return None
+        i = bisect.bisect_right(addrs, rel) - 1
+        if i >= 0:
+            return f"{os.path.basename(path)}!{names[i]}+{rel - addrs[i]:#x}"
+        return None
+    return None

@@ -12,7 +12,8 @@ process`), else the row keeps a NULL fault_id (rule `unattributed`).
 Use it beside an Engine writing the same database::
 
     mon = XidMonitor(db_path)
-    mon.start()            # XidError if the tracepoint is absent
+    mon.start()            # XidError if the tracepoint is absent; the database
+                           # is opened at the first Xid
     ... mon.note_fault(row) from Engine.on_fire; mon.poll(0.1) in the loop
     mon.close()
 """
@@ -213,12 +214,17 @@ class XidMonitor:
         self.ring = RingReader(obj.map_fd("xids"), RING_BYTES)
         self._ep = select.epoll()
         self._ep.register(self.ring.fd, select.EPOLLIN)
-        self.db = store.open_db(self.db_path)
-        with self.db.conn:
-            self.db["xids"].create(
-                {"id": int, "fault_id": str, "run_id": str, "dev": str, "error_code": int,
-                 "msg": str, "ts_ns": int, "pid": int, "tid": int, "rule": str},
-                pk="id", if_not_exists=True)
+
+    def _open_db(self) -> Any:
+        """The store, opened at the first Xid: a run with none writes nothing."""
+        if self.db is None:
+            self.db = store.open_db(self.db_path)
+            with self.db.conn:
+                self.db["xids"].create(
+                    {"id": int, "fault_id": str, "run_id": str, "dev": str, "error_code": int,
+                     "msg": str, "ts_ns": int, "pid": int, "tid": int, "rule": str},
+                    pk="id", if_not_exists=True)
+        return self.db
 
     @staticmethod
     def _set_rodata(obj: Object, values: dict[str, int]) -> None:
@@ -283,6 +289,7 @@ class XidMonitor:
         new = [Xid.unpack(r) for r in self.ring.records()]
         if not new:
             return []
+        self._open_db()
         rows = []
         for x in new:
             fid, rule = self._link(x)
