@@ -101,9 +101,11 @@ def main() -> None:
                     import threading
 
                     got: list[float] = []
-                    th = threading.Thread(
-                        target=lambda: got.extend(rate(lib, threads) for _ in range(2))
-                    )
+
+                    def drive(got=got, lib=lib, threads=threads) -> None:
+                        got.extend(rate(lib, threads) for _ in range(2))
+
+                    th = threading.Thread(target=drive)
                     th.start()
                     while th.is_alive():
                         eng.poll(0.01)
