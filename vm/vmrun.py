@@ -286,6 +286,19 @@ def _check_rw(rw: Iterable[str | os.PathLike[str]]) -> list[str]:
     return sorted(dirs, key=lambda s: s.count("/"))
 
 
+def _share_hidden_checkout(cwd: str | os.PathLike[str] | None, rw_dirs: list[str]) -> list[str]:
+    """A working directory below /tmp or /run (a CI clone, say) is invisible
+    in the guest, whose /tmp and /run are fresh: share it read-write. /tmp
+    or /run themselves stay refused by _check_cwd."""
+    p = Path(cwd).resolve() if cwd is not None else Path.cwd()
+    tops = (Path("/tmp"), Path("/run"))
+    if p in tops or not any(t in p.parents for t in tops) or not p.is_dir():
+        return rw_dirs
+    if any(p == Path(d) or Path(d) in p.parents for d in rw_dirs):
+        return rw_dirs
+    return _check_rw([*rw_dirs, p])
+
+
 def _check_cwd(cwd: str | os.PathLike[str] | None, rw_dirs: Sequence[str]) -> str:
     p = Path(cwd).resolve() if cwd is not None else Path.cwd()
     if not p.is_dir():
@@ -327,6 +340,7 @@ def run_in_vm(
     if cpus < 1:
         raise VMError("--cpus must be at least 1")
     rw_dirs = _check_rw(rw)
+    rw_dirs = _share_hidden_checkout(cwd, rw_dirs)
     work_dir = _check_cwd(cwd, rw_dirs)
     full_env = {**_default_env(), **(env or {})}
     bad = [k for k in full_env if not k or "=" in k]
