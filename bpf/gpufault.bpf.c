@@ -193,29 +193,29 @@ static __always_inline bool pred_holds(const struct gf_spec *s, const struct gf_
 	return false;
 }
 
-/* The trigger: does this matching call (w->inf.call_seq) fire? */
+/* The trigger: does this matching call (number seq, at time now) fire? */
 static __always_inline bool should_fire(const struct gf_spec *s,
-					struct gf_counters *c, struct gf_task *w)
+					struct gf_counters *c, __u64 seq, __u64 now)
 {
 	__u64 n;
 
 	if (s->action == GF_ACT_OBSERVE)
 		return false;
-	if (s->deadline_ns && w->inf.ts_ns >= s->deadline_ns) {
+	if (s->deadline_ns && now >= s->deadline_ns) {
 		__sync_fetch_and_add(&c->expired, 1);
 		return false;
 	}
-	if (s->window_start_ns && w->inf.ts_ns < s->window_start_ns)
+	if (s->window_start_ns && now < s->window_start_ns)
 		return false;
 	if ((s->flags & GF_F_STICKY) && c->sticky) {
 		__sync_fetch_and_add(&c->fires, 1);
 		return true;
 	}
-	if (s->nth && w->inf.call_seq != s->nth)
+	if (s->nth && seq != s->nth)
 		return false;
-	if (s->every && w->inf.call_seq % s->every)
+	if (s->every && seq % s->every)
 		return false;
-	if (s->after && w->inf.call_seq <= s->after)
+	if (s->after && seq <= s->after)
 		return false;
 	if (s->prob_ppm && bpf_get_prandom_u32() % 1000000 >= s->prob_ppm)
 		return false;
@@ -294,6 +294,41 @@ static __always_inline void emit_call(struct gf_task *w, __u32 kind, __u64 ts,
 			   BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
 }
 
+/* The observe fast path: one entry record straight from the registers. */
+static __always_inline void emit_entry_fast(struct gf_regs *ctx, __u64 cookie,
+					    __u64 call_seq)
+{
+	struct gf_call_event *e;
+	__u64 id, avail;
+
+	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		stat_add(GF_STAT_EVENTS_LOST);
+		return;
+	}
+	id = bpf_get_current_pid_tgid();
+	e->ts_ns = bpf_ktime_get_ns();
+	e->latency_ns = 0;
+	e->cookie = cookie;
+	e->call_seq = call_seq;
+	e->fault_seq = 0;
+	e->args[0] = ctx->di;
+	e->args[1] = ctx->si;
+	e->args[2] = ctx->dx;
+	e->args[3] = ctx->cx;
+	e->args[4] = ctx->r8;
+	e->args[5] = ctx->r9;
+	e->ret = 0;
+	e->pid = id >> 32;
+	e->tid = (__u32)id;
+	e->kind = GF_EV_ENTRY;
+	e->flags = 0;
+	avail = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA);
+	bpf_ringbuf_submit(e, avail >= events_wake_bytes &&
+			   avail < events_wake_bytes + sizeof(*e) + 8 ?
+			   BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
+}
+
 /* Hand the rest of a fire to the copilot: state first, then the signal. */
 static __always_inline void to_copilot(struct gf_regs *ctx, const struct gf_spec *s,
 				       struct gf_task *w, __u64 corrupt_addr)
@@ -360,7 +395,8 @@ static __always_inline int do_entry(struct gf_regs *ctx, const bool regs_ok)
 	struct gf_counters *c;
 	struct gf_spec *s;
 	struct gf_task *w;
-	__u64 id;
+	__u64 id, seq, now;
+	bool fire;
 
 	s = bpf_map_lookup_elem(&specs, &si);
 	if (!s || !(s->flags & GF_F_ENABLED))
@@ -374,23 +410,39 @@ static __always_inline int do_entry(struct gf_regs *ctx, const bool regs_ok)
 	if (!pred_holds(s, ctx))
 		return 0;
 	c = bpf_map_lookup_elem(&counters, &si);
+	if (!c)
+		return 0;
+	if (s->action == GF_ACT_OBSERVE && !(s->flags & GF_F_RETPROBE)) {
+		/* Entry-only trace: nothing to keep, so no task storage. */
+		if (s->flags & GF_F_TRACE)
+			emit_entry_fast(ctx, cookie, __sync_fetch_and_add(&c->calls, 1) + 1);
+		else
+			__sync_fetch_and_add(&c->calls, 1);
+		return 0;
+	}
+	seq = __sync_fetch_and_add(&c->calls, 1) + 1;
+	now = bpf_ktime_get_ns();
+	fire = should_fire(s, c, seq, now);
+	/* Armed, not firing, nothing to follow to the return: done, cheaply. */
+	if (!fire && !(s->flags & (GF_F_RETPROBE | GF_F_TRACE)))
+		return 0;
 	w = task_scratch(true);
-	if (!c || !w) {
+	if (!w) {
 		stat_add(GF_STAT_INFLIGHT_ERR);
 		return 0;
 	}
 	w->cookie = cookie;
-	w->tid = (__u32)id;
+	w->tid = (__u32)bpf_get_current_pid_tgid();
 	w->inf.args[0] = ctx->di;
 	w->inf.args[1] = ctx->si;
 	w->inf.args[2] = ctx->dx;
 	w->inf.args[3] = ctx->cx;
 	w->inf.args[4] = ctx->r8;
 	w->inf.args[5] = ctx->r9;
-	w->inf.call_seq = __sync_fetch_and_add(&c->calls, 1) + 1;
-	w->inf.ts_ns = bpf_ktime_get_ns();
+	w->inf.call_seq = seq;
+	w->inf.ts_ns = now;
 	w->inf.fault_seq = 0;
-	w->inf.fired = should_fire(s, c, w);
+	w->inf.fired = fire;
 	if (w->inf.fired)
 		fire_at_entry(ctx, s, w, regs_ok);
 
