@@ -27,7 +27,7 @@ from pyctl.bpf import abi
 from pyctl.bpf.libbpf import BpfError, Object, map_lookup, map_lookup_and_delete, map_update
 from pyctl.bpf.ringbuf import RingReader
 from pyctl.capabilities import MAIN_OBJ, regs_writable, user_writable
-from pyctl.spec import FaultSpec, SpecError
+from pyctl.spec import FaultSpec
 from pyctl.symbolize import Symbolizer
 
 DEFAULT_COPILOT_SIGNAL = _signal.SIGURG
@@ -752,11 +752,4 @@ class Engine:
             self.db = None
 
 
-def assert_spec_ok(spec: FaultSpec) -> None:
-    try:
-        spec.validate()
-    except SpecError as e:
-        raise EngineError(str(e)) from None
-
-
-__all__ = ["Engine", "EngineError", "plan", "Path"]
+__all__ = ["Attachment", "Engine", "EngineError", "needs_return_probe", "plan"]

@@ -66,4 +66,6 @@ echo "===GF-$GF_NONCE-END==="
 sync
 dmesg >/gfjob/dmesg
 echo "$rc" >/gfjob/rc
+# poweroff -f does not wait for the 9p writes above: flush them first.
+sync
 echo "===GF-$GF_NONCE-EXIT=$rc==="

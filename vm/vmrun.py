@@ -398,6 +398,8 @@ def run_in_vm(
         rc, error = RC_TIMEOUT, f"timed out after {timeout:g} s"
     elif rc_text.isdigit():
         rc = int(rc_text)
+    elif m := re.search(re.escape(mark) + r"EXIT=(\d+)===", text):
+        rc = int(m.group(1))  # the share lost the file; the console has it
     elif f"{mark}INIT-FAILED" in text:
         error = "init failed: " + text.split(f"{mark}INIT-FAILED: ", 1)[1].split("===")[0]
     else:
