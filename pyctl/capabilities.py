@@ -14,6 +14,33 @@ DATA = Path(__file__).resolve().parent / "data"
 MAIN_OBJ = DATA / "gpufault.bpf.o"
 REGS_PROBE_OBJ = DATA / "regs_probe.bpf.o"
 
+# The engine's uprobe programs in bpf/gpufault.bpf.c: one entry and one
+# return variant is loaded per run, picked by what the kernel allows.
+UPROBE_PROGRAMS = (
+    "gf_entry",
+    "gf_entry_regs",
+    "gf_return",
+    "gf_return_wu",
+    "gf_return_regs",
+    "gf_return_regs_wu",
+)
+
+
+def engine_programs(regs: bool, user_writes: bool) -> tuple[str, str]:
+    """(entry, return) program names for a kernel that allows pt_regs writes
+    (regs) and/or bpf_probe_write_user (user_writes) in uprobe programs."""
+    entry = "gf_entry_regs" if regs else "gf_entry"
+    ret = ("gf_return_regs" if regs else "gf_return") + ("_wu" if user_writes else "")
+    return entry, ret
+
+
+def select_programs(obj: object, regs: bool, user_writes: bool) -> tuple[str, str]:
+    """Autoload only the chosen pair in obj (a libbpf.Object); return it."""
+    pair = engine_programs(regs, user_writes)
+    for p in UPROBE_PROGRAMS:
+        obj.set_autoload(p, p in pair)  # type: ignore[attr-defined]
+    return pair
+
 
 @dataclass
 class Check:
@@ -97,9 +124,7 @@ def checks() -> list[Check]:
 
         try:
             obj = Object(MAIN_OBJ)
-            obj.set_autoload("gf_entry_regs", False)
-            for p in ("gf_return_regs", "gf_return_wu", "gf_return_regs_wu"):
-                obj.set_autoload(p, False)
+            select_programs(obj, regs=False, user_writes=False)
             obj.load()
             obj.close()
             out.append(Check("bpf + uprobes", True, "engine programs load"))

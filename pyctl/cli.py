@@ -128,11 +128,18 @@ def _resolve_ret(text: str | None, lib: str) -> tuple[int | None, str]:
 
 
 def _catalog_lib(lib: str) -> str:
-    name = os.path.basename(lib).lower()
-    for key in ("cublaslt", "cublas", "cufft", "nccl", "cudart", "cuda"):
-        if key in name:
-            return "cublas" if key == "cublaslt" else key
-    return "cuda"
+    """Whose return codes --ret names: the catalog's library for what --lib
+    says (a soname, a path or a short name); CUDA's when it is none of them."""
+    from pyctl import catalog
+    from pyctl.catalog.libraries import library
+
+    name = catalog.lib_for_soname(lib)
+    if name is None:
+        try:
+            name = library(os.path.basename(lib)).name
+        except ValueError:
+            name = "cuda"
+    return name
 
 
 def _build_spec(lib: str, fn_pattern: str, action: str, **o: Any) -> FaultSpec:

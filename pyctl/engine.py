@@ -19,14 +19,13 @@ import struct
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from pyctl import resolve, store
 from pyctl.bpf import abi
 from pyctl.bpf.libbpf import BpfError, Object, map_lookup, map_lookup_and_delete, map_update
 from pyctl.bpf.ringbuf import RingReader
-from pyctl.capabilities import MAIN_OBJ, regs_writable, user_writable
+from pyctl.capabilities import MAIN_OBJ, regs_writable, select_programs, user_writable
 from pyctl.spec import FaultSpec
 from pyctl.symbolize import Symbolizer
 
@@ -204,7 +203,12 @@ class Engine:
                 "target: add --pid PID or -- CMD"
             )
         if self._needs_copilot() and self.seize_pid is not None:
-            self._precheck_tracer(self.seize_pid)
+            from pyctl.copilot import CopilotError, check_not_traced
+
+            try:
+                check_not_traced(self.seize_pid)
+            except CopilotError as e:
+                raise EngineError(str(e)) from None
         self.atts = plan(self.specs, self.pid if self.resolve_in_target else None)
         if self.pid is not None and not resolve.pid_alive(self.pid):
             raise EngineError(f"no process {self.pid}: check the pid (is it still running?)")
@@ -237,49 +241,20 @@ class Engine:
         for p in self.watch:
             self._symbolizers[p] = Symbolizer(p)
 
-    @staticmethod
-    def _precheck_tracer(pid: int) -> None:
-        """Refuse a target someone else traces before anything is attached."""
-        from pyctl.copilot import procfs
-
-        try:
-            tids = procfs.tids(pid) or [pid]
-        except OSError:
-            return  # gone: plan() reports it
-        for tid in tids:
-            try:
-                tracer = procfs.tracer_pid(pid, tid)
-            except OSError:
-                continue
-            if tracer:
-                try:
-                    comm = Path(f"/proc/{tracer}/comm").read_text().strip()
-                except OSError:
-                    comm = "?"
-                raise EngineError(
-                    f"pid {pid} is already traced by pid {tracer} ({comm}): detach that "
-                    "debugger/tracer (gdb, strace) first"
-                )
-
     def _load_and_attach(self) -> None:
         try:
             obj = Object(MAIN_OBJ)
         except BpfError as e:
             raise EngineError(f"{e}: see `gpufault doctor`") from None
         self.obj = obj
-        entry = "gf_entry_regs" if self.regs else "gf_entry"
-        ret = ("gf_return_regs" if self.regs else "gf_return") + ("_wu" if self.wu else "")
-        for p in (
-            "gf_entry",
-            "gf_entry_regs",
-            "gf_return",
-            "gf_return_wu",
-            "gf_return_regs",
-            "gf_return_regs_wu",
-        ):
-            obj.set_autoload(p, p in (entry, ret))
+        entry, ret = select_programs(obj, self.regs, self.wu)
         obj.set_max_entries("events", self.ring_bytes)
-        self._set_rodata(obj)
+        obj.set_rodata(
+            {
+                "copilot_signo": ("=I", self.copilot_signal),
+                "events_wake_bytes": ("=Q", max(4096, self.ring_bytes // 8)),
+            }
+        )
         try:
             obj.load()
         except BpfError as e:
@@ -311,23 +286,6 @@ class Engine:
         self._ep = select.epoll()
         self._ep.register(self.events.fd, select.EPOLLIN)
         self._ep.register(self.fires.fd, select.EPOLLIN)
-
-    def _set_rodata(self, obj: Object) -> None:
-        from elftools.elf.elffile import ELFFile
-
-        addr, size = obj.initial_value(".rodata")
-        buf = (C.c_char * size).from_address(addr)
-        with open(MAIN_OBJ, "rb") as f:
-            elf = ELFFile(f)
-            symtab = elf.get_section_by_name(".symtab")
-            values = {
-                "copilot_signo": ("=I", self.copilot_signal),
-                "events_wake_bytes": ("=Q", max(4096, self.ring_bytes // 8)),
-            }
-            for sym in symtab.iter_symbols():  # type: ignore[union-attr]
-                if sym.name in values:
-                    fmt, v = values[sym.name]
-                    struct.pack_into(fmt, buf, sym["st_value"], v)
 
     def _start_copilot(self) -> None:
         try:

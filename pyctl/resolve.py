@@ -204,7 +204,7 @@ def _file_key(path: str) -> tuple[int, int, float]:
     return st.st_dev, st.st_ino, st.st_mtime
 
 
-def _elf_symbols(path: str, mtime: float | None = None) -> ElfInfo:
+def _elf_symbols(path: str) -> ElfInfo:
     """name -> (st_value, st_size) for defined functions; PT_LOADs; build-id."""
     key = _file_key(path)
     info = _ELF_CACHE.get(key)
@@ -254,7 +254,7 @@ def is_parsed(path: str) -> bool:
 
 
 def build_id(path: str) -> str:
-    return _elf_symbols(path, os.stat(path).st_mtime)[2]
+    return _elf_symbols(path)[2]
 
 
 def vaddr_to_offset(loads: list, vaddr: int) -> int:
@@ -298,7 +298,7 @@ def symbols(lib: Library, pattern: str) -> list[Symbol]:
 
     Also `tok:KIND` (tokenizer entry points, see `gpufault tokenizer probes`)
     and globs containing '::' matched against demangled Rust/C++ names."""
-    table, loads, _ = _elf_symbols(lib.path, os.stat(lib.path).st_mtime)
+    table, loads, _ = _elf_symbols(lib.path)
     globby = any(c in pattern for c in "*?[")
     if pattern.startswith("tok:"):
         names = _tokenizer_kind(lib, pattern[4:])
@@ -336,7 +336,7 @@ def symbols(lib: Library, pattern: str) -> list[Symbol]:
 
 
 def all_functions(lib: Library) -> dict[str, tuple[int, int]]:
-    return dict(_elf_symbols(lib.path, os.stat(lib.path).st_mtime)[0])
+    return dict(_elf_symbols(lib.path)[0])
 
 
 VARIANT_SUFFIXES = ("_v2", "_v3", "_v4", "_ptsz", "_ptds", "_v2_ptsz", "_v2_ptds")

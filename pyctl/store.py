@@ -19,7 +19,7 @@ import platform
 import secrets
 import socket
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,26 +28,6 @@ from sqlite_utils.db import Table
 
 DEFAULT_DB = Path("/var/lib/gpufault/gpufault.db")
 SCHEMA_VERSION = 1
-
-CALL_COLUMNS = (
-    "run_id",
-    "ts_ns",
-    "latency_ns",
-    "spec",
-    "func",
-    "call_seq",
-    "fault_id",
-    "pid",
-    "tid",
-    "kind",
-    "ret",
-    "arg1",
-    "arg2",
-    "arg3",
-    "arg4",
-    "arg5",
-    "arg6",
-)
 
 
 def fault_id(run_id: str, seq: int) -> str:
@@ -256,30 +236,15 @@ def end_run(
         )
 
 
-def insert_calls(db: sqlite_utils.Database, rows: Iterable[Sequence[Any]]) -> int:
-    """Hot path: one transaction, plain executemany (rows in CALL_COLUMNS order)."""
-    cols = ",".join(CALL_COLUMNS)
-    marks = ",".join("?" * len(CALL_COLUMNS))
-    with db.conn:
-        cur = db.conn.executemany(f"INSERT INTO calls ({cols}) VALUES ({marks})", rows)
-    return cur.rowcount
-
-
-def insert_calls_nocommit(db: sqlite_utils.Database, rows: Iterable[Sequence[Any]]) -> None:
-    """As insert_calls, inside a transaction the caller owns."""
-    cols = ",".join(CALL_COLUMNS)
-    marks = ",".join("?" * len(CALL_COLUMNS))
-    db.conn.executemany(f"INSERT INTO calls ({cols}) VALUES ({marks})", rows)
-
-
 # Ring records go straight from struct.iter_unpack to SQLite: numbered
-# parameters pick the fields (?1/?2 are the ring header and unused), so no
-# Python code runs per row. Field order: see abi.CALL_RECORD_FMT.
+# parameters pick the fields, so no Python code runs per row. Field order:
+# abi.CALL_RECORD_FMT (?1/?2 are the ring header, ?18 the flags). sqlite3
+# wants the highest index used to equal the tuple's length, hence 0 * ?18.
 _CALL_RECORD_SQL = (
     "INSERT INTO calls (run_id, ts_ns, latency_ns, spec, func, call_seq, fault_id, pid, tid, "
     "kind, ret, arg1, arg2, arg3, arg4, arg5, arg6) VALUES ('{run}', ?3, ?4, ?5 >> 32, "
     "?5 & 4294967295, ?6, CASE WHEN ?7 != 0 THEN '{run}-' || ?7 END, ?15, ?16, ?17, ?14, "
-    "?8, ?9, ?10, ?11, ?12, ?13 + 0 * (?1 + ?2 + ?18))"
+    "?8, ?9, ?10, ?11, ?12, ?13 + 0 * ?18)"
 )
 
 

@@ -12,7 +12,7 @@ from pyctl import resolve
 _SORTED: dict[tuple[int, int, float], tuple[list[int], list[str]]] = {}
 
 
-def _sorted_syms(path: str, mtime: float | None = None) -> tuple[list[int], list[str]]:
+def _sorted_syms(path: str) -> tuple[list[int], list[str]]:
     key = resolve._file_key(path)
     if key in _SORTED:
         return _SORTED[key]
@@ -40,8 +40,8 @@ class Symbolizer:
             if rel < 0:
                 continue
             try:
-                addrs, names = _sorted_syms(path, os.stat(path).st_mtime)
-                table = resolve._elf_symbols(path, os.stat(path).st_mtime)[0]
+                addrs, names = _sorted_syms(path)
+                table = resolve._elf_symbols(path)[0]
             except Exception:  # noqa: BLE001 - unreadable: no answer
                 continue
             i = bisect.bisect_right(addrs, rel) - 1
@@ -96,14 +96,12 @@ class Symbolizer:
 def name_in(path: str, rel: int, pid: int | None = None, *, parse: bool = True) -> str | None:
     """The symbol containing offset rel of library path, if known."""
     for real in ([f"/proc/{pid}/root{path}"] if pid else []) + [path]:
-        try:
-            st = os.stat(real)
-        except OSError:
+        if not os.path.exists(real):
             continue
         if not parse and not resolve.is_parsed(real):
             return None
         try:
-            addrs, names = _sorted_syms(real, st.st_mtime)
+            addrs, names = _sorted_syms(real)
         except Exception:  # noqa: BLE001 - unreadable ELF: no name
             return None
         i = bisect.bisect_right(addrs, rel) - 1

@@ -204,7 +204,7 @@ class XidMonitor:
         except BpfError as e:
             raise XidError(str(e)) from None
         try:
-            self._set_rodata(obj, layout.rodata())
+            obj.set_rodata({k: ("=I", v) for k, v in layout.rodata().items()})
             obj.load()
             self._attach(obj)
         except BpfError as e:
@@ -225,18 +225,6 @@ class XidMonitor:
                      "msg": str, "ts_ns": int, "pid": int, "tid": int, "rule": str},
                     pk="id", if_not_exists=True)
         return self.db
-
-    @staticmethod
-    def _set_rodata(obj: Object, values: dict[str, int]) -> None:
-        from elftools.elf.elffile import ELFFile
-
-        addr, size = obj.initial_value(".rodata")
-        buf = (C.c_char * size).from_address(addr)
-        with open(XID_OBJ, "rb") as f:
-            symtab = ELFFile(f).get_section_by_name(".symtab")
-            for sym in symtab.iter_symbols():  # type: ignore[union-attr]
-                if sym.name in values:
-                    struct.pack_into("=I", buf, sym["st_value"], values[sym.name])
 
     def _attach(self, obj: Object) -> None:
         lb = lib()

@@ -15,18 +15,17 @@ import ctypes as C
 import pytest
 
 from pyctl.bpf.libbpf import BpfError, Object, lib
-from pyctl.capabilities import MAIN_OBJ, regs_writable, user_writable
+from pyctl.capabilities import (
+    MAIN_OBJ,
+    UPROBE_PROGRAMS,
+    engine_programs,
+    regs_writable,
+    user_writable,
+)
 
 pytestmark = [pytest.mark.root]
 
-PROGS = [
-    "gf_entry",
-    "gf_return",
-    "gf_return_wu",
-    "gf_entry_regs",
-    "gf_return_regs",
-    "gf_return_regs_wu",
-]
+PROGS = list(UPROBE_PROGRAMS)
 PRIVATE_STACK_PROLOGUE = bytes.fromhex("65 4c 03 0c 25".replace(" ", ""))  # add %gs:X,%r9
 
 
@@ -46,15 +45,11 @@ def jit_image(prog_fd: int) -> bytes:
     return bytes(code)
 
 
-def loadable() -> list[str]:
-    ok = ["gf_entry", "gf_return"]
-    if user_writable():
-        ok.append("gf_return_wu")
-    if regs_writable():
-        ok += ["gf_entry_regs", "gf_return_regs"]
-        if user_writable():
-            ok.append("gf_return_regs_wu")
-    return ok
+def loadable() -> set[str]:
+    """Every program some (regs, user-writes) combination this kernel allows
+    would load."""
+    combos = [(r, w) for r in (False, regs_writable()) for w in (False, user_writable())]
+    return {p for r, w in combos for p in engine_programs(r, w)}
 
 
 @pytest.mark.parametrize("prog", PROGS)

@@ -55,6 +55,20 @@ def no_new_progs(before: int, timeout: float = 10.0) -> bool:
     return True
 
 
+def armed_controller(pid: int, *args: str) -> subprocess.Popen[str]:
+    """`gpufault inject --pid PID --lib LIB --fn gf_victim ARGS`, returned
+    once armed (it prints its start-up line only after attaching)."""
+    ctl = subprocess.Popen(
+        [*GF, "inject", "--pid", str(pid), "--lib", str(LIB), "--fn", "gf_victim", *args],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert ctl.stderr is not None
+    while "Ctrl-C to end" not in (ln := ctl.stderr.readline()):
+        assert ln, "controller exited early"
+    return ctl
+
+
 @pytest.fixture
 def target():
     t = Target()
@@ -193,34 +207,19 @@ def test_command_exit_status_is_passed_on(tmp_path: Path) -> None:
 def test_sigkill_of_controller_leaves_nothing(target: Target, tmp_path: Path) -> None:
     db = tmp_path / "gf.db"
     before = bpf_progs()
-    ctl = subprocess.Popen(
-        [
-            *GF,
-            "inject",
-            "--pid",
-            str(target.pid),
-            "--lib",
-            str(LIB),
-            "--fn",
-            "gf_victim",
-            "--action",
-            "fail",
-            "--ret",
-            "-7",
-            "--nth",
-            "2",
-            "--sticky",
-            "--trace",
-            "--db",
-            str(db),
-        ],
-        stderr=subprocess.PIPE,
-        text=True,
+    ctl = armed_controller(
+        target.pid,
+        "--action",
+        "fail",
+        "--ret",
+        "-7",
+        "--nth",
+        "2",
+        "--sticky",
+        "--trace",
+        "--db",
+        str(db),
     )
-    assert ctl.stderr is not None
-    # Armed once it prints its start-up line.
-    while "Ctrl-C to end" not in (ln := ctl.stderr.readline()):
-        assert ln, "controller exited early"
     rows = target.victim(4)
     assert [r[3] for r in rows] == [2, -7, -7, -7]
     # Wait until the controller has committed the fault row.
@@ -260,29 +259,9 @@ def _stopped_threads(pid: int) -> list[int]:
 def test_sigkill_while_a_thread_hangs(target: Target, tmp_path: Path) -> None:
     import threading
 
-    ctl = subprocess.Popen(
-        [
-            *GF,
-            "inject",
-            "--pid",
-            str(target.pid),
-            "--lib",
-            str(LIB),
-            "--fn",
-            "gf_victim",
-            "--action",
-            "stall",
-            "--nth",
-            "1",
-            "--db",
-            str(tmp_path / "gf.db"),
-        ],
-        stderr=subprocess.PIPE,
-        text=True,
+    ctl = armed_controller(
+        target.pid, "--action", "stall", "--nth", "1", "--db", str(tmp_path / "gf.db")
     )
-    assert ctl.stderr is not None
-    while "Ctrl-C to end" not in (ln := ctl.stderr.readline()):
-        assert ln, "controller exited early"
     result: list = []
     th = threading.Thread(target=lambda: result.append(target.victim(2)))
     th.start()

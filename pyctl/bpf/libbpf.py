@@ -153,6 +153,25 @@ class Object:
             raise BpfError(f"no initial value for {mapname}")
         return int(addr), size.value
 
+    def set_rodata(self, values: dict[str, tuple[str, int]]) -> None:
+        """Fill `const volatile` globals before load: name -> (struct format,
+        value), at the offsets the object's own .symtab gives them."""
+        import struct
+
+        from elftools.elf.elffile import ELFFile
+        from elftools.elf.sections import SymbolTableSection
+
+        addr, size = self.initial_value(".rodata")
+        buf = (C.c_char * size).from_address(addr)
+        with open(self.path, "rb") as f:
+            symtab = ELFFile(f).get_section_by_name(".symtab")
+            if not isinstance(symtab, SymbolTableSection):
+                raise BpfError(f"{self.path} has no .symtab: rebuild it with make build")
+            for sym in symtab.iter_symbols():
+                if sym.name in values:
+                    fmt, v = values[sym.name]
+                    struct.pack_into(fmt, buf, sym["st_value"], v)
+
     def load(self) -> None:
         C.set_errno(0)
         if self._lib.bpf_object__load(self.ptr):

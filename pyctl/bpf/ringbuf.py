@@ -5,12 +5,12 @@ producer page and the data area mapped twice in a row (read-only), so a
 record that wraps is still contiguous. We read the positions, then parse
 everything between them in one go: for fixed-size records a single
 struct.iter_unpack over the bytes (the batch path), else a header walk.
+Waiting is the owner's job: epoll on the map fd (one epoll for all rings).
 """
 
 from __future__ import annotations
 
 import mmap
-import select
 import struct
 from collections.abc import Iterator
 
@@ -34,18 +34,11 @@ class RingReader:
         self.cons = mmap.mmap(map_fd, PAGE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         self.prod = mmap.mmap(map_fd, PAGE + 2 * size, mmap.MAP_SHARED, mmap.PROT_READ, offset=PAGE)
         self.data = memoryview(self.prod)[PAGE:]
-        self.ep = select.epoll()
-        self.ep.register(map_fd, select.EPOLLIN)
 
     def close(self) -> None:
-        self.ep.close()
         self.data.release()
         self.prod.close()
         self.cons.close()
-
-    def wait(self, timeout: float) -> None:
-        """Block until the producer wakes us or timeout seconds pass."""
-        self.ep.poll(timeout)
 
     def _positions(self) -> tuple[int, int]:
         return _U64.unpack_from(self.cons, 0)[0], _U64.unpack_from(self.prod, 0)[0]

@@ -2,7 +2,7 @@
 on kernels that refuse register writes from uprobe programs."""
 
 from .model import GF_ACT_FAIL, GF_ACT_STALL, GF_F_AFTER, CopilotError, Injection, Outcome
-from .tracer import Copilot, block_sigchld
+from .tracer import Copilot, block_sigchld, check_not_traced
 
 __all__ = [
     "GF_ACT_FAIL",
@@ -13,4 +13,5 @@ __all__ = [
     "Injection",
     "Outcome",
     "block_sigchld",
+    "check_not_traced",
 ]

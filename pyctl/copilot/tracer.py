@@ -175,16 +175,7 @@ class Copilot:
             raise CopilotError(f"pid {pid}: no such process") from None
         if st.get("State", "").startswith(("Z", "X")):
             raise CopilotError(f"pid {pid} has exited (zombie): nothing to trace")
-        for tid in procfs.tids(pid) or [pid]:
-            try:
-                tracer = procfs.tracer_pid(pid, tid)
-            except OSError:
-                continue  # thread exited while we looked
-            if tracer:
-                raise CopilotError(
-                    f"pid {pid} is already traced by pid {tracer} ({_comm(tracer)}): "
-                    "detach that debugger/tracer (gdb, strace) first"
-                )
+        check_not_traced(pid)
         if self.signo not in DEFAULT_IGNORED:
             self.warnings.append(
                 f"signal {self.signo} is not ignored by default: if the copilot dies with a "
@@ -600,6 +591,25 @@ class Copilot:
         with self._cv:
             self._stalled_view = sorted(self._stalls)
             self._cv.notify_all()
+
+
+def check_not_traced(pid: int) -> None:
+    """CopilotError when any thread of pid already has a tracer (gdb, strace):
+    a thread has one tracer at most, so the copilot could not seize it."""
+    try:
+        tids = procfs.tids(pid) or [pid]
+    except OSError:
+        return  # gone: the caller's other checks say so
+    for tid in tids:
+        try:
+            tracer = procfs.tracer_pid(pid, tid)
+        except OSError:
+            continue  # thread exited while we looked
+        if tracer:
+            raise CopilotError(
+                f"pid {pid} is already traced by pid {tracer} ({_comm(tracer)}): "
+                "detach that debugger/tracer (gdb, strace) first"
+            )
 
 
 def block_sigchld() -> None:
