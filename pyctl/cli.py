@@ -189,6 +189,7 @@ def _run_engine(
     kind: str,
     copilot_signal: str | None,
     quiet: bool,
+    xids: bool = True,
 ) -> None:
     from pyctl.runner import Target, run
 
@@ -233,6 +234,9 @@ def _run_engine(
         on_start=started,
         on_fire=on_fire,
         status=not quiet,
+        xids=xids,
+        on_xid=None if quiet else (
+            lambda x: click.echo(f"XID {x.error_code} on {x.dev}: {x.msg}", err=True)),
     )
     st = eng.stats
     lost = sum(st.lost.values()) if st.lost else 0

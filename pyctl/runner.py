@@ -67,6 +67,8 @@ class Runner:
         copilot_signal: int | None = None,
         status: bool = True,
         echo: Callable[[str], None] | None = None,
+        xids: bool = True,
+        on_xid: Callable[[Any], None] | None = None,
     ):
         self.specs = specs
         self.target = target
@@ -80,6 +82,8 @@ class Runner:
         self.child: subprocess.Popen[bytes] | None = None
         self.engine: Engine | None = None
         self.xids: Any = None
+        self.record_xids = xids
+        self.on_xid = on_xid
         self._stop = False
 
     def _prepare_specs(self, pid: int | None, tid: int | None) -> None:
@@ -144,18 +148,37 @@ class Runner:
 
     def _start_xids(self) -> None:
         """Record NVIDIA Xids beside the engine where the driver's tracepoint
-        exists (gpufault doctor says when it does not)."""
+        exists (gpufault doctor says when it does not). The monitor writes
+        through the engine's connection, on this thread (the one that
+        started the engine and runs loop() and finish())."""
+        if self.engine is None or not self.record_xids:
+            return
         try:
             from pyctl.xid import XidError, XidMonitor
 
-            mon = XidMonitor(self.db_path, run_id=self.engine.run_id if self.engine else None)
+            mon = XidMonitor.beside(self.engine)
             mon.start()
         except (ImportError, XidError, OSError):
             return
         self.xids = mon
 
+    def _close_xids(self) -> None:
+        """Read the last Xids and stop recording them: before the engine's
+        run row is ended (and its connection closed), after the engine's own
+        records are in, so a last Xid still finds its fault."""
+        mon = self.xids
+        if mon is None:
+            return
+        self.xids = None
+        eng = self.engine
+        try:
+            if eng is not None and eng.obj is not None and eng.db is not None:
+                eng.drain()
+        finally:
+            mon.close()
+
     def note_fire(self, row: dict[str, Any]) -> None:
-        if getattr(self, "xids", None) is not None:
+        if self.xids is not None:
             self.xids.note_fault(row)
 
     def _write_pidfile(self) -> None:
@@ -195,7 +218,9 @@ class Runner:
             while not self._stop:
                 eng.poll(0.05)
                 if self.xids is not None:
-                    self.xids.poll(0)
+                    for x in self.xids.poll(0):
+                        if self.on_xid is not None:
+                            self.on_xid(x)
                 now = time.monotonic()
                 # Often at first (a started command is still loading its
                 # libraries), then every 2 s.
@@ -251,10 +276,12 @@ class Runner:
             if not cop.running:
                 status = cop.exit_status
             else:
+                self._close_xids()
                 eng.close(status="detached")  # type: ignore[union-attr]
         if status is not None:
             return _rc_from_status(status)
         if eng is not None and self.child.poll() is None:
+            self._close_xids()
             eng.close(status="detached")
         try:
             code = self.child.wait()
@@ -263,15 +290,13 @@ class Runner:
         return 128 - code if code < 0 else code
 
     def finish(self, status: str = "done", exit_code: int | None = None) -> None:
-        if getattr(self, "xids", None) is not None:
-            try:
-                self.xids.drain()
-            finally:
-                self.xids.close()
-                self.xids = None
-        if self.engine is not None:
-            self.engine.close(status=status, exit_code=exit_code)
-        self._remove_pidfile()
+        """Xids first (written into the run), then the engine ends the run."""
+        try:
+            self._close_xids()
+        finally:
+            if self.engine is not None:
+                self.engine.close(status=status, exit_code=exit_code)
+            self._remove_pidfile()
 
 
 def run(
@@ -286,6 +311,8 @@ def run(
     on_start: Callable[[Engine], None] | None = None,
     on_fire: Callable[[dict[str, Any]], None] | None = None,
     status: bool = True,
+    xids: bool = True,
+    on_xid: Callable[[Any], None] | None = None,
 ) -> tuple[int, Engine]:
     r = Runner(
         specs,
@@ -296,6 +323,8 @@ def run(
         duration=duration,
         copilot_signal=copilot_signal,
         status=status,
+        xids=xids,
+        on_xid=on_xid,
     )
     eng = r.start()
 

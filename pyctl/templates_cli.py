@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import click
 
 from pyctl import templates as T
@@ -130,52 +128,8 @@ def run(name: str, sets: tuple[str, ...], pid: int | None, tid: int | None,
         dur = parse_duration(duration) if duration else 0.0
     except (T.TemplateError, SpecError) as e:
         raise UserError(str(e)) from None
-    watcher = _XidWatcher(db) if xids else None
     try:
-        _run_engine(specs, pid, tid, cmd, db, dur, f"template:{t.ident}", copilot_signal, quiet)
+        _run_engine(specs, pid, tid, cmd, db, dur, f"template:{t.ident}", copilot_signal, quiet,
+                    xids=xids)
     except (T.TemplateError, SpecError, EngineError, ResolveError) as e:
         raise UserError(str(e)) from None
-    finally:
-        if watcher is not None:
-            watcher.stop()
-
-
-class _XidWatcher:
-    """Records Xids beside the engine run, in a thread of its own (it owns
-    its SQLite connection). Absent tracepoint: does nothing."""
-
-    def __init__(self, db: str) -> None:
-        import threading
-
-        from pyctl import xid
-
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.count = 0
-        if xid.format_path() is None or os.geteuid() != 0:
-            return
-        self._db = db
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        from pyctl import xid
-
-        mon = xid.XidMonitor(self._db)
-        try:
-            mon.start()
-        except xid.XidError as e:
-            click.echo(f"gpufault: Xids not recorded: {e}", err=True)
-            return
-        try:
-            while not self._stop.is_set():
-                for x in mon.poll(0.2):
-                    self.count += 1
-                    click.echo(f"XID {x.error_code} on {x.dev}: {x.msg}", err=True)
-        finally:
-            mon.close()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(10)

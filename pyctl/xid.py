@@ -9,13 +9,18 @@ that GPU open (/dev/nvidiaN, N from /proc/driver/nvidia/gpus/BDF) no
 longer than `window_s` before the Xid (rule `xid-on-device-of-faulted-
 process`), else the row keeps a NULL fault_id (rule `unattributed`).
 
-Use it beside an Engine writing the same database::
+Beside an Engine, the monitor writes through the engine's connection, so a
+run's rows have one writer and each Xid lands in that run::
+
+    mon = XidMonitor.beside(engine)   # after engine.start(), on the engine's thread
+    mon.start()            # XidError if the tracepoint is absent
+    ... mon.note_fault(row) from Engine.on_fire; mon.poll(0) after engine.poll()
+    mon.close()            # before engine.close(): the run row is ended last
+
+Alone (no engine), it opens its own connection at the first Xid and closes
+it in close()::
 
     mon = XidMonitor(db_path)
-    mon.start()            # XidError if the tracepoint is absent; the database
-                           # is opened at the first Xid
-    ... mon.note_fault(row) from Engine.on_fire; mon.poll(0.1) in the loop
-    mon.close()
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import os
 import re
 import select
 import struct
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +46,10 @@ DEV_LEN, MSG_LEN = 32, 128
 EVENT_FMT = struct.Struct(f"=QQII{DEV_LEN}s{MSG_LEN}s")  # struct xid_event
 RING_BYTES = 64 * 1024
 DEFAULT_WINDOW_S = 60.0
+XID_COLUMNS: dict[str, type] = {
+    "id": int, "fault_id": str, "run_id": str, "dev": str, "error_code": int,
+    "msg": str, "ts_ns": int, "pid": int, "tid": int, "rule": str,
+}
 
 
 class XidError(Exception):
@@ -165,10 +175,15 @@ class XidMonitor:
     """Loads bpf/xid.bpf.o, attaches it, stores and links each Xid."""
 
     def __init__(self, db_path: str | os.PathLike[str] = store.DEFAULT_DB, *,
-                 run_id: str | None = None, window_s: float = DEFAULT_WINDOW_S,
+                 run_id: str | None = None, db: Any = None,
+                 window_s: float = DEFAULT_WINDOW_S,
                  category: str = CATEGORY, event: str = EVENT,
                  fields: tuple[str, str, str | None] = ("dev", "error_code", "msg"),
                  minor_of: Any = None):
+        """db: an open store (the engine's) to write through; the monitor
+        then opens and closes no connection of its own, and must be polled
+        from the thread that creates it (the one writing through db).
+        Without it, db_path is opened at the first Xid and closed by close()."""
         self.db_path = db_path
         self.run_id = run_id
         self.window_ns = int(window_s * 1e9)
@@ -178,10 +193,22 @@ class XidMonitor:
         self.minor_of = minor_of or _minor_of_bdf
         self.obj: Object | None = None
         self.ring: RingReader | None = None
-        self.db: Any = None
+        self.db: Any = db
+        self.owns_db = db is None
+        # A borrowed connection has one writer thread: the engine's.
+        self._writer = None if db is None else threading.get_ident()
+        self._table_ready = False
         self._ep: select.epoll | None = None
         self._pid_minors: dict[int, set[int]] = {}
         self.seen: list[Xid] = []
+
+    @classmethod
+    def beside(cls, engine: Any, **kw: Any) -> XidMonitor:
+        """A monitor that writes through a started engine's connection, into
+        its run. Call it on the thread that polls the engine."""
+        if engine.db is None or not engine.run_id:
+            raise RuntimeError("start the engine before its Xid monitor")
+        return cls(engine.db_path, run_id=engine.run_id, db=engine.db, **kw)
 
     # ---- set-up -------------------------------------------------------
     def start(self) -> None:
@@ -216,14 +243,19 @@ class XidMonitor:
         self._ep.register(self.ring.fd, select.EPOLLIN)
 
     def _open_db(self) -> Any:
-        """The store, opened at the first Xid: a run with none writes nothing."""
+        """The store at the first Xid (a run with none writes nothing): the
+        borrowed connection, else our own, opened now."""
         if self.db is None:
+            if not self.owns_db:
+                raise RuntimeError("XidMonitor closed: the engine's connection is not ours")
             self.db = store.open_db(self.db_path)
+        elif self._writer is not None and threading.get_ident() != self._writer:
+            # Two threads on one connection would commit each other's batches.
+            raise RuntimeError("XidMonitor polled from another thread than the engine's")
+        if not self._table_ready:
             with self.db.conn:
-                self.db["xids"].create(
-                    {"id": int, "fault_id": str, "run_id": str, "dev": str, "error_code": int,
-                     "msg": str, "ts_ns": int, "pid": int, "tid": int, "rule": str},
-                    pk="id", if_not_exists=True)
+                self.db["xids"].create(XID_COLUMNS, pk="id", if_not_exists=True)
+            self._table_ready = True
         return self.db
 
     def _attach(self, obj: Object) -> None:
@@ -277,17 +309,22 @@ class XidMonitor:
         new = [Xid.unpack(r) for r in self.ring.records()]
         if not new:
             return []
-        self._open_db()
+        self.record(new)
+        return new
+
+    def record(self, new: list[Xid]) -> None:
+        """Link a batch of Xids and insert it: one transaction, like the
+        engine's batches (a killed controller leaves no half batch)."""
+        db = self._open_db()
         rows = []
         for x in new:
             fid, rule = self._link(x)
             rows.append({"fault_id": fid, "run_id": self.run_id, "dev": x.dev,
                          "error_code": x.error_code, "msg": x.msg, "ts_ns": x.ts_ns,
                          "pid": x.pid, "tid": x.tid, "rule": rule})
-        with self.db.conn:
-            self.db["xids"].insert_all(rows)
+        with db.conn:
+            db["xids"].insert_all(rows)
         self.seen.extend(new)
-        return new
 
     def lost(self) -> int:
         if self.obj is None:
@@ -297,7 +334,8 @@ class XidMonitor:
         return v.value
 
     def close(self) -> None:
-        """Detach, read what is left, close. Idempotent."""
+        """Detach, read what is left, close our own connection (a borrowed
+        one stays open for its engine). Idempotent."""
         if self.obj is not None:
             self.obj.detach_all()
             try:
@@ -311,6 +349,6 @@ class XidMonitor:
                     self._ep = None
                 self.obj.close()
                 self.obj = None
-        if self.db is not None:
+        if self.db is not None and self.owns_db:
             self.db.close()
-            self.db = None
+        self.db = None

@@ -81,3 +81,32 @@ def test_gpu_check_reports_every_check_without_a_gpu(tmp_path: Path) -> None:
         not res[k]["ok"] and res[k].get("error")
         for k in ("vram_pressure", "torch_perturbation", "wmma_flip")
     )
+
+
+def test_ptx_c_layout_covers_the_tile_once() -> None:
+    # 32 lanes x 4 registers = the 16x8 f32 tile, each element exactly once:
+    # the PTX kernel stores C and the flag matrix through this mapping.
+    seen = [p for lane in range(32) for p in wmma_flip.ptx_c_positions(lane)]
+    assert sorted(seen) == [(r, c) for r in range(16) for c in range(8)]
+
+
+def test_ptx_kernel_flips_after_the_last_mma() -> None:
+    src = wmma_flip.PTX_KERNEL_SRC
+    assert f"void {wmma_flip.PTX_KERNEL_NAME}(" in src
+    assert "#include" not in src  # runs where NVRTC has no toolkit headers
+    assert src.index("mma.sync.aligned.m16n8k16") < src.index("^ mask") < src.index("C[row")
+
+
+def test_find_mma_include_needs_crt_mma_h(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "path", [str(tmp_path)])
+    monkeypatch.setenv("CUDA_PATH", str(tmp_path / "cuda"))
+    inc = tmp_path / "nvidia" / "cu13" / "include"
+    inc.mkdir(parents=True)
+    cands = wmma_flip.mma_include_candidates()
+    assert cands[0] == str(tmp_path / "cuda" / "include") and str(inc) in cands
+    cands = [c for c in cands if c.startswith(str(tmp_path))]  # not this host's toolkit
+    (inc / "mma.h").write_text("")  # what the cu13 wheel has: no crt/mma.h
+    assert wmma_flip.find_mma_include(cands) is None
+    (inc / "crt").mkdir()
+    (inc / "crt" / "mma.h").write_text("")
+    assert wmma_flip.find_mma_include(cands) == str(inc)

@@ -33,4 +33,11 @@ for w in "${WHEELS[@]}"; do
             -d "$OUT/whl" "$w"
     fi
 done
+# The toolkit's crt/mma.h for the WMMA hook (the CUDA 13 runtime wheels lack
+# it). Kept out of whl/: run.sh extracts only include/crt from it, so no
+# second `nvidia` package shadows the image's.
+mkdir -p "$OUT/extra"
+ls "$OUT/extra/" | grep -q '^nvidia_cuda_crt-' || python3 -m pip download -q --no-deps \
+    --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
+    -d "$OUT/extra" nvidia-cuda-crt
 du -sh "$OUT" | awk '{print "device-bundle: " $1 " in " $2}'

@@ -24,6 +24,18 @@ if ! ldconfig -p | grep -q 'libelf.so.1 '; then
     mkdir -p /tmp/gf-lib && cp -f "$B/lib/libelf.so.1" /tmp/gf-lib/
     export LD_LIBRARY_PATH=/tmp/gf-lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 fi
+# crt/mma.h for hooks/wmma_flip.py's WMMA back end (its PTX back end needs none).
+crt=$(ls "$B"/extra/nvidia_cuda_crt-*.whl 2>/dev/null | head -1)
+if [ -n "$crt" ]; then
+    python3 - "$crt" <<'PY' && export GF_CUDA_INCLUDE=/tmp/gf-crt/include
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z:
+    for info in z.infolist():
+        if "/include/crt/" in info.filename:
+            info.filename = "include/crt/" + info.filename.split("/include/crt/", 1)[1]
+            z.extract(info, "/tmp/gf-crt")
+PY
+fi
 [ -d /sys/kernel/tracing/events ] || mount -t tracefs nodev /sys/kernel/tracing || echo "run.sh: cannot mount tracefs"
 echo "== $(date -u) $(uname -r) $(python3 -V 2>&1)"
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader

@@ -64,12 +64,16 @@ def _model(torch: Any, d: int, layers: int, heads: int, vocab: int) -> Any:
 
 
 def decode(argv: list[str]) -> None:
-    """Phases: `STEPS N [empty_cache]` runs N decode steps (one token each,
-    one .item() and one torch.cuda.synchronize() per step) and reports
-    tokens/s and the allocator's cudaMalloc count delta."""
+    """Phases: `STEPS N [empty_cache] [times]` runs N decode steps (one
+    token each, one .item() and one torch.cuda.synchronize() per step) and
+    reports tokens/s, the median and p99 step time (and every step time with
+    `times`), and the allocator's cudaMalloc count delta. Errors end the
+    phase and are reported with the step they happened at."""
     import torch
 
     opts = dict(zip(argv[::2], argv[1::2], strict=False))
+    if "--cpu" in opts:  # one core of its own: the launch loop is CPU-bound
+        os.sched_setaffinity(0, {int(opts["--cpu"])})
     d, layers, heads = int(opts.get("--d", 512)), int(opts.get("--layers", 4)), 8
     vocab, batch, maxlen = 4096, int(opts.get("--batch", 4)), 4096
     torch.manual_seed(0)
@@ -118,13 +122,28 @@ def decode(argv: list[str]) -> None:
         if "empty_cache" in parts:
             torch.cuda.empty_cache()
         seg0 = torch.cuda.memory_stats().get("segment.all.allocated", 0)
-        t0 = time.perf_counter()
-        for _ in range(n):
-            step()
+        times: list[float] = []
+        error, t0 = None, time.perf_counter()
+        for i in range(n):
+            ts = time.perf_counter()
+            try:
+                step()
+            except Exception as e:  # noqa: BLE001 - an injected fault, reported
+                error = {"step": i + 1, "error": err_text(e)}
+                break
+            times.append((time.perf_counter() - ts) * 1e3)
         dt = time.perf_counter() - t0
         seg1 = torch.cuda.memory_stats().get("segment.all.allocated", 0)
-        say("RESULT", {"steps": n, "seconds": dt, "tokens_per_s": n * batch / dt,
-                       "steps_per_s": n / dt, "segments_allocated": seg1 - seg0})
+        srt = sorted(times) or [0.0]
+        res = {"steps": len(times), "seconds": dt, "tokens_per_s": len(times) * batch / dt,
+               "steps_per_s": len(times) / dt, "segments_allocated": seg1 - seg0,
+               "step_ms_median": srt[len(srt) // 2],
+               "step_ms_p99": srt[min(len(srt) - 1, int(0.99 * len(srt)))], "error": error}
+        if "times" in parts:
+            res["step_ms"] = [round(x, 3) for x in times]
+        say("RESULT", res)
+        if error is not None:
+            return  # the context may be unusable after an injected driver error
         cmd = sys.stdin.readline().strip()
 
 
@@ -346,6 +365,86 @@ def um(argv: list[str]) -> None:
     say("RESULT", out)
 
 
+def fft(argv: list[str]) -> None:
+    """`--lib torch|cupy`: 20 FFTs of one size after READY; the first one
+    creates the plan (so a plan fault hits it)."""
+    opts = dict(zip(argv[::2], argv[1::2], strict=False))
+    lib = opts.get("--lib", "torch")
+    if lib == "torch":
+        import torch
+
+        x = torch.randn(4096, dtype=torch.complex64, device="cuda")
+        torch.cuda.synchronize()
+
+        def one() -> None:
+            torch.fft.fft(x).abs().sum().item()
+    else:
+        import cupy
+
+        x = cupy.random.rand(4096).astype(cupy.complex64)
+        cupy.cuda.Device().synchronize()
+
+        def one() -> None:
+            float(cupy.abs(cupy.fft.fft(x)).sum())
+    ready({"lib": lib})
+    out: dict[str, Any] = {"errors": [], "ok_calls": 0}
+    for i in range(1, 21):
+        try:
+            one()
+            out["ok_calls"] += 1
+        except Exception as e:  # noqa: BLE001
+            out["errors"].append([i, err_text(e)])
+    say("RESULT", out)
+
+
+def nccl1(argv: list[str]) -> None:
+    """A one-rank NCCL communicator on GPU 0, 20 all-reduces, through
+    `--lib cupy` (cupy.cuda.nccl: the raw ncclResult_t) or `--lib torch`
+    (ProcessGroupNCCL, world size 1): does an injected error surface?"""
+    opts = dict(zip(argv[::2], argv[1::2], strict=False))
+    lib = opts.get("--lib", "cupy")
+    out: dict[str, Any] = {"lib": lib, "errors": [], "ok_calls": 0}
+    if lib == "cupy":
+        import cupy
+        from cupy.cuda import nccl
+
+        comm = nccl.NcclCommunicator(1, nccl.get_unique_id(), 0)
+        x = cupy.ones(1 << 18, dtype=cupy.float32)
+        stream = cupy.cuda.Stream.null
+
+        def one() -> None:
+            comm.allReduce(x.data.ptr, x.data.ptr, x.size, nccl.NCCL_FLOAT32, nccl.NCCL_SUM,
+                           stream.ptr)
+            stream.synchronize()
+    else:
+        import datetime
+
+        import torch
+        import torch.distributed as dist
+
+        torch.cuda.set_device(0)
+        store = dist.HashStore()
+        dist.init_process_group("nccl", store=store, rank=0, world_size=1,
+                                timeout=datetime.timedelta(seconds=20),
+                                device_id=torch.device("cuda", 0))
+        x = torch.ones(1 << 18, device="cuda")
+        dist.all_reduce(x)
+        torch.cuda.synchronize()
+
+        def one() -> None:
+            dist.all_reduce(x)
+            torch.cuda.synchronize()
+    ready({"lib": lib})
+    for i in range(1, 21):
+        try:
+            one()
+            out["ok_calls"] += 1
+        except Exception as e:  # noqa: BLE001
+            out["errors"].append([i, err_text(e)])
+    say("RESULT", out)
+    os._exit(0)  # no teardown: a failed communicator may hang in destroy
+
+
 def libs(argv: list[str]) -> None:
     """Map what a torch + cupy process maps once CUDA, cuBLAS and cuFFT ran."""
     import cupy
@@ -360,7 +459,7 @@ def libs(argv: list[str]) -> None:
 
 
 WORKLOADS = {f.__name__: f for f in (decode, oom, leak, corrupt, cublas_torch, cublas_cupy,
-                                      graph, um, libs)}
+                                      graph, um, fft, nccl1, libs)}
 
 if __name__ == "__main__":
     try:
