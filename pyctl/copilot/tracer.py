@@ -17,6 +17,9 @@ Why the shapes below:
   Commands wake it with a thread-directed SIGCHLD.
 - Never PTRACE_O_EXITKILL: when the tracer thread dies, the kernel detaches
   every tracee and a pending stop signal is delivered, i.e. ignored.
+- While a stall with an end is in progress, a watchdog timer (watchdog.py)
+  kills the controller if it is still hung WATCHDOG_GRACE_NS after the
+  latest planned end, so the stalled threads resume even then.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from types import TracebackType
 
 from . import procfs, ptrace, rewrite
 from .model import GF_ACT_FAIL, GF_ACT_STALL, GF_F_AFTER, CopilotError, Injection, Outcome
+from .watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +59,14 @@ SAFETY_WAIT_IDLE_NS = 50_000_000
 HOT_NS = 200_000_000
 _SIGCHLD_SET = {signal.SIGCHLD}
 STOP_GRACE_NS = 2_000_000_000  # stop(): wait this long for threads to stop
+# The watchdog kills the controller this long after the latest planned
+# stall end if the tracer has not ended (and disarmed) it by then. A live
+# tracer ends a stall within milliseconds of its end (its sleep is bounded
+# by the end; the latest end measured on the loaded VM was 52 ms late, GIL
+# hand-over adds up to 5 ms), so 2 s is over 30x that worst case and a slow
+# but live controller is never killed. It is also the most a stall can
+# overrun its end when the controller hangs.
+WATCHDOG_GRACE_NS = 2_000_000_000
 REG_IP = ptrace.REG["ip"]
 
 
@@ -83,7 +95,10 @@ class Copilot:
         signo: int,
         fetch: Callable[[int], Injection | None],
         on_outcome: Callable[[Outcome], None] | None = None,
+        watchdog_grace_ns: int | None = WATCHDOG_GRACE_NS,
     ) -> None:
+        """watchdog_grace_ns None: no watchdog (a hung controller then keeps
+        stalled threads stopped until it dies)."""
         self.pid = pid
         self.signo = signo
         self._fetch = fetch
@@ -103,6 +118,8 @@ class Copilot:
         self._stalled_view: list[int] = []
         self._finished = False
         self._last_event_ns = 0
+        self._watchdog_grace_ns = watchdog_grace_ns
+        self.watchdog: Watchdog | None = None  # created by the tracer thread at start
 
     # ---- public API (any thread) ----
 
@@ -131,6 +148,13 @@ class Copilot:
         with self._cv:
             self._cv.wait_for(lambda: len(self._stalled_view) >= count or self._finished, timeout)
             return list(self._stalled_view)
+
+    @property
+    def watchdog_expiry_ns(self) -> int | None:
+        """CLOCK_MONOTONIC ns at which the watchdog kills this process if the
+        stalls in progress have not ended by then; None when it is disarmed."""
+        wd = self.watchdog
+        return None if wd is None else wd.expiry_ns
 
     @property
     def running(self) -> bool:
@@ -220,15 +244,52 @@ class Copilot:
             self._finished = True
             self._ready.set()
             return
+        self._start_watchdog()
         self._ready.set()
         try:
             self._loop()
         except Exception:
             log.exception("copilot for pid %d failed; the kernel detaches its tracees", self.pid)
         finally:
+            # Stalled threads resume when this thread ends (the kernel
+            # detaches them if they were not resumed already).
+            if self.watchdog is not None:
+                try:
+                    self.watchdog.close()
+                except OSError:
+                    log.exception("copilot: deleting the stall watchdog failed")
             self._stalls.clear()
             self._finished = True
             self._publish()
+
+    def _start_watchdog(self) -> None:
+        if self._watchdog_grace_ns is None:
+            return
+        try:
+            self.watchdog = Watchdog()  # on this thread: see Watchdog
+        except OSError as exc:
+            self.warnings.append(
+                f"no stall watchdog ({exc.strerror}): if this process hangs, a stalled "
+                "thread stays stopped until it dies"
+            )
+
+    def _sync_watchdog(self) -> None:
+        """Arm at the latest planned stall end + grace; disarm when no stall
+        in progress has an end (none, or only indefinite ones)."""
+        wd = self.watchdog
+        if wd is None or self._watchdog_grace_ns is None:
+            return
+        ends = [st.until_ns for st in self._stalls.values() if st.until_ns is not None]
+        want = max(ends) + self._watchdog_grace_ns if ends else None
+        if want == wd.expiry_ns:
+            return
+        try:
+            if want is None:
+                wd.disarm()
+            else:
+                wd.arm(want)
+        except OSError:
+            log.exception("copilot: stall watchdog failed")
 
     def _seize_all(self) -> None:
         seen: set[int] = set()
@@ -454,6 +515,7 @@ class Copilot:
             pass  # only evidence; the exit (if that is it) is reaped next
         ends = [t for t in (now + inj.stall_ns if inj.stall_ns else 0, inj.deadline_ns) if t]
         self._stalls[tid] = _Stall(inj, now, min(ends) if ends else None, ip)
+        self._sync_watchdog()
         if self._stopping:
             self._end_stall(tid, "copilot stopping")
         self._publish()
@@ -467,6 +529,7 @@ class Copilot:
     def _end_stall(self, tid: int, error: str | None) -> None:
         st = self._stalls.pop(tid)
         resumed = self._resume(tid, 0)
+        self._sync_watchdog()  # after the resume: disarming first could strand it
         self._emit(
             Outcome(
                 tid,
@@ -484,6 +547,7 @@ class Copilot:
 
     def _drop_stall(self, tid: int, error: str) -> None:
         st = self._stalls.pop(tid)
+        self._sync_watchdog()
         self._emit(
             Outcome(tid, st.inj.fault_seq, st.inj.action, st.stop_ns, 0, st.ip, st.ip, 0, error)
         )

@@ -15,7 +15,8 @@
  * Without --no-supervise the program forks: the parent waits for the
  * target (the child) and prints "status exited=N" or "status signaled=N",
  * because the copilot, not the test, is the target's tracer.
- * Line commands on stdin, one tagged line per reply on stdout:
+ * Line commands on stdin, one tagged line per reply on stdout (a call's
+ * line ends with at=CLOCK_MONOTONIC ns just after it returned):
  *   skip | after           call once on the main thread
  *   thread skip|after      call once on a new thread ("begin" then "end")
  *   loop N                 N timed skip calls: "loop bad=B ns..."
@@ -146,8 +147,8 @@ static void report(const char *tag, int after)
 	int body, ok;
 	long ns, r = timed_call(after, &body, &ok, &ns);
 
-	say("%s ret=%ld body=%d regs=%d ns=%ld tid=%ld", tag, r, body, ok, ns,
-	    (long)syscall(SYS_gettid));
+	say("%s ret=%ld body=%d regs=%d ns=%ld tid=%ld at=%ld", tag, r, body, ok, ns,
+	    (long)syscall(SYS_gettid), now_ns());
 }
 
 static void *caller_thread(void *arg)
