@@ -13,6 +13,7 @@ from pathlib import Path
 DATA = Path(__file__).resolve().parent / "data"
 MAIN_OBJ = DATA / "gpufault.bpf.o"
 REGS_PROBE_OBJ = DATA / "regs_probe.bpf.o"
+BENCH_OBJ = DATA / "bench.bpf.o"
 
 # The engine's uprobe programs in bpf/gpufault.bpf.c: one entry and one
 # return variant is loaded per run, picked by what the kernel allows.
@@ -79,6 +80,38 @@ def user_writable() -> bool:
     """True when BPF may write user memory (bpf_probe_write_user); kernel
     lockdown (integrity) forbids it, and corrupt then uses the copilot."""
     return _trial_load("gf_write_probe")
+
+
+@lru_cache(maxsize=1)
+def uprobe_multi() -> bool:
+    """True when the kernel has uprobe_multi links (6.6+): tried, never read
+    from the version. One link then carries every probe site of a file, and
+    detaching it waits for the kernel's RCU grace periods once instead of
+    once per site (~200 ms each on 6.18). GPUFAULT_NO_UPROBE_MULTI=1 turns
+    it off (the per-site path, as on older kernels)."""
+    import os
+
+    if os.environ.get("GPUFAULT_NO_UPROBE_MULTI"):
+        return False
+    from pyctl import resolve
+    from pyctl.bpf.libbpf import BPF_TRACE_UPROBE_MULTI, BpfError, Object
+
+    try:
+        libc = resolve.find_library("libc", os.getpid())
+        (sym,) = resolve.symbols(libc, "getpid")[:1]
+        obj = Object(BENCH_OBJ)
+    except (BpfError, resolve.ResolveError, ValueError):
+        return False
+    try:
+        obj.set_expected_attach_type("gf_bench_empty", BPF_TRACE_UPROBE_MULTI)
+        obj.load()
+        obj.attach_uprobe_multi("gf_bench_empty", os.getpid(), libc.path, [sym.offset], [0],
+                                False)
+        return True
+    except BpfError:
+        return False
+    finally:
+        obj.close()
 
 
 def _tracefs() -> str | None:

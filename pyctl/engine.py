@@ -23,9 +23,22 @@ from typing import Any
 
 from pyctl import resolve, store
 from pyctl.bpf import abi
-from pyctl.bpf.libbpf import BpfError, Object, map_lookup, map_lookup_and_delete, map_update
+from pyctl.bpf.libbpf import (
+    BPF_TRACE_UPROBE_MULTI,
+    BpfError,
+    Object,
+    map_lookup,
+    map_lookup_and_delete,
+    map_update,
+)
 from pyctl.bpf.ringbuf import RingReader
-from pyctl.capabilities import MAIN_OBJ, regs_writable, select_programs, user_writable
+from pyctl.capabilities import (
+    MAIN_OBJ,
+    regs_writable,
+    select_programs,
+    uprobe_multi,
+    user_writable,
+)
 from pyctl.spec import FaultSpec
 from pyctl.symbolize import Symbolizer
 
@@ -160,6 +173,7 @@ class Engine:
         self.ring_bytes = ring_mib << 20
         self.regs = regs_writable() if use_regs is None else use_regs
         self.wu = user_writable() if use_user_writes is None else use_user_writes
+        self.multi = False  # uprobe_multi links (set at load, where the kernel has them)
         self.watch = list(watch_pids) or ([pid] if pid else [])
         self.seize_pid = seize_pid if seize_pid is not None else pid
         # False for a command we hold before exec: its maps are still ours.
@@ -241,12 +255,11 @@ class Engine:
         for p in self.watch:
             self._symbolizers[p] = Symbolizer(p)
 
-    def _load_and_attach(self) -> None:
+    def _open_and_load(self, multi: bool) -> tuple[Object, str, str]:
         try:
             obj = Object(MAIN_OBJ)
         except BpfError as e:
             raise EngineError(f"{e}: see `gpufault doctor`") from None
-        self.obj = obj
         entry, ret = select_programs(obj, self.regs, self.wu)
         obj.set_max_entries("events", self.ring_bytes)
         obj.set_rodata(
@@ -255,10 +268,31 @@ class Engine:
                 "events_wake_bytes": ("=Q", max(4096, self.ring_bytes // 8)),
             }
         )
+        if multi:
+            for prog in (entry, ret):
+                obj.set_expected_attach_type(prog, BPF_TRACE_UPROBE_MULTI)
         try:
             obj.load()
+        except BpfError:
+            obj.close()
+            raise
+        return obj, entry, ret
+
+    def _load_and_attach(self) -> None:
+        self.multi = uprobe_multi()
+        try:
+            obj, entry, ret = self._open_and_load(self.multi)
         except BpfError as e:
-            raise EngineError(f"{e}: see `gpufault doctor`") from None
+            if not self.multi:
+                raise EngineError(f"{e}: see `gpufault doctor`") from None
+            # A kernel may take a program as a plain uprobe but not as a
+            # uprobe_multi one (the register-writing pair, say): per-site links.
+            self.multi = False
+            try:
+                obj, entry, ret = self._open_and_load(False)
+            except BpfError as e2:
+                raise EngineError(f"{e2}: see `gpufault doctor`") from None
+        self.obj = obj
         now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
         fd = obj.map_fd("specs")
         for i, sp in enumerate(self.specs):
@@ -273,19 +307,50 @@ class Engine:
         obj.attach("gf_signal_deliver")
         obj.attach("gf_process_exit")
         attach_pid = self.pid if self.pid is not None else -1
-        for a in self.atts:
-            ck = abi.cookie(a.spec, a.func)
-            try:
-                obj.attach_uprobe(entry, attach_pid, a.lib.path, a.sym.offset, ck, False)
-                if a.retprobe:
-                    obj.attach_uprobe(ret, attach_pid, a.lib.path, a.sym.offset, ck, True)
-            except BpfError as e:
-                raise EngineError(f"{e} ({a.sym.name}): see `gpufault doctor`") from None
+        if self.multi:
+            self._attach_multi(obj, entry, ret, attach_pid)
+        else:
+            for a in self.atts:
+                ck = abi.cookie(a.spec, a.func)
+                try:
+                    obj.attach_uprobe(entry, attach_pid, a.lib.path, a.sym.offset, ck, False)
+                    if a.retprobe:
+                        obj.attach_uprobe(ret, attach_pid, a.lib.path, a.sym.offset, ck, True)
+                except BpfError as e:
+                    raise EngineError(f"{e} ({a.sym.name}): see `gpufault doctor`") from None
         self.events = RingReader(obj.map_fd("events"), self.ring_bytes)
         self.fires = RingReader(obj.map_fd("fires"), 1 << 20)
         self._ep = select.epoll()
         self._ep.register(self.events.fd, select.EPOLLIN)
         self._ep.register(self.fires.fd, select.EPOLLIN)
+
+    def _attach_multi(self, obj: Object, entry: str, ret: str, pid: int) -> None:
+        """One uprobe_multi link per (file, entry/return), so closing costs
+        one kernel wait per link, not per site. A site may appear once per
+        link: a function probed by two specs goes into a second link."""
+        groups: dict[tuple[str, bool, int], list[Attachment]] = {}
+        for a in self.atts:
+            for is_ret in (False, True) if a.retprobe else (False,):
+                rank = 0
+                while any(b.sym.offset == a.sym.offset
+                          for b in groups.get((a.lib.path, is_ret, rank), [])):
+                    rank += 1
+                groups.setdefault((a.lib.path, is_ret, rank), []).append(a)
+        for (path, is_ret, _), group in groups.items():
+            prog = ret if is_ret else entry
+            offs = [a.sym.offset for a in group]
+            cks = [abi.cookie(a.spec, a.func) for a in group]
+            try:
+                obj.attach_uprobe_multi(prog, pid, path, offs, cks, is_ret)
+            except BpfError as e:
+                # Name the site the kernel refused: try them one at a time.
+                for a, off, ck in zip(group, offs, cks, strict=True):
+                    try:
+                        obj.attach_uprobe_multi(prog, pid, path, [off], [ck], is_ret)
+                    except BpfError as one:
+                        raise EngineError(
+                            f"{one} ({a.sym.name}): see `gpufault doctor`") from None
+                raise EngineError(f"{e}: see `gpufault doctor`") from None
 
     def _start_copilot(self) -> None:
         try:

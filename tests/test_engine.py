@@ -304,3 +304,34 @@ def test_target_killed_mid_stall(target: Target, tmp_db: Path) -> None:
     links = sqlite3.connect(tmp_db).execute("SELECT kind, detail FROM links").fetchall()
     exits = [json.loads(d) for k, d in links if k == "exit"]
     assert exits and exits[0]["term_signal"] == signal.SIGKILL
+
+
+def test_uprobe_multi_one_link_per_file_and_per_site_fallback(
+        target: Target, tmp_db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the kernel has uprobe_multi (6.6+, as here) the engine puts every
+    site of a file in one link (per entry/return); a site probed by two specs
+    goes into a second link. Without it (older kernels, forced here) each
+    site has its own link. Both must count every call exactly."""
+    from pyctl import capabilities, engine
+
+    if not capabilities.uprobe_multi():
+        pytest.skip("this kernel has no uprobe_multi links")
+    for multi in (True, False):
+        monkeypatch.setattr(engine, "uprobe_multi", lambda m=multi: m)
+        trace = spec(trace=True)
+        fault = spec(action="fail", ret=-5, nth=2)  # same site as the trace
+        with armed(tmp_db, target.pid, trace, fault) as eng:
+            n_sites = len(eng.atts)
+            fds, links = len(eng.obj.link_fds), len(eng.obj.links)  # type: ignore[union-attr]
+            rows = target.victim(4)
+            eng.drain()
+            assert eng.multi is multi
+        assert [r[3] for r in rows] == [2, -5, 4, 5]
+        if multi:
+            # entry + return of the trace, entry (+ return) of the fault at
+            # the same offset -> rank-2 links: never one link per site.
+            assert 2 <= fds < n_sites * 2 and links == 2  # + the two tracepoints
+        else:
+            assert fds == 0 and links >= n_sites + 2
+    n = q(tmp_db, "SELECT count(*) FROM calls WHERE kind = 1")[0][0]
+    assert n >= 8  # 4 traced calls in each of the two runs

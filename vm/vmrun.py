@@ -270,6 +270,10 @@ def _default_env() -> dict[str, str]:
         if k in os.environ:
             env[k] = os.environ[k]
     env.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+    # Guest scripts import pyctl from this checkout, whether or not (and
+    # wherever) the host has it installed.
+    repo = str(HERE.parent)
+    env["PYTHONPATH"] = repo + (":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
 
 

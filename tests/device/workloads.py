@@ -367,13 +367,16 @@ def um(argv: list[str]) -> None:
 
 def fft(argv: list[str]) -> None:
     """`--lib torch|cupy`: 20 FFTs of one size after READY; the first one
-    creates the plan (so a plan fault hits it)."""
+    creates that size's plan (so a plan fault hits it). One FFT of another
+    size before READY maps libcufft: cupy loads it lazily, and a probe can
+    only attach to a library the process has mapped."""
     opts = dict(zip(argv[::2], argv[1::2], strict=False))
     lib = opts.get("--lib", "torch")
     if lib == "torch":
         import torch
 
         x = torch.randn(4096, dtype=torch.complex64, device="cuda")
+        torch.fft.fft(x[:1000]).abs().sum().item()
         torch.cuda.synchronize()
 
         def one() -> None:
@@ -382,6 +385,7 @@ def fft(argv: list[str]) -> None:
         import cupy
 
         x = cupy.random.rand(4096).astype(cupy.complex64)
+        float(cupy.abs(cupy.fft.fft(x[:1000])).sum())
         cupy.cuda.Device().synchronize()
 
         def one() -> None:
