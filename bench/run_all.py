@@ -19,6 +19,7 @@ RUNS = [
     ("fail-host.json", ["bench_fail.py"]),
     ("copilot-host.json", ["bench_copilot.py"]),
     ("tokenizer-bpf.json", ["bench_tokenizer_bpf.py"]),
+    ("detach-host.json", ["bench_detach.py"]),
 ]
 
 

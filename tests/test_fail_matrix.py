@@ -16,7 +16,7 @@ import pytest
 from gftarget import LIB, TARGET, Target
 
 from pyctl.bpf import abi
-from pyctl.capabilities import regs_writable, user_writable
+from pyctl.capabilities import regs_writable, uprobe_multi, user_writable
 from pyctl.engine import Engine
 from pyctl.spec import FaultSpec
 
@@ -26,6 +26,9 @@ if not TARGET.exists():  # pragma: no cover
     pytest.skip("build/targets/gf_target missing: run make build", allow_module_level=True)
 
 EXPECT = os.environ.get("GF_EXPECT_MECH") or ("regs" if regs_writable() else "copilot")
+# Whether the engine's programs (the regs pair included) go in uprobe_multi
+# links; the VM matrix says what each kernel must do.
+EXPECT_MULTI = os.environ.get("GF_EXPECT_MULTI", "1" if uprobe_multi() else "0") == "1"
 
 
 @pytest.fixture
@@ -65,6 +68,7 @@ def test_fail_modes(target: Target, tmp_db: Path, mode: str) -> None:
         rows = target.victim(4)
         eng.drain()
         assert eng.mechanism == EXPECT
+        assert eng.multi is EXPECT_MULTI
     finally:
         eng.close()
     assert [r[3] for r in rows] == [2, -5, 4, 5]

@@ -18,8 +18,10 @@ import vmrun  # noqa: E402
 pytestmark = [pytest.mark.vm, pytest.mark.root]
 
 
-@pytest.mark.parametrize("kernel, expect", [("sid", "regs")])
-def test_fail_matrix_in_vm(kernel: str, expect: str) -> None:
+@pytest.mark.parametrize(
+    "kernel, expect, multi", [("sid", "regs", "1"), ("bookworm", "copilot", "0")]
+)
+def test_fail_matrix_in_vm(kernel: str, expect: str, multi: str) -> None:
     why = vmrun.kernel_available(kernel)
     if why:
         pytest.skip(why)
@@ -40,7 +42,7 @@ def test_fail_matrix_in_vm(kernel: str, expect: str) -> None:
             "/tmp/gf-pytest",
         ],
         cwd=REPO,
-        env={"GF_EXPECT_MECH": expect},
+        env={"GF_EXPECT_MECH": expect, "GF_EXPECT_MULTI": multi},
         timeout=600,
         mem="2G",
     )
