@@ -44,6 +44,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from pyctl.bpf import raw
+
 NETNS_DIR = "/run/netns"
 # gf + owner pid (hex) + "n" + random hex + side: recognisable, and cleanup()
 # can tell whether the owner still runs.
@@ -95,7 +97,6 @@ class Impairment:
 #   else TC_ACT_OK
 # threshold is in [0, 2**32]; 2**32 drops every non-ARP packet (partition).
 
-_NR_BPF = 321  # x86-64
 _BPF_MAP_CREATE, _BPF_MAP_LOOKUP, _BPF_MAP_UPDATE, _BPF_PROG_LOAD = 0, 1, 2, 5
 _BPF_MAP_TYPE_ARRAY = 2
 _BPF_PROG_TYPE_SCHED_CLS = 3
@@ -139,16 +140,10 @@ def _drop_prog(map_fd: int) -> bytes:
 
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-_libc.syscall.restype = ctypes.c_long
 
 
 def _bpf(cmd: int, attr: bytes) -> int:
-    buf = ctypes.create_string_buffer(attr, 128)
-    ret = _libc.syscall(_NR_BPF, cmd, buf, 128)
-    if ret < 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"bpf({cmd}): {os.strerror(err)}")
-    return int(ret)
+    return raw.bpf(cmd, ctypes.create_string_buffer(attr, 128))
 
 
 class DropFilter:

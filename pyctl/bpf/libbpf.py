@@ -12,18 +12,15 @@ import ctypes.util
 import os
 from pathlib import Path
 
+from pyctl.bpf import raw
+
 _DATA = Path(__file__).resolve().parent.parent / "data"
 # Threads that destroy links at once (see Object.detach_all).
 DETACH_THREADS = 64
-# uapi/linux/bpf.h: BPF_LINK_CREATE, BPF_TRACE_UPROBE_MULTI (6.6+) and its
-# return flag. libbpf 1.1 (Debian 12) has no uprobe_multi API: raw syscall.
-_NR_BPF = 321  # x86-64
-BPF_LINK_CREATE = 28
+# uapi/linux/bpf.h: BPF_TRACE_UPROBE_MULTI (6.6+) and its return flag.
+# libbpf 1.1 (Debian 12) has no uprobe_multi API: raw.bpf(BPF_LINK_CREATE).
 BPF_TRACE_UPROBE_MULTI = 48
 BPF_F_UPROBE_MULTI_RETURN = 1
-_libc = C.CDLL(None, use_errno=True)
-_syscall = _libc.syscall
-_syscall.restype = C.c_long
 
 
 class BpfError(OSError):
@@ -253,18 +250,29 @@ class Object:
         # uprobe_multi member: path, offsets, ref_ctr_offsets, cookies, cnt,
         # flags, pid.
         struct.pack_into(
-            "=IIII QQQQ III", attr, 0, fd, 0, BPF_TRACE_UPROBE_MULTI, 0,
-            C.addressof(cpath), C.addressof(offs), 0, C.addressof(cks), n,
-            BPF_F_UPROBE_MULTI_RETURN if retprobe else 0, max(pid, 0),
+            "=IIII QQQQ III",
+            attr,
+            0,
+            fd,
+            0,
+            BPF_TRACE_UPROBE_MULTI,
+            0,
+            C.addressof(cpath),
+            C.addressof(offs),
+            0,
+            C.addressof(cks),
+            n,
+            BPF_F_UPROBE_MULTI_RETURN if retprobe else 0,
+            max(pid, 0),
         )
-        link = _syscall(_NR_BPF, C.c_long(BPF_LINK_CREATE), attr, C.c_long(64))
-        if link < 0:
-            e = C.get_errno()
+        try:
+            link = raw.bpf(raw.BPF_LINK_CREATE, attr)
+        except OSError as e:
             kind = "uretprobe" if retprobe else "uprobe"
             where = f"{path}+{offsets[0]:#x}" if n == 1 else f"{n} sites in {path}"
-            raise BpfError(e, f"cannot attach {kind} at {where}: {os.strerror(e)}")
-        self.link_fds.append(int(link))
-        return int(link)
+            raise BpfError(e.errno, f"cannot attach {kind} at {where}: {e.strerror}") from None
+        self.link_fds.append(link)
+        return link
 
     def detach_all(self) -> None:
         """Destroy every link, many at once.
