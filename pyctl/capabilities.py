@@ -13,7 +13,6 @@ from pathlib import Path
 DATA = Path(__file__).resolve().parent / "data"
 MAIN_OBJ = DATA / "gpufault.bpf.o"
 REGS_PROBE_OBJ = DATA / "regs_probe.bpf.o"
-BENCH_OBJ = DATA / "bench.bpf.o"
 
 # The engine's uprobe programs in bpf/gpufault.bpf.c: one entry and one
 # return variant is loaded per run, picked by what the kernel allows.
@@ -59,7 +58,7 @@ def _trial_load(prog: str) -> bool:
     except BpfError:
         return False
     try:
-        for p in ("gf_regs_probe", "gf_write_probe"):
+        for p in ("gf_regs_probe", "gf_write_probe", "gf_multi_probe"):
             obj.set_autoload(p, p == prog)
         obj.load()
         return True
@@ -84,30 +83,42 @@ def user_writable() -> bool:
 
 @lru_cache(maxsize=1)
 def uprobe_multi() -> bool:
-    """True when the kernel has uprobe_multi links (6.6+): tried, never read
-    from the version. One link then carries every probe site of a file, and
-    detaching it waits for the kernel's RCU grace periods once instead of
-    once per site (~200 ms each on 6.18). GPUFAULT_NO_UPROBE_MULTI=1 turns
-    it off (the per-site path, as on older kernels)."""
+    """True when the kernel has uprobe_multi links (6.6+) whose pid filter
+    takes every thread of the process: tried, never read from the version.
+    One link then carries every probe site of a file, and detaching it waits
+    for the kernel's RCU grace periods once instead of once per site (~200 ms
+    each on 6.18). GPUFAULT_NO_UPROBE_MULTI=1 turns it off (the per-site
+    path, as on older kernels)."""
+    import ctypes
     import os
+    import threading
 
     if os.environ.get("GPUFAULT_NO_UPROBE_MULTI"):
         return False
     from pyctl import resolve
-    from pyctl.bpf.libbpf import BPF_TRACE_UPROBE_MULTI, BpfError, Object
+    from pyctl.bpf.libbpf import BPF_TRACE_UPROBE_MULTI, BpfError, Object, map_lookup
 
     try:
         libc = resolve.find_library("libc", os.getpid())
         (sym,) = resolve.symbols(libc, "getpid")[:1]
-        obj = Object(BENCH_OBJ)
+        obj = Object(REGS_PROBE_OBJ)
     except (BpfError, resolve.ResolveError, ValueError):
         return False
     try:
-        obj.set_expected_attach_type("gf_bench_empty", BPF_TRACE_UPROBE_MULTI)
+        for p in ("gf_regs_probe", "gf_write_probe", "gf_multi_probe"):
+            obj.set_autoload(p, p == "gf_multi_probe")
+        obj.set_expected_attach_type("gf_multi_probe", BPF_TRACE_UPROBE_MULTI)
         obj.load()
-        obj.attach_uprobe_multi("gf_bench_empty", os.getpid(), libc.path, [sym.offset], [0],
+        obj.attach_uprobe_multi("gf_multi_probe", os.getpid(), libc.path, [sym.offset], [0],
                                 False)
-        return True
+        # A call from a thread other than the main one must be seen.
+        t = threading.Thread(target=ctypes.CDLL(None).getpid)
+        t.start()
+        t.join()
+        hits = ctypes.c_uint64(0)
+        if not map_lookup(obj.map_fd("multi_hits"), ctypes.c_uint32(0), hits):
+            return False
+        return hits.value >= 1
     except BpfError:
         return False
     finally:

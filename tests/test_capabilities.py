@@ -1,0 +1,89 @@
+"""The trial loads behind `gpufault doctor` and the engine's choices, in the
+real kernel: the uprobe_multi trial's counting program and its pid filter."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from pyctl import capabilities, resolve
+from pyctl.bpf.libbpf import BPF_TRACE_UPROBE_MULTI, BpfError, Object, map_lookup
+
+pytestmark = [pytest.mark.root]
+
+
+@pytest.fixture
+def counter() -> Iterator[tuple[Object, str, int]]:
+    """The trial's counting program, loaded as a uprobe_multi program."""
+    libc = resolve.find_library("libc", os.getpid())
+    (sym,) = resolve.symbols(libc, "getpid")[:1]
+    obj = Object(capabilities.REGS_PROBE_OBJ)
+    try:
+        for p in ("gf_regs_probe", "gf_write_probe", "gf_multi_probe"):
+            obj.set_autoload(p, p == "gf_multi_probe")
+        obj.set_expected_attach_type("gf_multi_probe", BPF_TRACE_UPROBE_MULTI)
+        try:
+            obj.load()
+        except BpfError as e:
+            pytest.skip(f"no uprobe_multi programs here: {e}")
+        yield obj, libc.path, sym.offset
+    finally:
+        obj.close()
+
+
+def hits(obj: Object) -> int:
+    v = ctypes.c_uint64(0)
+    assert map_lookup(obj.map_fd("multi_hits"), ctypes.c_uint32(0), v)
+    return v.value
+
+
+def test_multi_link_counts_every_call_of_a_non_main_thread(counter) -> None:
+    obj, path, off = counter
+    obj.attach_uprobe_multi("gf_multi_probe", os.getpid(), path, [off], [0], False)
+    getpid = ctypes.CDLL(None).getpid
+
+    def five() -> None:
+        for _ in range(5):
+            getpid()
+
+    t = threading.Thread(target=five)
+    t.start()
+    t.join()
+    assert hits(obj) == 5
+
+
+def test_multi_link_pid_filter_leaves_other_processes_alone(counter) -> None:
+    obj, path, off = counter
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                             stdin=subprocess.PIPE)
+    try:
+        obj.attach_uprobe_multi("gf_multi_probe", child.pid, path, [off], [0], False)
+        for _ in range(5):
+            ctypes.CDLL(None).getpid()  # ours: not the filtered process
+        assert hits(obj) == 0
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_multi_can_be_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    capabilities.uprobe_multi.cache_clear()
+    monkeypatch.setenv("GPUFAULT_NO_UPROBE_MULTI", "1")
+    try:
+        assert capabilities.uprobe_multi() is False
+    finally:
+        capabilities.uprobe_multi.cache_clear()
+
+
+def test_doctor_reports_the_link_kind() -> None:
+    r = subprocess.run([sys.executable, "-m", "pyctl", "doctor"], capture_output=True, text=True,
+                       timeout=120)
+    (line,) = [x for x in r.stdout.splitlines() if "uprobe_multi links" in x]
+    want = "one link per library" if capabilities.uprobe_multi() else "per-site links"
+    assert line.startswith("ok") and want in line
