@@ -329,13 +329,15 @@ class Engine:
         one kernel wait per link, not per site. A site may appear once per
         link: a function probed by two specs goes into a second link."""
         groups: dict[tuple[str, bool, int], list[Attachment]] = {}
+        taken: dict[tuple[str, bool, int], set[int]] = {}
         for a in self.atts:
             for is_ret in (False, True) if a.retprobe else (False,):
                 rank = 0
-                while any(b.sym.offset == a.sym.offset
-                          for b in groups.get((a.lib.path, is_ret, rank), [])):
+                while a.sym.offset in taken.get((a.lib.path, is_ret, rank), ()):
                     rank += 1
-                groups.setdefault((a.lib.path, is_ret, rank), []).append(a)
+                key = (a.lib.path, is_ret, rank)
+                taken.setdefault(key, set()).add(a.sym.offset)
+                groups.setdefault(key, []).append(a)
         for (path, is_ret, _), group in groups.items():
             prog = ret if is_ret else entry
             offs = [a.sym.offset for a in group]

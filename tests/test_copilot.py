@@ -259,6 +259,14 @@ def assert_untraced_and_running(pid: int) -> None:
         assert state not in "tT", f"thread {tid} left stopped ({state})"
 
 
+def assert_target_carries_on(t: Target) -> None:
+    """Nothing traced or stopped, the next call runs, and the target exits 0."""
+    assert_untraced_and_running(t.pid)
+    assert t.ask("skip")["ret"] == str(BODY_RET)
+    t.close()
+    assert t.expect("status") == {"exited": "0", "args": ""}
+
+
 # ---- fail ----
 
 

@@ -280,8 +280,9 @@ class Object:
         Detaching a perf-event uprobe waits for RCU grace periods in the
         kernel, ~200 ms each on 6.18 (105 probes: 23 s one after another,
         19.7 s from 64 threads: mostly serialized in the kernel). That is why
-        the engine uses one uprobe_multi link per file where the kernel has
-        them (one wait for all its sites); threads still help with the rest.
+        the engine uses one uprobe_multi link per file and direction where
+        the kernel has them (one wait per link). Closing those few links from
+        threads still halves the rest (4 links: 0.24 s in turn, 0.11 s at once).
         """
         links, self.links = self.links, []
         fds, self.link_fds = self.link_fds, []

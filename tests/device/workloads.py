@@ -28,6 +28,19 @@ def ready(info: dict[str, Any] | None = None) -> str:
     return sys.stdin.readline().strip()
 
 
+def calls(one: Any, n: int) -> dict[str, Any]:
+    """Call one() n times like an application that logs and goes on:
+    which calls (1-based) raised what, and how many succeeded."""
+    out: dict[str, Any] = {"errors": [], "ok_calls": 0}
+    for i in range(1, n + 1):
+        try:
+            one()
+            out["ok_calls"] += 1
+        except Exception as e:  # noqa: BLE001 - an injected fault, reported
+            out["errors"].append([i, err_text(e)])
+    return out
+
+
 def err_text(e: BaseException) -> str:
     return f"{type(e).__module__}.{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
 
@@ -391,14 +404,7 @@ def fft(argv: list[str]) -> None:
         def one() -> None:
             float(cupy.abs(cupy.fft.fft(x)).sum())
     ready({"lib": lib})
-    out: dict[str, Any] = {"errors": [], "ok_calls": 0}
-    for i in range(1, 21):
-        try:
-            one()
-            out["ok_calls"] += 1
-        except Exception as e:  # noqa: BLE001
-            out["errors"].append([i, err_text(e)])
-    say("RESULT", out)
+    say("RESULT", calls(one, 20))
 
 
 def nccl1(argv: list[str]) -> None:
@@ -407,7 +413,6 @@ def nccl1(argv: list[str]) -> None:
     (ProcessGroupNCCL, world size 1): does an injected error surface?"""
     opts = dict(zip(argv[::2], argv[1::2], strict=False))
     lib = opts.get("--lib", "cupy")
-    out: dict[str, Any] = {"lib": lib, "errors": [], "ok_calls": 0}
     if lib == "cupy":
         import cupy
         from cupy.cuda import nccl
@@ -439,13 +444,7 @@ def nccl1(argv: list[str]) -> None:
             dist.all_reduce(x)
             torch.cuda.synchronize()
     ready({"lib": lib})
-    for i in range(1, 21):
-        try:
-            one()
-            out["ok_calls"] += 1
-        except Exception as e:  # noqa: BLE001
-            out["errors"].append([i, err_text(e)])
-    say("RESULT", out)
+    say("RESULT", {"lib": lib, **calls(one, 20)})
     os._exit(0)  # no teardown: a failed communicator may hang in destroy
 
 
