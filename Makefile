@@ -1,6 +1,6 @@
 # gpufault task runner. `make help` lists the targets.
 .DELETE_ON_ERROR:
-.PHONY: help setup deps build test test-unit test-host vmtest vm-kernels kmod kmod-deps kmod-check demo bench lint clean device-bundle
+.PHONY: help setup deps build wheel test test-unit test-host vmtest vm-kernels kmod kmod-deps kmod-check demo bench lint clean device-bundle
 
 PYTHON ?= python3
 CLANG ?= clang
@@ -17,11 +17,17 @@ BPF_CFLAGS := -g -O2 -target bpf -mcpu=v3 -D__TARGET_ARCH_x86 -Wall -Werror -I b
 
 BPF_SRCS := $(wildcard bpf/*.bpf.c)
 BPF_OBJS := $(patsubst bpf/%.bpf.c,$(DATA)/%.bpf.o,$(BPF_SRCS))
-DOUBLES := $(OUT)/doubles/.stamp
+# Built binaries the wheel carries live in the package (git-ignored), one
+# place for a checkout and an install: pyctl/paths.py names them.
+DOUBLES := $(DATA)/doubles/gf-infer
+PRELOAD := $(DATA)/preload/gfpreload.so
+LIBS := $(DATA)/lib/libbpf.so.1
 
 help:
 	@echo "make setup        install apt + pip dependencies, then build"
-	@echo "make build        compile bpf/*.bpf.c to CO-RE objects in $(DATA)/, and the test doubles"
+	@echo "make build        compile bpf/*.bpf.c to CO-RE objects in $(DATA)/, the test doubles,"
+	@echo "                  the LD_PRELOAD shim, and copy libbpf/libelf, all into $(DATA)/"
+	@echo "make wheel        build + the platform wheel (everything inside) into dist/"
 	@echo "make demo         inject faults into the libcuda CPU double's workload, show evidence"
 	@echo "make test         unit + host (root, real BPF) + vm (qemu/TCG) tests"
 	@echo "make bench        benchmarks, results to docs/benchmarks.md"
@@ -35,16 +41,21 @@ setup: deps build
 deps:
 	bash tools/setup-deps.sh
 
-TARGETS := $(OUT)/targets/gf_target $(OUT)/targets/libgftarget.so
+TARGETS := $(OUT)/targets/gf_target $(OUT)/targets/libgftarget.so $(OUT)/targets/gf_cxx
 
-PRELOAD := $(OUT)/hooks/.stamp
+build: $(BPF_OBJS) $(DOUBLES) $(TARGETS) $(PRELOAD) $(LIBS)
 
-build: $(BPF_OBJS) $(DOUBLES) $(TARGETS) $(PRELOAD)
+# The shim goes into the package; its own libcuda test double stays in build/.
+$(PRELOAD): $(wildcard pyctl/hooks/preload/*.c pyctl/hooks/preload/double/*.c pyctl/hooks/preload/Makefile)
+	$(Q)$(MAKE) -s -C pyctl/hooks/preload OUT=$(abspath $(DATA)/preload) \
+		DOUBLE_OUT=$(abspath $(OUT)/hooks/double)
 
-$(PRELOAD): $(wildcard hooks/preload/*.c hooks/preload/double/*.c hooks/preload/Makefile)
-	@mkdir -p $(dir $@)
-	$(Q)$(MAKE) -s -C hooks/preload OUT=$(abspath $(OUT)/hooks)
-	@touch $@
+$(LIBS): tools/bundle-libs.sh
+	$(Q)bash tools/bundle-libs.sh $(DATA)/lib
+
+# py3-none-linux_x86_64 (setup.py): one wheel for Python 3.10+.
+wheel: build
+	$(PYTHON) -m build --wheel --outdir dist
 
 # Test targets: probed by the host tests; frame pointers, no CET, so each
 # function starts with `push %rbp` (a probe the kernel emulates); -O0 for
@@ -53,6 +64,11 @@ TARGET_CFLAGS := -O2 -g -fno-omit-frame-pointer -mno-omit-leaf-frame-pointer -fc
 $(OUT)/targets/libgftarget.so: tests/targets/libgftarget.c
 	@mkdir -p $(dir $@)
 	$(Q)$(CC) $(TARGET_CFLAGS) -O0 -shared -fPIC -o $@ $<
+
+# C++ names for the symbolizer's tests (a namespace and a class template).
+$(OUT)/targets/gf_cxx: tests/targets/gf_cxx.cc
+	@mkdir -p $(dir $@)
+	$(Q)$(CXX) $(TARGET_CFLAGS) -o $@ $<
 
 $(OUT)/targets/gf_target: tests/targets/gf_target.c $(OUT)/targets/libgftarget.so
 	$(Q)$(CC) $(TARGET_CFLAGS) -o $@ $< -L$(OUT)/targets -lgftarget -Wl,-rpath,'$$ORIGIN' -lpthread
@@ -65,9 +81,7 @@ $(DATA)/%.bpf.o: bpf/%.bpf.c bpf/*.h
 	$(Q)rm -f $@.tmp
 
 $(DOUBLES): $(wildcard doubles/*.c doubles/*.h doubles/Makefile)
-	@mkdir -p $(dir $@)
-	$(Q)$(MAKE) -s -C doubles OUT=$(abspath $(OUT)/doubles)
-	@touch $@
+	$(Q)$(MAKE) -s -C doubles OUT=$(abspath $(DATA)/doubles)
 
 test: build vm-kernels kmod-deps
 	$(PYTHON) -m pytest -q -ra tests
@@ -102,11 +116,11 @@ bench: build
 	$(PYTHON) bench/run_all.py
 
 lint:
-	$(PYTHON) -m ruff check pyctl tests bench hooks vm doubles kmod
+	$(PYTHON) -m ruff check pyctl tests bench vm doubles kmod
 	$(PYTHON) -m mypy pyctl
 
 device-bundle: build
-	bash tools/device-bundle.sh
+	PYTHON=$(PYTHON) bash tools/device-bundle.sh
 
 clean:
-	rm -rf $(OUT) $(DATA)/*.bpf.o
+	rm -rf $(OUT) $(DATA)/*.bpf.o $(DATA)/doubles $(DATA)/preload $(DATA)/lib dist

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import IO
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path.append(str(REPO))  # an installed gpufault (the wheel) wins, else this checkout
 
 from pyctl.copilot import (  # noqa: E402
     GF_ACT_FAIL,

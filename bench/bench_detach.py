@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path.append(str(REPO))  # an installed gpufault (the wheel) wins, else this checkout
 
 from pyctl import capabilities, engine  # noqa: E402
 from pyctl.engine import Engine  # noqa: E402

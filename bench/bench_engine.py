@@ -23,12 +23,12 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path.append(str(REPO))  # an installed gpufault (the wheel) wins, else this checkout
 sys.path.insert(0, str(REPO / "tests"))
 
 from gftarget import LIB, Target  # noqa: E402
 
-from pyctl import resolve  # noqa: E402
+from pyctl import paths, resolve  # noqa: E402
 from pyctl.bpf.libbpf import Object  # noqa: E402
 from pyctl.engine import Engine  # noqa: E402
 from pyctl.spec import FaultSpec  # noqa: E402
@@ -88,7 +88,7 @@ def with_engine(
 def floor(t: Target) -> float:
     lib = resolve.find_library(str(LIB), t.pid)
     (sym,) = resolve.symbols(lib, "gf_empty")
-    obj = Object(REPO / "pyctl" / "data" / "bench.bpf.o")
+    obj = Object(paths.bpf_object("bench"))
     obj.load()
     try:
         obj.attach_uprobe("gf_bench_empty", t.pid, lib.path, sym.offset, 0, False)

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path.append(str(REPO))  # an installed gpufault (the wheel) wins, else this checkout
 sys.path.insert(0, str(REPO / "tests"))
 
 from gftarget import LIB, Target  # noqa: E402

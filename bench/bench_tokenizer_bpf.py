@@ -17,7 +17,7 @@ import textwrap
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path.append(str(REPO))  # an installed gpufault (the wheel) wins, else this checkout
 
 from pyctl.engine import Engine  # noqa: E402
 from pyctl.spec import FaultSpec  # noqa: E402

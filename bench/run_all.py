@@ -20,6 +20,7 @@ RUNS = [
     ("copilot-host.json", ["bench_copilot.py"]),
     ("tokenizer-bpf.json", ["bench_tokenizer_bpf.py"]),
     ("detach-host.json", ["bench_detach.py"]),
+    ("fires-host.json", ["bench_fires.py"]),
 ]
 
 

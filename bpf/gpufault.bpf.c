@@ -193,6 +193,21 @@ static __always_inline bool pred_holds(const struct gf_spec *s, const struct gf_
 	return false;
 }
 
+/*
+ * The caller filter: at the entry the return address sits at [sp], so
+ * "who called" is one user read. A probe on a C library function also
+ * hits the library's own internal calls (read() under fgets()); this
+ * limits a fault to calls made from one object, e.g. the application.
+ */
+static __always_inline bool caller_in(const struct gf_spec *s, const struct gf_regs *r)
+{
+	__u64 ra = 0;
+
+	if (bpf_probe_read_user(&ra, sizeof(ra), (void *)r->sp))
+		return false;
+	return ra >= s->caller_lo && ra < s->caller_hi;
+}
+
 /* The trigger: does this matching call (number seq, at time now) fire? */
 static __always_inline bool should_fire(const struct gf_spec *s,
 					struct gf_counters *c, __u64 seq, __u64 now)
@@ -225,21 +240,38 @@ static __always_inline bool should_fire(const struct gf_spec *s,
 		__sync_fetch_and_add(&c->fires, -1);
 		return false;
 	}
+	return true;	/* the caller makes it sticky once its record is reserved */
+}
+
+/*
+ * A fault fires only with its evidence record in hand: the record is
+ * reserved before anything is done to the call, and a fire that finds the
+ * ring full is given back and counted as skipped. So the recorded fires
+ * are exactly what the target saw, never fewer.
+ */
+static __always_inline void give_back(struct gf_counters *c)
+{
+	__sync_fetch_and_add(&c->fires, -1);
+	stat_add(GF_STAT_FIRES_SKIPPED);
+}
+
+static __always_inline struct gf_fire_event *reserve_fire(const struct gf_spec *s,
+							  struct gf_counters *c)
+{
+	struct gf_fire_event *e = bpf_ringbuf_reserve(&fires, sizeof(*e), 0);
+
+	if (!e) {
+		give_back(c);
+		return 0;
+	}
 	if (s->flags & GF_F_STICKY)
 		c->sticky = 1;
-	return true;
+	return e;
 }
 
 static __always_inline void emit_fire(struct gf_regs *ctx, const struct gf_spec *s,
-				      struct gf_task *w)
+				      struct gf_task *w, struct gf_fire_event *e)
 {
-	struct gf_fire_event *e;
-
-	e = bpf_ringbuf_reserve(&fires, sizeof(*e), 0);
-	if (!e) {
-		stat_add(GF_STAT_FIRES_LOST);
-		return;
-	}
 	e->fault_seq = w->inf.fault_seq;
 	e->ts_ns = w->inf.ts_ns;
 	e->cookie = w->cookie;
@@ -252,6 +284,11 @@ static __always_inline void emit_fire(struct gf_regs *ctx, const struct gf_spec 
 	e->flags = s->flags;
 	__builtin_memcpy(e->regs, ctx, sizeof(e->regs));
 	bpf_get_current_comm(e->comm, sizeof(e->comm));
+	/* At the entry the caller's return address is at [sp]; the frame
+	 * pointer walk below starts from the caller's frame and so skips the
+	 * caller itself. Keep it: it becomes the first caller frame. */
+	if (bpf_probe_read_user(&e->caller, sizeof(e->caller), (void *)ctx->sp))
+		e->caller = 0;
 	e->stack_bytes = 0;
 	if (s->flags & GF_F_CAP_STACK)
 		e->stack_bytes = bpf_get_stack(ctx, e->stack, sizeof(e->stack),
@@ -355,7 +392,8 @@ static __always_inline void to_copilot(struct gf_regs *ctx, const struct gf_spec
 }
 
 static __always_inline void fire_at_entry(struct gf_regs *ctx, const struct gf_spec *s,
-					  struct gf_task *w, const bool regs_ok)
+					  struct gf_task *w, struct gf_fire_event *e,
+					  const bool regs_ok)
 {
 	w->inf.fault_seq = __sync_fetch_and_add(&fault_seq_ctr, 1) + 1;
 	w->mech = GF_MECH_BPF;
@@ -365,7 +403,7 @@ static __always_inline void fire_at_entry(struct gf_regs *ctx, const struct gf_s
 		w->mech = regs_ok ? GF_MECH_REGS : GF_MECH_COPILOT;
 	if (s->action == GF_ACT_CORRUPT && (s->flags & GF_F_COPILOT))
 		w->mech = GF_MECH_COPILOT;
-	emit_fire(ctx, s, w);
+	emit_fire(ctx, s, w, e);
 
 	if (s->action == GF_ACT_SIGNAL) {
 		if (bpf_send_signal_thread(s->signo))
@@ -392,6 +430,7 @@ static __always_inline int do_entry(struct gf_regs *ctx, const bool regs_ok)
 {
 	__u64 cookie = bpf_get_attach_cookie(ctx);
 	__u32 si = GF_COOKIE_SPEC(cookie);
+	struct gf_fire_event *fe;
 	struct gf_counters *c;
 	struct gf_spec *s;
 	struct gf_task *w;
@@ -408,6 +447,8 @@ static __always_inline int do_entry(struct gf_regs *ctx, const bool regs_ok)
 	if (s->tid && s->tid != (__u32)id)
 		return 0;
 	if (!pred_holds(s, ctx))
+		return 0;
+	if (s->caller_hi && !caller_in(s, ctx))
 		return 0;
 	c = bpf_map_lookup_elem(&counters, &si);
 	if (!c)
@@ -429,6 +470,8 @@ static __always_inline int do_entry(struct gf_regs *ctx, const bool regs_ok)
 	w = task_scratch(true);
 	if (!w) {
 		stat_add(GF_STAT_INFLIGHT_ERR);
+		if (fire)	/* no scratch to carry it out: it does not happen */
+			give_back(c);
 		return 0;
 	}
 	w->cookie = cookie;
@@ -442,9 +485,16 @@ static __always_inline int do_entry(struct gf_regs *ctx, const bool regs_ok)
 	w->inf.call_seq = seq;
 	w->inf.ts_ns = now;
 	w->inf.fault_seq = 0;
-	w->inf.fired = fire;
-	if (w->inf.fired)
-		fire_at_entry(ctx, s, w, regs_ok);
+	w->inf.fired = 0;
+	if (fire) {
+		/* The record is used in this block alone: older verifiers (6.1)
+		 * lose a reservation tested twice. */
+		fe = reserve_fire(s, c);
+		if (fe) {
+			w->inf.fired = 1;
+			fire_at_entry(ctx, s, w, fe, regs_ok);
+		}
+	}
 
 	if (s->flags & GF_F_RETPROBE) {
 		w->k.tid = w->tid;
@@ -602,15 +652,17 @@ int gf_return_regs_wu(struct gf_regs *ctx)
 	return do_return(ctx, true, true);
 }
 
-/* ---- how watched processes end: signals and exit (no module needed) ---- */
+/* ---- how watched processes end: signals and exit (no module needed) ----
+ *
+ * BTF-typed tracepoints (tp_btf): attached by BTF id through
+ * BPF_RAW_TRACEPOINT_OPEN, so they need no tracefs (a new machine has none
+ * mounted) and receive the tracepoint's C arguments instead of its record.
+ */
 
-struct trace_event_raw_signal_deliver {
-	__u64 common;
-	int sig;
-	int errno;
-	int code;
-	unsigned long sa_handler;
-	unsigned long sa_flags;
+/* Only the field we read; CO-RE finds it inside the kernel's anonymous
+ * __SIGINFO member. */
+struct kernel_siginfo {
+	int si_code;
 } __attribute__((preserve_access_index));
 
 struct task_struct {
@@ -639,22 +691,30 @@ static __always_inline void emit_proc(__u32 kind, int signo, int code)
 	bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
 }
 
-SEC("tracepoint/signal/signal_deliver")
-int gf_signal_deliver(struct trace_event_raw_signal_deliver *ctx)
+/* trace_signal_deliver(int sig, struct kernel_siginfo *info,
+ *			 struct k_sigaction *ka): ctx[0], ctx[1]. */
+SEC("tp_btf/signal_deliver")
+int gf_signal_deliver(__u64 *ctx)
 {
 	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
-	int sig = BPF_CORE_READ(ctx, sig);
+	struct kernel_siginfo *info = (void *)ctx[1];
+	int sig = (int)ctx[0];
+	int code = 0;
 
 	if (!bpf_map_lookup_elem(&watched, &tgid))
 		return 0;
 	if (sig == (int)copilot_signo)	/* our own hand-off signal */
 		return 0;
-	emit_proc(GF_PROC_SIGNAL, sig, BPF_CORE_READ(ctx, code));
+	if (info)
+		code = BPF_CORE_READ(info, si_code);
+	emit_proc(GF_PROC_SIGNAL, sig, code);
 	return 0;
 }
 
-SEC("tracepoint/sched/sched_process_exit")
-int gf_process_exit(void *ctx)
+/* trace_sched_process_exit(struct task_struct *p[, bool group_dead]): the
+ * arguments changed across kernels, so read only the current task. */
+SEC("tp_btf/sched_process_exit")
+int gf_process_exit(__u64 *ctx)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 tgid = id >> 32;

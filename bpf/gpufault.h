@@ -93,6 +93,8 @@ struct gf_spec {
 	__u32 corrupt_len;	/* 1..8 bytes */
 	__u64 corrupt_mask;	/* XOR mask or SET value (little endian) */
 	__u64 stall_ns;		/* stall: 0 = until released or deadline */
+	__u64 caller_lo;	/* fire only when the return address at entry */
+	__u64 caller_hi;	/* is in [lo, hi); hi == 0: any caller */
 };
 
 /* Per-spec counters, updated atomically by every CPU. */
@@ -142,6 +144,7 @@ struct gf_fire_event {
 	__s32 stack_bytes;	/* bytes of stack[] used, < 0: error */
 	__u64 regs[GF_NREGS];	/* struct pt_regs at entry (or return) */
 	char comm[GF_COMM_LEN];
+	__u64 caller;		/* [sp] at entry: the return address, 0 if unread */
 	__u64 stack[GF_MAX_STACK];
 };
 
@@ -197,11 +200,12 @@ struct gf_inflight {
 /* Indexes of the global "stats" array (all __u64, atomically added). */
 enum gf_stat {
 	GF_STAT_EVENTS_LOST = 0,	/* events ring full */
-	GF_STAT_FIRES_LOST = 1,		/* fires ring full */
+	GF_STAT_FIRES_LOST = 1,		/* fires ring full: a process event lost */
 	GF_STAT_SIGNAL_ERR = 2,		/* bpf_send_signal_thread failed */
 	GF_STAT_PENDING_ERR = 3,	/* pending map full */
 	GF_STAT_INFLIGHT_ERR = 4,	/* inflight map full */
 	GF_STAT_CORRUPT_ERR = 5,	/* user memory write failed */
+	GF_STAT_FIRES_SKIPPED = 6,	/* no room for a fire's record: not fired */
 	GF_STAT_MAX = 8,
 };
 

@@ -1,16 +1,24 @@
 // SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
 /*
  * Records the NVIDIA driver's Xid tracepoint (nvidia:nvidia_dev_xid: dev,
- * error_code, msg) into a ring buffer. The driver is built out of tree and
- * has no BTF here, so the field layout comes from the tracepoint's
- * `format` file at run time: the controller (pyctl/xid.py) writes each
- * field's offset, size and whether it is a __data_loc string into .rodata
- * before load. The same program can therefore be attached to any
- * tracepoint with a string and an integer field (the host tests use one of
- * the kernel's own, since no NVIDIA driver runs there).
+ * error_code, msg) into a ring buffer, in one of two ways:
+ *
+ * gf_xid_raw: a raw tracepoint on the driver's
+ *   TP_PROTO(const struct pci_dev *pdev, u32 error_code, const char *msg)
+ *   (open-gpu-kernel-modules, nv-tracepoint.h). Attached by name through
+ *   bpf(2), so it needs no tracefs; pci_name(pdev) is read with CO-RE
+ *   against vmlinux's struct pci_dev (the driver itself has no BTF).
+ * gf_xid: a classic tracepoint whose record layout comes from its
+ *   `format` file at run time (the controller, pyctl/xid.py, writes each
+ *   field's offset, size and whether it is a __data_loc string into
+ *   .rodata before load). This needs tracefs; it is the fallback for a
+ *   kernel that refuses the raw attach, and it can be attached to any
+ *   tracepoint with a string and an integer field (the host tests use one
+ *   of the kernel's own, since no NVIDIA driver runs there).
  */
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
+#include <bpf/bpf_core_read.h>
 
 #define XID_DEV_LEN 32
 #define XID_MSG_LEN 128
@@ -97,6 +105,61 @@ int gf_xid(void *ctx)
 	read_str(ctx, off_dev, dev_loc, e->dev, sizeof(e->dev));
 	if (has_msg)
 		read_str(ctx, off_msg, msg_loc, e->msg, sizeof(e->msg));
+	bpf_ringbuf_submit(e, 0);
+	return 0;
+}
+
+struct kobject {
+	const char *name;
+} __attribute__((preserve_access_index));
+
+struct device {
+	struct kobject kobj;
+	const char *init_name;
+} __attribute__((preserve_access_index));
+
+struct pci_dev {
+	struct device dev;
+} __attribute__((preserve_access_index));
+
+/* dev_name(): init_name until the device is added, then the kobject's. */
+static __always_inline const char *pci_name_of(const struct pci_dev *pdev)
+{
+	const char *name = BPF_CORE_READ(pdev, dev.init_name);
+
+	return name ? name : BPF_CORE_READ(pdev, dev.kobj.name);
+}
+
+SEC("raw_tp/nvidia_dev_xid")
+int gf_xid_raw(__u64 *ctx)
+{
+	const struct pci_dev *pdev = (const void *)ctx[0];
+	const char *msg = (const void *)ctx[2];
+	const char *name;
+	struct xid_event *e;
+	__u64 id;
+
+	e = bpf_ringbuf_reserve(&xids, sizeof(*e), 0);
+	if (!e) {
+		__u32 k = 0;
+		__u64 *n = bpf_map_lookup_elem(&xid_lost, &k);
+
+		if (n)
+			__sync_fetch_and_add(n, 1);
+		return 0;
+	}
+	e->ts_ns = bpf_ktime_get_ns();
+	id = bpf_get_current_pid_tgid();
+	e->pid = id >> 32;
+	e->tid = (__u32)id;
+	e->error_code = (__u32)ctx[1];
+	e->dev[0] = 0;
+	e->msg[0] = 0;
+	name = pdev ? pci_name_of(pdev) : 0;
+	if (name)
+		bpf_probe_read_kernel_str(e->dev, sizeof(e->dev), name);
+	if (msg)
+		bpf_probe_read_kernel_str(e->msg, sizeof(e->msg), msg);
 	bpf_ringbuf_submit(e, 0);
 	return 0;
 }

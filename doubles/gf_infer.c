@@ -10,7 +10,7 @@
  * goes on (or stops with --exit-on-error). Exit status: 0 when every call
  * succeeded and every result was right, 1 otherwise, 2 for bad usage.
  *
- * Built against the libcuda TEST DOUBLE (RUNPATH to build/doubles); the
+ * Built against the libcuda TEST DOUBLE (RUNPATH $ORIGIN: the double beside it); the
  * kernels are PTX, so the same binary runs on a real GPU with
  * LD_LIBRARY_PATH pointing at the real driver's directory.
  *

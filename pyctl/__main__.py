@@ -1,4 +1,4 @@
-from pyctl.cli import cli
+from pyctl.cli import main
 
 if __name__ == "__main__":
-    cli(prog_name="gpufault")
+    main()

@@ -6,7 +6,7 @@ Used by `gpufault doctor` and by the engine to choose the fail mechanism.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
@@ -42,12 +42,26 @@ def select_programs(obj: object, regs: bool, user_writes: bool) -> tuple[str, st
     return pair
 
 
+# What a user may ask doctor about (`gpufault doctor --for FEATURE`), and
+# what each needs. A check lists the features it is required for; a failing
+# check fails doctor only when one of the requested features needs it.
+FEATURES = {
+    "trace": "trace calls with uprobes (gpufault trace)",
+    "inject": "inject faults (gpufault inject, template run)",
+    "xids": "record NVIDIA Xids (nvidia:nvidia_dev_xid)",
+    "tokenizer-count": "count tokenizer calls with tracefs uprobes (tokenizer probes --target)",
+}
+DEFAULT_FEATURES = ("trace", "inject")
+BPF_FEATURES = ["trace", "inject", "xids"]
+
+
 @dataclass
 class Check:
     name: str
     ok: bool
     detail: str
     fix: str = ""
+    required_for: list[str] = field(default_factory=list)
 
 
 def _trial_load(prog: str) -> bool:
@@ -126,10 +140,34 @@ def uprobe_multi() -> bool:
 
 
 def _tracefs() -> str | None:
-    for p in ("/sys/kernel/tracing", "/sys/kernel/debug/tracing"):
-        if os.path.exists(os.path.join(p, "events")):
-            return p
-    return None
+    from pyctl import tracefs
+
+    return tracefs.find()
+
+
+def nvidia_xid_tracepoint() -> bool:
+    """Whether the NVIDIA driver's Xid tracepoint exists, read without
+    tracefs: its __tracepoint_ symbol is in kallsyms once the module is in."""
+    try:
+        with open("/proc/kallsyms", "rb") as f:
+            return any(b" __tracepoint_nvidia_dev_xid" in line for line in f)
+    except OSError:
+        return False
+
+
+def _process_tracepoints(obj: object) -> str | None:
+    """Attach the engine's signal and exit programs (BTF-typed tracepoints,
+    no tracefs) to a loaded object, then detach: None, or why not."""
+    from pyctl.bpf.libbpf import BpfError
+
+    try:
+        for p in ("gf_signal_deliver", "gf_process_exit"):
+            obj.attach(p)  # type: ignore[attr-defined]
+        return None
+    except BpfError as e:
+        return str(e)
+    finally:
+        obj.detach_all()  # type: ignore[attr-defined]
 
 
 def ptrace_scope() -> int:
@@ -140,105 +178,122 @@ def ptrace_scope() -> int:
 
 
 def checks() -> list[Check]:
+    """Every check, each with the features that need it (FEATURES)."""
     out: list[Check] = []
     root = os.geteuid() == 0
-    out.append(Check("root", root, "euid 0" if root else f"euid {os.geteuid()}", "run as root"))
+    allf = BPF_FEATURES + ["tokenizer-count"]
+    out.append(Check("root", root, "euid 0" if root else f"euid {os.geteuid()}",
+                     "run as root (sudo gpufault ...)", allf))
     try:
         from pyctl.bpf import libbpf
 
         major, minor = libbpf.version()
         ok = major >= 1
-        out.append(Check("libbpf", ok, f"libbpf {major}.{minor}", "install libbpf1 (>= 1.0)"))
+        where = libbpf_origin()
+        out.append(Check("libbpf", ok, f"libbpf {major}.{minor}" + (f" ({where})" if where else ""),
+                         "install libbpf1 (>= 1.0), or use the wheel's bundled copy",
+                         BPF_FEATURES))
     except Exception as e:  # noqa: BLE001 - doctor reports, never crashes
-        out.append(Check("libbpf", False, str(e), "install libbpf1 or set GPUFAULT_LIBBPF"))
+        out.append(Check("libbpf", False, str(e),
+                         "install libbpf1 (>= 1.0) or set GPUFAULT_LIBBPF", BPF_FEATURES))
         return out
     btf = os.path.exists("/sys/kernel/btf/vmlinux")
-    out.append(
-        Check(
-            "btf",
-            btf,
-            "/sys/kernel/btf/vmlinux" if btf else "missing",
-            "kernel built without CONFIG_DEBUG_INFO_BTF: CO-RE relocations fail",
-        )
-    )
+    out.append(Check("btf", btf, "/sys/kernel/btf/vmlinux" if btf else "missing",
+                     "kernel built without CONFIG_DEBUG_INFO_BTF: CO-RE relocations fail",
+                     BPF_FEATURES))
     objs = MAIN_OBJ.exists()
-    out.append(Check("bpf objects", objs, str(MAIN_OBJ) if objs else "not built", "run make build"))
+    out.append(Check("bpf objects", objs, str(MAIN_OBJ) if objs else "not built",
+                     "run make build (or install the wheel, which carries them)",
+                     BPF_FEATURES))
     if root and objs:
         from pyctl.bpf.libbpf import BpfError, Object
 
+        obj = None
         try:
             obj = Object(MAIN_OBJ)
             select_programs(obj, regs=False, user_writes=False)
             obj.load()
-            obj.close()
-            out.append(Check("bpf + uprobes", True, "engine programs load"))
+            out.append(Check("bpf + uprobes", True, "engine programs load",
+                             required_for=["trace", "inject"]))
+            why = _process_tracepoints(obj)
+            out.append(Check(
+                "process tracepoints", why is None,
+                "signal_deliver, sched_process_exit as BTF-typed tracepoints (no tracefs)"
+                if why is None else why,
+                "needs CONFIG_DEBUG_INFO_BTF and tp_btf support (5.5+)", ["inject"]))
         except BpfError as e:
-            out.append(
-                Check(
-                    "bpf + uprobes",
-                    False,
-                    str(e),
-                    "need CONFIG_BPF_SYSCALL, CONFIG_UPROBE_EVENTS, CAP_BPF+CAP_PERFMON",
-                )
-            )
+            out.append(Check("bpf + uprobes", False, str(e),
+                             "need CONFIG_BPF_SYSCALL, CONFIG_UPROBE_EVENTS, CAP_BPF+CAP_PERFMON",
+                             ["trace", "inject"]))
+        finally:
+            if obj is not None:
+                obj.close()
         rw = regs_writable()
-        out.append(
-            Check(
-                "register writes",
-                True,
-                "uprobe programs may write pt_regs: fail uses the regs mechanism (no stop)"
-                if rw
-                else "verifier refuses pt_regs writes in uprobes: fail uses the ptrace copilot",
-            )
-        )
+        out.append(Check(
+            "register writes", True,
+            "uprobe programs may write pt_regs: fail uses the regs mechanism (no stop)"
+            if rw else "verifier refuses pt_regs writes in uprobes: fail uses the ptrace copilot"))
         um = uprobe_multi()
-        out.append(
-            Check(
-                "uprobe_multi links",
-                True,
-                "one link per library: detaching ~100 probes takes ~0.1 s"
-                if um
-                else "per-site links (kernel < 6.6?): detaching waits ~0.2 s per probe",
-            )
-        )
+        out.append(Check(
+            "uprobe_multi links", True,
+            "one link per library: detaching ~100 probes takes ~0.1 s"
+            if um else "per-site links (kernel < 6.6?): detaching waits ~0.2 s per probe"))
         wu = user_writable()
-        out.append(
-            Check(
-                "user memory writes",
-                True,
-                "bpf_probe_write_user allowed: corrupt is done in BPF"
-                if wu
-                else "bpf_probe_write_user refused (kernel lockdown?): "
-                "corrupt uses the ptrace copilot",
-            )
-        )
+        out.append(Check(
+            "user memory writes", True,
+            "bpf_probe_write_user allowed: corrupt is done in BPF"
+            if wu else "bpf_probe_write_user refused (kernel lockdown?): "
+            "corrupt uses the ptrace copilot"))
     tf = _tracefs()
-    out.append(
-        Check(
-            "tracefs",
-            tf is not None,
-            tf or "not mounted",
-            "mount -t tracefs nodev /sys/kernel/tracing",
-        )
-    )
-    if tf:
-        xid = os.path.exists(os.path.join(tf, "events/nvidia/nvidia_dev_xid"))
-        out.append(
-            Check(
-                "nvidia xid tracepoint",
-                xid,
-                "nvidia:nvidia_dev_xid present" if xid else "absent",
-                "needs the NVIDIA open kernel module >= 575 loaded; "
-                "without it Xids are not recorded",
-            )
-        )
-    scope = ptrace_scope()
-    out.append(
-        Check(
-            "ptrace",
-            root and scope < 3,
-            f"yama ptrace_scope={scope}",
-            "ptrace_scope 3 forbids the copilot: fail/stall need register writes",
-        )
-    )
+    has_tracing = os.path.isdir("/sys/kernel/tracing")
+    out.append(Check(
+        "tracefs", tf is not None or (root and has_tracing),
+        f"{tf} (the engine does not need it)" if tf else
+        "not mounted: the engine does not need it; the tokenizer uprobe counter "
+        "mounts it at /sys/kernel/tracing when used" if has_tracing else "kernel without tracefs",
+        "mount -t tracefs nodev /sys/kernel/tracing", ["tokenizer-count"]))
+    xid = nvidia_xid_tracepoint()
+    out.append(Check(
+        "nvidia xid tracepoint", xid,
+        "nvidia:nvidia_dev_xid present (raw tracepoint, no tracefs)" if xid else "absent",
+        "needs the NVIDIA open kernel module >= 575 loaded; without it Xids are not recorded",
+        ["xids"]))
+    out.append(_ptrace_check(root))
     return out
+
+
+def _ptrace_check(root: bool) -> Check:
+    """The copilot needs ptrace; Yama can forbid it. Only mention Yama where
+    the kernel has it."""
+    yama = os.path.exists("/proc/sys/kernel/yama/ptrace_scope")
+    scope = ptrace_scope()
+    if not root:
+        return Check("ptrace", False, "not root: the copilot cannot seize threads",
+                     "run as root", ["inject"])
+    if not yama:
+        return Check("ptrace", True, "no Yama LSM: ptrace as root allowed",
+                     required_for=["inject"])
+    return Check("ptrace", scope < 3, f"yama ptrace_scope={scope}",
+                 "ptrace_scope 3 forbids the copilot (reboot needed): fail/stall then "
+                 "need register writes", ["inject"])
+
+
+def libbpf_origin() -> str:
+    """'system' or 'bundled' and the path of the libbpf in use, where the
+    loader says; '' if it cannot tell."""
+    from pyctl.bpf import libbpf
+
+    fn = getattr(libbpf, "origin", None)
+    if fn is None:
+        return ""
+    try:
+        kind, path = fn()
+    except Exception:  # noqa: BLE001 - doctor reports, never crashes
+        return ""
+    return f"{kind}: {path}"
+
+
+def failed_for(res: list[Check], features: tuple[str, ...] | list[str]) -> list[Check]:
+    """The failing checks that the requested features need."""
+    want = set(features)
+    return [c for c in res if not c.ok and want & set(c.required_for)]

@@ -1,32 +1,31 @@
 """`make demo`: the main job on an embedded default.
 
-Starts the libcuda TEST DOUBLE's inference-loop workload (build/doubles/
-gf-infer, a CPU stand-in with libcuda's soname and exports, so this runs
-without a GPU) held before exec, arms CUDA_ERROR_OUT_OF_MEMORY on its 3rd
-cuMemAlloc_v2, lets it run, and prints the fault's evidence chain.
+Starts the libcuda TEST DOUBLE's inference-loop workload (pyctl/data/
+doubles/gf-infer, in the wheel too; a CPU stand-in with libcuda's soname
+and exports, so this runs without a GPU) held before exec, arms
+CUDA_ERROR_OUT_OF_MEMORY on its 3rd cuMemAlloc_v2, lets it run, and prints
+the fault's evidence chain.
 """
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import click
 
-from pyctl import query, store
+from pyctl import paths, query, store
 from pyctl.engine import EngineError
 from pyctl.runner import Runner, Target
 from pyctl.spec import FaultSpec
 
-REPO = Path(__file__).resolve().parent.parent
-WORKLOAD = REPO / "build" / "doubles" / "gf-infer"
-DOUBLE = REPO / "build" / "doubles" / "libcuda.so.1"
+WORKLOAD = paths.DOUBLE_INFER
+DOUBLE = paths.DOUBLE_LIBCUDA
 OOM = 2  # CUDA_ERROR_OUT_OF_MEMORY
 
 
 def run(db_path: str, *, threads: int = 2, steps: int = 6) -> int:
-    if not WORKLOAD.exists() or not DOUBLE.exists():
-        raise EngineError(f"{WORKLOAD} missing: run `make build` first")
+    for p in paths.missing(WORKLOAD, DOUBLE):
+        raise EngineError(paths.hint(p))
     spec = FaultSpec(
         lib=str(DOUBLE),
         fn="cuMemAlloc_v2",

@@ -1,8 +1,9 @@
 """click commands for the in-process hooks and network chaos.
 
 The lead registers them with `cli.add_command(hooks_group)` and
-`cli.add_command(netchaos_group)`. The `hooks` package lives at the repo
-root (hooks/), imported lazily so `gpufault --help` never needs torch.
+`cli.add_command(netchaos_group)`. The hooks live in `pyctl.hooks`, run
+as child processes in isolated mode (pyctl.paths.module_argv: never from
+the working directory), so `gpufault --help` never needs torch.
 """
 
 from __future__ import annotations
@@ -14,14 +15,13 @@ from pathlib import Path
 
 import click
 
-REPO = Path(__file__).resolve().parent.parent
+from pyctl import paths
 
 
 def _hooks_module(name: str, args: list[str]) -> int:
     # A child process: vram_pressure must own its signals and its CUDA context.
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    return subprocess.call([sys.executable, "-m", f"hooks.{name}", *args], env=env)
+    # Isolated (-I): a ./pyctl or ./hooks in the working directory is never run.
+    return subprocess.call(paths.module_argv(f"pyctl.hooks.{name}", args))
 
 
 @click.group(name="hooks")
@@ -76,9 +76,9 @@ def tc_measure(args: tuple[str, ...]) -> None:
 @click.option(
     "--so",
     "so",
-    default=str(REPO / "build" / "hooks" / "gfpreload.so"),
+    default=str(paths.PRELOAD_SHIM),
     show_default=True,
-    help="Built by make -C hooks/preload.",
+    help="The shim; make build puts it in pyctl/data/preload/.",
 )
 def preload_env(rules: str, log: str, so: str) -> None:
     """Print the environment that runs a program under the LD_PRELOAD shim.
@@ -88,7 +88,7 @@ def preload_env(rules: str, log: str, so: str) -> None:
         eval "$(gpufault hooks preload-env 'cuMemAlloc_v2:nth=3:ret=2')" && ./app
     """
     if not Path(so).exists():
-        raise click.ClickException(f"{so} is missing: build it with make -C hooks/preload")
+        raise click.ClickException(f"{so} is missing: build it with make build")
     # Let the shim itself validate the rules: one parser, one error text.
     chk = subprocess.run(
         ["/bin/true"],

@@ -211,6 +211,46 @@ class DropFilter:
 # ---------------------------------------------------------------- netns
 
 
+def _netns_dir_mounted() -> bool:
+    try:
+        with open("/proc/self/mountinfo") as f:
+            return any(line.split()[4] == NETNS_DIR for line in f)
+    except OSError:
+        return False
+
+
+# Creating the first named namespace makes /run/netns a mount point (a
+# bind mount of itself, as `ip netns add` does) that stays after the last
+# namespace is gone. A new machine has none: when this process made it and
+# its last namespace goes, it is unmounted again (nothing left behind).
+_MADE_NETNS_MOUNT = False
+
+
+def _create_netns(name: str) -> None:
+    global _MADE_NETNS_MOUNT
+    from pyroute2 import netns
+
+    before = _netns_dir_mounted()
+    netns.create(name)
+    if not before and _netns_dir_mounted():
+        _MADE_NETNS_MOUNT = True
+
+
+def _remove_netns(name: str, *, ours_made_the_mount: bool = False) -> None:
+    """Remove a namespace; unmount /run/netns once empty if this process
+    mounted it, or (cleanup of a dead owner's namespaces) the caller knows
+    a gpufault namespace was the reason it exists."""
+    global _MADE_NETNS_MOUNT
+    from pyroute2 import netns
+
+    netns.remove(name)
+    if ((_MADE_NETNS_MOUNT or ours_made_the_mount) and _netns_dir_mounted()
+            and not os.listdir(NETNS_DIR)):
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        if libc.umount2(NETNS_DIR.encode(), 2) == 0:  # MNT_DETACH
+            _MADE_NETNS_MOUNT = False
+
+
 def run_in_netns(ns: str, fn: Callable[[], _T]) -> _T:
     """Run fn in a short-lived thread that has entered netns `ns`.
 
@@ -273,7 +313,8 @@ def cleanup(all_owners: bool = False) -> list[str]:
         if not all_owners and _pid_alive(int(m.group(1), 16)):
             continue
         with contextlib.suppress(FileNotFoundError):
-            netns.remove(name)
+            # A dead owner cannot unmount /run/netns after its last one.
+            _remove_netns(name, ours_made_the_mount=True)
             removed.append(name)
     return removed
 
@@ -390,13 +431,13 @@ class Link:
     def open(self) -> None:
         if os.geteuid() != 0:
             raise NetChaosError("netchaos needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN): run as root")
-        from pyroute2 import IPRoute, netns
+        from pyroute2 import IPRoute
 
         atexit.register(self.close)
         self._opened = True
         try:
             for end in (self.a, self.b):
-                netns.create(end.ns)
+                _create_netns(end.ns)
             with IPRoute() as ipr:
                 ipr.link("add", ifname=self.a.ifname, kind="veth", peer=self.b.ifname)
                 for end in (self.a, self.b):
@@ -418,14 +459,13 @@ class Link:
             if self._closed or not self._opened:
                 return
             self._closed = True
-        from pyroute2 import netns
 
         for end in (self.a, self.b):
             if end.drop is not None:
                 end.drop.close()
                 end.drop = None
             with contextlib.suppress(FileNotFoundError, OSError):
-                netns.remove(end.ns)
+                _remove_netns(end.ns)
         atexit.unregister(self.close)
 
     # -- impairments
@@ -572,11 +612,11 @@ def netem_available() -> bool:
     """Whether this kernel has sch_netem (probed once in a throwaway netns)."""
     global _NETEM
     if _NETEM is None:
-        from pyroute2 import IPRoute, netns
+        from pyroute2 import IPRoute
         from pyroute2.netlink.exceptions import NetlinkError
 
         name = f"gf{os.getpid():x}n{secrets.token_hex(3)}a"
-        netns.create(name)
+        _create_netns(name)
         try:
             with IPRoute(netns=name) as ipr:
                 lo = ipr.link_lookup(ifname="lo")[0]
@@ -588,7 +628,7 @@ def netem_available() -> bool:
                         raise
                     _NETEM = False
         finally:
-            netns.remove(name)
+            _remove_netns(name)
     return _NETEM
 
 

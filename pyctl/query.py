@@ -102,6 +102,18 @@ def fault_chain(db: Any, fault_id: str) -> dict[str, Any] | None:
     }
 
 
+def _action_line(f: dict[str, Any]) -> str:
+    """'fail via copilot, injected 2'; never 'injected' for a fire whose
+    injection did not happen (outcome.injected false)."""
+    raw = f.get("outcome")
+    o: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    line = f"  action    {f['action']} via {f['mechanism']}"
+    if o.get("injected") is False:
+        why = (o.get("copilot") or {}).get("error") or o.get("corrupt_error") or o.get("error")
+        return line + ", NOT injected" + (f": {why}" if why else "")
+    return line + (f", injected {f['retval']}" if f["retval"] is not None else "")
+
+
 def render_chain(doc: dict[str, Any]) -> str:
     f = doc["fault"]
     out = [
@@ -109,8 +121,7 @@ def render_chain(doc: dict[str, Any]) -> str:
         f"  call      {f['function']} #{f['call_seq']} in {f['library']}",
         f"  build-id  {f['build_id'] or '-'}",
         f"  thread    pid {f['pid']} tid {f['tid']} ({f['comm']})",
-        f"  action    {f['action']} via {f['mechanism']}"
-        + (f", injected {f['retval']}" if f["retval"] is not None else ""),
+        _action_line(f),
         f"  returned  {f['ret'] if f['ret'] is not None else '(no return seen)'}"
         + (f" after {f['latency_ns'] / 1000:.1f} us" if f["latency_ns"] else ""),
     ]

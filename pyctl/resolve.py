@@ -13,10 +13,12 @@ import fnmatch
 import os
 import re
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
@@ -85,6 +87,24 @@ def mapped_files(pid: int) -> list[str]:
 def _lib_from(path: str, display: str, mapped: bool) -> Library:
     st = os.stat(path)
     return Library(path, display, st.st_dev, st.st_ino, mapped)
+
+
+def elf_kind(path: str) -> str:
+    """'x86-64' for an x86-64 ELF file, 'elf' for another ELF, '' for
+    anything else (a linker script such as libc.so, a text file, a dir)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(20)
+    except OSError:
+        return ""
+    if len(head) < 20 or head[:4] != b"\x7fELF":
+        return ""
+    # EI_CLASS 2 = 64-bit, EI_DATA 1 = little-endian, e_machine 62 = x86-64.
+    return "x86-64" if head[4] == 2 and head[5] == 1 and head[18:20] == b"\x3e\x00" else "elf"
+
+
+def _is_lib(path: str) -> bool:
+    return os.path.isfile(path) and elf_kind(path) == "x86-64"
 
 
 def _name_matches(basename: str, want: str) -> bool:
@@ -159,19 +179,137 @@ def _ldconfig() -> dict[str, str]:
     return out
 
 
+_SITE_DIRS = ("site-packages", "dist-packages")
+_PKG_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _pkg_rank(path: str, pkg_dir: str, name: str) -> tuple[int, int, str] | None:
+    """How well an extension module under pkg_dir stands for package `name`:
+    tiktoken/_tiktoken.cpython-311-x86_64-linux-gnu.so, tokenizers/tokenizers.abi3.so
+    first, then any .so at the top of the package, then deeper ones."""
+    base = os.path.basename(path)
+    if ".so" not in base or not (base.endswith(".so") or ".so." in base):
+        return None
+    rel = os.path.relpath(path, pkg_dir)
+    if rel.startswith(".."):
+        return None
+    stem = base.split(".", 1)[0]
+    return (0 if stem in (name, "_" + name) else 1, rel.count("/"), rel)
+
+
+def _package_dir_in_maps(path: str, name: str) -> str | None:
+    """The package dir `.../site-packages/<name>` a mapped path lies in."""
+    parts = path.split("/")
+    for i, p in enumerate(parts[:-2]):
+        if p in _SITE_DIRS and parts[i + 1] == name:
+            return "/".join(parts[: i + 2])
+    return None
+
+
+def _best_extension(cands: list[tuple[str, str, str]], name: str) -> tuple[str, str] | None:
+    """(opened path, display path) of the best-ranked ELF extension module
+    among (opened path, display path, package dir) candidates."""
+    ranked = []
+    for opened, display, pkg_dir in cands:
+        r = _pkg_rank(display, pkg_dir, name)
+        if r is not None and _is_lib(opened):
+            ranked.append((r, opened, display))
+    if not ranked:
+        return None
+    ranked.sort()
+    return ranked[0][1], ranked[0][2]
+
+
+def _walk_so(pkg_dir: str, root: str) -> list[tuple[str, str, str]]:
+    out = []
+    for dirpath, dirnames, files in os.walk(root + pkg_dir):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+        for f in sorted(files):
+            if ".so" in f:
+                opened = os.path.join(dirpath, f)
+                out.append((opened, opened[len(root) :], pkg_dir))
+    return out
+
+
+def _python_package_lib(want: str, pid: int | None, *, mapped_only: bool) -> Library | None:
+    """A Python package's extension module by the package's name
+    (`tiktoken` -> .../site-packages/tiktoken/_tiktoken.cpython-*.so).
+
+    mapped_only: only what the target has mapped. Otherwise the package in
+    the target's site-packages dirs (those its maps show), then where this
+    interpreter would import it from."""
+    if not _PKG_NAME.fullmatch(want):
+        return None
+    root = f"/proc/{pid}/root" if pid else ""
+    files = mapped_files(pid) if pid is not None else []
+    if mapped_only:
+        cands = [(root + p, p, d) for p in files if (d := _package_dir_in_maps(p, want))]
+        hit = _best_extension(cands, want)
+        return _lib_from(hit[0], hit[1], True) if hit else None
+    site: list[str] = []
+    for p in files:
+        parts = p.split("/")
+        for i, part in enumerate(parts):
+            if part in _SITE_DIRS:
+                d = "/".join(parts[: i + 1])
+                if d not in site:
+                    site.append(d)
+    for d in site:
+        pkg = f"{d}/{want}"
+        if os.path.isdir(root + pkg):
+            hit = _best_extension(_walk_so(pkg, root), want)
+            if hit:
+                return _lib_from(hit[0], hit[1], False)
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(want)
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    if spec.submodule_search_locations:
+        dirs = list(spec.submodule_search_locations)
+    elif spec.origin and os.path.basename(spec.origin).split(".", 1)[0] == want:
+        dirs = []  # a top-level extension module: tiktoken.cpython-*.so itself
+        if _is_lib(spec.origin):
+            return _lib_from(spec.origin, spec.origin, False)
+    else:
+        dirs = []
+    for d in dirs:
+        hit = _best_extension(_walk_so(d, ""), want)
+        if hit:
+            return _lib_from(hit[0], hit[1], False)
+    return None
+
+
 def find_library(want: str, pid: int | None = None) -> Library:
-    """Resolve --lib: a path, or a name/soname/glob looked up in the target."""
+    """Resolve --lib: a path, or a name/soname/glob looked up in the target.
+
+    Only x86-64 ELF files count (libc.so is a linker script, not a library).
+    Order: what the target maps (by name, then a Python package of that
+    name), where it would load it from (LD_LIBRARY_PATH, RUNPATH, the usual
+    dirs, ldconfig), then a Python package of that name on disk."""
     root = f"/proc/{pid}/root" if pid else ""
     if "/" in want:
         for cand in ([root + want] if root else []) + [want]:
             if os.path.isfile(cand):
+                kind = elf_kind(cand)
+                if kind != "x86-64":
+                    what = "an x86-64 ELF file" if kind else "an ELF file (a shared library)"
+                    raise ResolveError(
+                        f"{want} is not {what}: give the path of a shared library (.so)"
+                    )
                 mapped = pid is not None and want in mapped_files(pid)
                 return _lib_from(cand, want, mapped)
         raise ResolveError(f"library {want} not found: give an existing path or a soname")
     if pid is not None:
         for path in mapped_files(pid):
-            if _name_matches(os.path.basename(path), want):
+            if _name_matches(os.path.basename(path), want) and _is_lib(root + path):
                 return _lib_from(root + path, path, True)
+        lib = _python_package_lib(want, pid, mapped_only=True)
+        if lib is not None:
+            return lib
     # Not loaded (yet): the file the target would load.
     for d in _search_dirs(pid):
         try:
@@ -181,14 +319,18 @@ def find_library(want: str, pid: int | None = None) -> Library:
         for n in names:
             if _name_matches(n, want):
                 p = os.path.join(d, n)
-                return _lib_from(root + p if root else p, p, False)
+                if _is_lib(root + p if root else p):
+                    return _lib_from(root + p if root else p, p, False)
     for soname, p in _ldconfig().items():
-        if _name_matches(soname, want):
+        if _name_matches(soname, want) and _is_lib(p):
             return _lib_from(p, p, False)
+    lib = _python_package_lib(want, pid, mapped_only=False)
+    if lib is not None:
+        return lib
     where = f"process {pid}'s maps, " if pid else ""
     raise ResolveError(
-        f"library {want!r} not found in {where}LD_LIBRARY_PATH, ldconfig or the usual "
-        "dirs: pass --lib /full/path/to/the.so"
+        f"library {want!r} not found in {where}LD_LIBRARY_PATH, ldconfig, the usual "
+        "dirs or a Python package of that name: pass --lib /full/path/to/the.so"
     )
 
 
@@ -216,7 +358,12 @@ def _elf_symbols(path: str) -> ElfInfo:
 def _read_elf(path: str) -> ElfInfo:
     syms: dict[str, tuple[int, int]] = {}
     with open(path, "rb") as f:
-        elf = ELFFile(f)
+        try:
+            elf = ELFFile(f)
+        except ELFError:
+            raise ResolveError(
+                f"{path} is not an ELF file: give the path of a shared library (.so)"
+            ) from None
         if elf.get_machine_arch() != "x64":
             raise ResolveError(f"{path} is not an x86-64 ELF file")
         loads = [
@@ -293,11 +440,27 @@ def _demangled_match(table: dict[str, tuple[int, int]], pattern: str) -> list[st
     return out
 
 
-def symbols(lib: Library, pattern: str) -> list[Symbol]:
-    """Functions of lib matching a name or glob. Raises when none match.
+def symbols(lib: Library, pattern: str | Sequence[str]) -> list[Symbol]:
+    """Functions of lib matching a name or glob, or several (each of which
+    must match something). Raises when one matches nothing, naming it.
 
     Also `tok:KIND` (tokenizer entry points, see `gpufault tokenizer probes`)
     and globs containing '::' matched against demangled Rust/C++ names."""
+    if not isinstance(pattern, str):
+        pats = list(dict.fromkeys(pattern))
+        if not pats:
+            raise ResolveError("no --fn given: name a function or a glob (--fn 'cuMemAlloc*')")
+        out: dict[int, Symbol] = {}
+        for one in pats:
+            for sym in symbols(lib, one):
+                have = out.get(sym.address)
+                if have is None:
+                    out[sym.address] = sym
+                else:
+                    for n in [sym.name, *sym.aliases]:
+                        if n != have.name and n not in have.aliases:
+                            have.aliases.append(n)
+        return list(out.values())
     table, loads, _ = _elf_symbols(lib.path)
     globby = any(c in pattern for c in "*?[")
     if pattern.startswith("tok:"):

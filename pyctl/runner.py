@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -18,10 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from pyctl import store
-from pyctl.engine import Engine, EngineError
+from pyctl.engine import DEFAULT_MAX_DB_BYTES, Engine, EngineError, StoreWriteError
 from pyctl.spec import FaultSpec
-
-RUN_DIR = Path("/run/gpufault")
 
 
 @dataclass
@@ -41,10 +40,97 @@ def tgid_of(tid: int) -> int:
     raise EngineError(f"no thread {tid}: check the tid (is it still running?)")
 
 
+# The init PID namespace's inode number is fixed (PROC_PID_INIT_INO).
+PROC_PID_INIT_INO = 0xEFFFFFFC
+PF_KTHREAD = 0x00200000
+
+
+def _in_host_pid_namespace() -> bool:
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino == PROC_PID_INIT_INO
+    except OSError:
+        return True  # cannot tell: let the kernel decide
+
+
+def check_pid_namespace() -> None:
+    """BPF compares the host's pids: from a nested PID namespace (a
+    container without --pid=host) the pid we know never matches."""
+    if not _in_host_pid_namespace():
+        raise EngineError(
+            "gpufault runs in a PID namespace other than the host's, and BPF sees host pids, "
+            "so no fault could fire: run it on the host or in the host's PID namespace "
+            "(docker/podman --pid=host, kubectl hostPID: true)"
+        )
+
+
+def check_target_pid(pid: int, what: str = "--pid") -> None:
+    """Refuse a target where faults cannot fire or must not: no such
+    process, a kernel thread, or PID 1 (init: a fault takes the system or
+    the container down with it)."""
+    if pid <= 0:
+        raise EngineError(f"{what}: {pid} is not a process id: give the pid of a running process")
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        raise EngineError(f"no process {pid}: check the pid (is it still running?)") from None
+    comm = stat[stat.find("(") + 1 : stat.rfind(")")]
+    fields = stat[stat.rfind(")") + 2 :].split()
+    flags = int(fields[6]) if len(fields) > 6 else 0
+    if flags & PF_KTHREAD:
+        raise EngineError(
+            f"pid {pid} ({comm}) is a kernel thread: it runs no user-space code to probe: "
+            "give the pid of a user process"
+        )
+    if pid == 1:
+        raise EngineError(
+            f"pid 1 ({comm}) is init: a fault there takes the whole system (or container) "
+            "down: give the pid of the process that calls the library"
+        )
+
+
+def check_command(cmd: Sequence[str]) -> str:
+    """The program `-- CMD` names, as the held shell's exec will find it;
+    refused before anything starts (no run row for a command never run)."""
+    import shutil
+
+    prog = cmd[0] if cmd else ""
+    if not prog:
+        raise EngineError("no command after --: give one, e.g. -- ./app ARGS")
+    if "/" in prog:
+        if not os.path.exists(prog):
+            raise EngineError(f"cannot run {prog}: no such file: check the path")
+        if os.path.isdir(prog) or not os.access(prog, os.X_OK):
+            raise EngineError(
+                f"cannot run {prog}: not an executable file: chmod +x it or fix the path"
+            )
+        return prog
+    found = shutil.which(prog)
+    if found is None:
+        raise EngineError(f"cannot run {prog!r}: command not found on PATH: give its path")
+    return found
+
+
 def _held_command(cmd: Sequence[str], fd: int) -> list[str]:
     """A shell that waits for one byte on fd, then execs cmd in place (same
     pid), so probes and the copilot are in place before cmd's first insn."""
     return ["/bin/sh", "-c", f'read -r _ <&{fd}; exec "$@"', "gpufault-hold", *cmd]
+
+
+def _start_with_original_mask(argv: list[str], fd: int) -> subprocess.Popen[bytes]:
+    """Popen with the signal mask gpufault was started with: the controller
+    blocks SIGCHLD for its copilot, and a mask survives fork and exec, so
+    the command would otherwise run with SIGCHLD blocked (its own SIGCHLD
+    handler never ran). fork() copies the calling thread's mask, so the
+    mask is set around the Popen (no copilot runs yet to miss a SIGCHLD).
+    Dispositions need nothing: handlers reset at exec, and Python's
+    restore_signals puts back SIGPIPE/SIGXFSZ."""
+    from pyctl.copilot.tracer import original_sigmask
+
+    old = signal.pthread_sigmask(signal.SIG_SETMASK, original_sigmask())
+    try:
+        return subprocess.Popen(argv, pass_fds=(fd,))
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _rc_from_status(status: int) -> int:
@@ -69,8 +155,10 @@ class Runner:
         echo: Callable[[str], None] | None = None,
         xids: bool = True,
         on_xid: Callable[[Any], None] | None = None,
+        max_db_bytes: int = DEFAULT_MAX_DB_BYTES,
     ):
         self.specs = specs
+        self.max_db_bytes = max_db_bytes
         self.target = target
         self.db_path = db_path
         self.argv = argv
@@ -80,6 +168,7 @@ class Runner:
         self.show_status = status and sys.stderr.isatty()
         self.echo = echo or (lambda s: print(s, file=sys.stderr))
         self.child: subprocess.Popen[bytes] | None = None
+        self._control: Any = None  # the ControlSocket `gpufault release` talks to
         self.engine: Engine | None = None
         self.xids: Any = None
         self.record_xids = xids
@@ -96,11 +185,19 @@ class Runner:
     def start(self) -> Engine:
         t = self.target
         pid = t.pid
+        check_pid_namespace()
+        if t.pid is not None:
+            check_target_pid(t.pid)
         if t.tid is not None:
+            if t.tid <= 0:
+                raise EngineError(f"--tid: {t.tid} is not a thread id: give a running thread's id")
             pid = tgid_of(t.tid)
             if t.pid is not None and t.pid != pid:
                 raise EngineError(f"thread {t.tid} belongs to pid {pid}, not {t.pid}")
-        kw: dict[str, Any] = {}
+            check_target_pid(pid, "--tid")
+        if t.cmd:
+            check_command(t.cmd)
+        kw: dict[str, Any] = {"max_db_bytes": self.max_db_bytes}
         if self.copilot_signal:
             kw["copilot_signal"] = self.copilot_signal
         if t.cmd:
@@ -109,7 +206,7 @@ class Runner:
             resolve.add_search_dirs_for_program(t.cmd[0])
             r, w = os.pipe()
             try:
-                self.child = subprocess.Popen(_held_command(t.cmd, r), pass_fds=(r,))
+                self.child = _start_with_original_mask(_held_command(t.cmd, r), r)
             except OSError as e:
                 os.close(r)
                 os.close(w)
@@ -142,6 +239,7 @@ class Runner:
             )
             eng.start()
         self.engine = eng
+        eng.on_notice = self.echo
         self._start_xids()
         self._write_pidfile()
         return eng
@@ -182,17 +280,22 @@ class Runner:
             self.xids.note_fault(row)
 
     def _write_pidfile(self) -> None:
+        """Open the control socket `gpufault release` talks to (pyctl/control.py)."""
+        from pyctl.control import ControlSocket
+
+        ctl = ControlSocket(self.engine.run_id if self.engine else "")
         try:
-            RUN_DIR.mkdir(parents=True, exist_ok=True, mode=0o700)
-            (RUN_DIR / f"{os.getpid()}.run").write_text(self.engine.run_id if self.engine else "")
-        except OSError:
-            pass
+            ctl.start()
+        except OSError as e:
+            self.echo(f"warning: no control socket ({e.strerror}): `gpufault release` "
+                      "cannot reach this run; SIGUSR1 to this process still releases")
+            return
+        self._control = ctl
 
     def _remove_pidfile(self) -> None:
-        try:
-            (RUN_DIR / f"{os.getpid()}.run").unlink()
-        except OSError:
-            pass
+        ctl, self._control = self._control, None
+        if ctl is not None:
+            ctl.close()
 
     def request_stop(self, *_: Any) -> None:
         self._stop = True
@@ -215,10 +318,17 @@ class Runner:
         last_maps = 0.0
         rc = 0
         try:
+            # Each pass is bounded (poll waits <= 50 ms, the drain stops after
+            # ~50 ms plus one batch), so the deadline, Ctrl-C/SIGTERM and the
+            # target's exit are seen within ~100 ms at any event rate.
             while not self._stop:
                 eng.poll(0.05)
                 if self.xids is not None:
-                    for x in self.xids.poll(0):
+                    try:
+                        xs = self.xids.poll(0)
+                    except sqlite3.Error as e:  # its rows go through our store
+                        eng.fail_writes(e)
+                    for x in xs:
                         if self.on_xid is not None:
                             self.on_xid(x)
                 now = time.monotonic()
@@ -313,6 +423,7 @@ def run(
     status: bool = True,
     xids: bool = True,
     on_xid: Callable[[Any], None] | None = None,
+    max_db_bytes: int = DEFAULT_MAX_DB_BYTES,
 ) -> tuple[int, Engine]:
     r = Runner(
         specs,
@@ -325,20 +436,50 @@ def run(
         status=status,
         xids=xids,
         on_xid=on_xid,
+        max_db_bytes=max_db_bytes,
     )
-    eng = r.start()
-
-    def fired(row: dict[str, Any]) -> None:
-        r.note_fire(row)
-        if on_fire is not None:
-            on_fire(row)
-
-    eng.on_fire = fired
-    if on_start:
-        on_start(eng)
-    rc = 0
+    # Ctrl-C and SIGTERM end the run cleanly from before it starts until it
+    # is closed: on_start prints "Ctrl-C to end" before loop() runs, and a
+    # signal there must not skip finish() (the run row would stay
+    # "running"). loop() sees the flag at once.
+    old_handlers = {
+        sig: signal.signal(sig, r.request_stop) for sig in (signal.SIGINT, signal.SIGTERM)
+    }
     try:
-        rc = r.loop()
+        eng = r.start()
+
+        def fired(row: dict[str, Any]) -> None:
+            r.note_fire(row)
+            if on_fire is not None:
+                on_fire(row)
+
+        eng.on_fire = fired
+        rc = 0
+        end = "done"
+        try:
+            if on_start:
+                on_start(eng)
+            rc = r.loop()
+        except StoreWriteError:
+            end = "failed"
+            raise
+        finally:
+            r.finish(status=end, exit_code=rc if target.cmd else None)
+            if end == "failed" or eng.write_error is not None:  # also: failed at close
+                # Faults were disarmed at the failed write and are detached now.
+                # stats count committed batches only: this is what the file holds.
+                kept = eng.stats.events - eng.stats.dropped
+                marked = (
+                    f"run {eng.run_id} marked failed"
+                    if eng.end_error is None
+                    else f"run {eng.run_id} could not be marked failed ({eng.end_error})"
+                )
+                raise StoreWriteError(
+                    f"{eng.write_error}: every fault stopped and detached; {marked}; "
+                    f"what was written before is kept ({eng.stats.fires} faults, "
+                    f"{kept} call rows)"
+                )
     finally:
-        r.finish(status="done", exit_code=rc if target.cmd else None)
+        for sig, h in old_handlers.items():
+            signal.signal(sig, h)
     return rc, eng

@@ -34,13 +34,49 @@ def parse_int(text: str, what: str) -> int:
     return -v if m.group(1) else v
 
 
-def parse_duration(text: str, what: str = "--duration") -> float:
-    """'30s', '500ms', '2m', '1.5' (seconds) -> seconds."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(us|ms|s|m|h|)\s*", str(text))
-    if not m:
-        raise SpecError(f"{what}: {text!r} is not a duration (use e.g. 30s, 500ms, 2m)")
-    scale = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "": 1.0, "m": 60.0, "h": 3600.0}[m.group(2)]
-    return float(m.group(1)) * scale
+U64_MAX = 2**64 - 1
+S64_MIN = -(2**63)
+# The longest time a spec's deadline, window or stall may hold: the BPF side
+# adds it to a u64 CLOCK_MONOTONIC in ns, so keep far below 2**64 ns (584 y).
+MAX_DURATION_S = 10 * 365 * 86400.0
+
+_DUR_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(ns|us|ms|s|m|h|d)")
+_DUR_SCALE = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str, what: str = "--duration", *, allow_zero: bool = False) -> float:
+    """'30s', '500ms', '2m', '2h', '1m30s', '1h2m3.5s', '1.5' (seconds) -> seconds.
+
+    Zero is refused unless allow_zero (a zero --duration used to mean
+    'forever', a zero --stall a hang: both have their own spelling, omit
+    the option)."""
+    t = str(text).strip()
+    hint = "use e.g. 30s, 500ms, 2m, 1m30s, 2h"
+    if re.fullmatch(r"\d+(?:\.\d*)?|\.\d+", t):
+        total = float(t)
+    else:
+        pos, total, units = 0, 0.0, []
+        for m in _DUR_PART.finditer(t):
+            if m.start() != pos and t[pos : m.start()].strip():
+                break
+            total += float(m.group(1)) * _DUR_SCALE[m.group(2)]
+            units.append(m.group(2))
+            pos = m.end()
+        if not units or t[pos:].strip() or len(set(units)) != len(units):
+            raise SpecError(f"{what}: {text!r} is not a duration ({hint})")
+    if not allow_zero and total <= 0:
+        instead = "for a hang" if what == "--stall" else "for no limit"
+        raise SpecError(f"{what}: {text!r} must be longer than 0 (omit {what} {instead})")
+    if total > MAX_DURATION_S:
+        raise SpecError(f"{what}: {text!r} is too long (at most 10 years, e.g. 3650d)")
+    return total
+
+
+def check_range(value: int, what: str, lo: int, hi: int) -> int:
+    """Refuse a number its BPF field cannot hold (ctypes would wrap it)."""
+    if not lo <= value <= hi:
+        raise SpecError(f"{what}: {value} is out of range (use {lo} .. {hi})")
+    return value
 
 
 def parse_prob(text: str) -> int:
@@ -62,16 +98,30 @@ def parse_prob(text: str) -> int:
     return max(1, round(v * 1_000_000))
 
 
-def parse_signal(name: str) -> int:
-    n = name.upper()
-    if not n.startswith("SIG"):
-        n = "SIG" + n
-    try:
-        return int(getattr(_signal, n))
-    except AttributeError:
-        raise SpecError(
-            f"--signal: unknown signal {name!r} (e.g. SIGSEGV, SIGBUS, SIGABRT)"
-        ) from None
+def parse_signal(name: str, what: str = "--signal") -> int:
+    """A real signal: a name (SIGSEGV, segv, SIGRTMIN+2) or a number 1..64.
+    Not SIG_IGN/SIG_DFL (handler constants that happen to be 0 and 1)."""
+    t = str(name).strip()
+    if re.fullmatch(r"\d+", t):
+        n = int(t)
+        if 1 <= n <= 64:
+            return n
+        raise SpecError(f"{what}: signal number {n} is out of range (use 1 .. 64 or a name)")
+    u = t.upper()
+    if not u.startswith("SIG"):
+        u = "SIG" + u
+    m = re.fullmatch(r"SIGRT(MIN|MAX)([+-]\d+)?", u)
+    if m:
+        base = int(_signal.SIGRTMIN if m.group(1) == "MIN" else _signal.SIGRTMAX)
+        n = base + int(m.group(2) or 0)
+        if int(_signal.SIGRTMIN) <= n <= int(_signal.SIGRTMAX):
+            return n
+    elif u in _signal.Signals.__members__:
+        return int(_signal.Signals[u])
+    raise SpecError(
+        f"{what}: unknown signal {name!r} (use a name such as SIGSEGV, SIGBUS, SIGABRT, "
+        "or a number 1 .. 64)"
+    )
 
 
 _PRED = re.compile(r"\s*arg([1-6])\s*(==|!=|<=|>=|<|>|&)\s*(\S+)\s*$")
@@ -84,7 +134,8 @@ def parse_predicate(text: str) -> tuple[int, int, int]:
             f"--when: {text!r} is not a predicate (use argN OP VALUE, OP one of "
             "== != < > <= >= &, e.g. 'arg2>=200M')"
         )
-    return int(m.group(1)), abi.PRED_OPS[m.group(2)], parse_int(m.group(3), "--when") & (2**64 - 1)
+    val = check_range(parse_int(m.group(3), "--when"), "--when value", S64_MIN, U64_MAX)
+    return int(m.group(1)), abi.PRED_OPS[m.group(2)], val & U64_MAX
 
 
 _CORRUPT = re.compile(
@@ -102,8 +153,12 @@ def parse_corrupt(text: str) -> tuple[int, int, int, int, int]:
         )
     arg = int(m.group(1))
     off = parse_int(m.group(2), "--corrupt offset") if m.group(2) else 0
+    check_range(off, "--corrupt offset", 0, 2**32 - 1)
     op = abi.CORRUPT_OPS[m.group(3) or "zero"]
-    mask = parse_int(m.group(4), "--corrupt mask") & (2**64 - 1) if m.group(4) else 0
+    mask = 0
+    if m.group(4):
+        value = parse_int(m.group(4), "--corrupt value")
+        mask = check_range(value, "--corrupt value", S64_MIN, U64_MAX) & U64_MAX
     if op != abi.CORRUPT_OPS["zero"] and m.group(4) is None:
         raise SpecError(f"--corrupt: {text!r} needs a value (xor=0x1, set=0)")
     ln = int(m.group(5)) if m.group(5) else 8
@@ -115,7 +170,7 @@ def parse_corrupt(text: str) -> tuple[int, int, int, int, int]:
 @dataclass
 class FaultSpec:
     lib: str
-    fn: str
+    fn: str | list[str]  # a name or glob, or several (each must match)
     action: str = "observe"
     ret: int | None = None
     ret_text: str = ""
@@ -137,6 +192,7 @@ class FaultSpec:
     capture_stack: bool = True
     tgid: int = 0
     tid: int = 0
+    caller: str = ""  # only calls returning into this object (callers.py)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> FaultSpec:
@@ -155,9 +211,28 @@ class FaultSpec:
         for name in ("nth", "every", "after", "max_fires"):
             if getattr(self, name) < 0:
                 raise SpecError(f"--{name.replace('_fires', '')} must not be negative")
+            # u64 fields in the BPF spec: 2**64 + 1 would wrap to 1.
+            check_range(getattr(self, name), f"--{name.replace('_fires', '')}", 0, U64_MAX)
+        if self.ret is not None:
+            if not isinstance(self.ret, int) or isinstance(self.ret, bool):
+                raise SpecError(f"--ret: {self.ret!r} is not an integer (use e.g. 2, -1, 0x10)")
+            # One 64-bit register: signed or unsigned spelling of it.
+            check_range(self.ret, "--ret", S64_MIN, U64_MAX)
+        if self.signo and not 1 <= self.signo <= 64:
+            raise SpecError(f"--signal: {self.signo} is not a signal number (use 1 .. 64)")
         if self.stall_ms < 0:
             raise SpecError("--stall must not be negative")
+        for what, secs in (("--stall", self.stall_ms / 1000), ("--window", self.window_start_s),
+                           ("--duration", self.duration_s)):  # fmt: skip
+            if secs > MAX_DURATION_S:
+                raise SpecError(f"{what}: {secs:g}s is too long (at most 10 years)")
+        if not isinstance(self.fn, str) and not self.fn:
+            raise SpecError("--fn: give at least one function name or glob")
         return self
+
+    @property
+    def fn_text(self) -> str:
+        return self.fn if isinstance(self.fn, str) else ",".join(self.fn)
 
     @property
     def needs_copilot_always(self) -> bool:
@@ -168,7 +243,10 @@ class FaultSpec:
         if self.action == "fail":
             bits.append(f"ret={self.ret_text or self.ret} mode={self.mode}")
         if self.action == "signal":
-            bits.append(_signal.Signals(self.signo).name)
+            try:
+                bits.append(_signal.Signals(self.signo).name)
+            except ValueError:  # 32, 33: glibc's own, unnamed in Python
+                bits.append(f"signal {self.signo}")
         if self.action == "stall":
             bits.append(f"{self.stall_ms:g}ms" if self.stall_ms else "hang")
         for k in ("nth", "every", "after", "max_fires"):
@@ -178,10 +256,12 @@ class FaultSpec:
             bits.append(f"prob={self.prob_ppm / 1e4:g}%")
         if self.sticky:
             bits.append("sticky")
+        if self.caller:
+            bits.append(f"caller={self.caller}")
         if self.pred:
             op = {v: k for k, v in abi.PRED_OPS.items()}[self.pred[1]]
             bits.append(f"arg{self.pred[0]}{op}{self.pred[2]:#x}")
-        return f"{self.lib}:{self.fn} " + " ".join(bits)
+        return f"{self.lib}:{self.fn_text} " + " ".join(bits)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -210,7 +290,8 @@ class FaultSpec:
         if self.action in ("fail", "stall"):
             flags |= abi.F_REGS if (mech_regs and self.action == "fail") else abi.F_COPILOT
         s.flags = flags
-        s.retval = self.ret or 0
+        r = self.ret or 0
+        s.retval = r - 2**64 if r > 2**63 - 1 else r  # the unsigned spelling of a negative
         s.tgid, s.tid = self.tgid, self.tid
         s.nth, s.every, s.after, s.max_fires = self.nth, self.every, self.after, self.max_fires
         s.prob_ppm = self.prob_ppm

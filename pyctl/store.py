@@ -8,7 +8,9 @@ here (see docs/benchmarks.md).
 Safety: the file and its WAL/SHM siblings are created 0600 under a umask
 of 077, so the evidence (registers, arguments, stacks) is readable only by
 root. Every batch is one transaction, so a killed controller leaves every
-committed row intact and no half-written one.
+committed row intact and no half-written one. open_db() checks the path
+before anything is written (no symlink, SQLite, gpufault's or new) and
+opens read-only for readers (faults, show): see docs/cli.md.
 """
 
 from __future__ import annotations
@@ -18,10 +20,13 @@ import os
 import platform
 import secrets
 import socket
+import sqlite3
+import stat
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import sqlite_utils
 from sqlite_utils.db import Table
@@ -35,31 +40,193 @@ def fault_id(run_id: str, seq: int) -> str:
     return f"{run_id}-{seq}"
 
 
-def open_db(path: str | os.PathLike[str] = DEFAULT_DB) -> sqlite_utils.Database:
-    """Open (creating if needed) the store: WAL, mode 0600, schema applied."""
+class StoreError(Exception):
+    """A one-line, user-facing problem with --db (found before anything is
+    armed, or a write that failed mid-run)."""
+
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def _is_default(p: Path) -> bool:
+    try:
+        return os.path.abspath(p) == os.path.abspath(DEFAULT_DB)
+    except (OSError, ValueError):
+        return False
+
+
+def _check_path(p: Path) -> os.stat_result | None:
+    """lstat the database path: refuse a symlink (O_NOFOLLOW semantics) or
+    anything but a regular file. None: it does not exist."""
+    try:
+        st = os.lstat(p)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise StoreError(f"{p}: {e.strerror}") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise StoreError(f"{p}: is a symbolic link; pass the real path of the database")
+    if not stat.S_ISREG(st.st_mode):
+        raise StoreError(f"{p}: not a regular file")
+    return st
+
+
+def _check_header(fd: int, p: Path) -> None:
+    head = os.pread(fd, len(SQLITE_MAGIC), 0)
+    if head and head != SQLITE_MAGIC:
+        raise StoreError(f"{p}: not an SQLite database; pass another --db")
+
+
+def _check_ours(db: sqlite_utils.Database, p: Path) -> None:
+    """Empty (new) or gpufault's: nothing else is touched."""
+    try:
+        names = [r[0] for r in db.conn.execute(
+            "SELECT name FROM sqlite_master WHERE type='table'").fetchall()]
+        version = db.conn.execute("PRAGMA user_version").fetchone()[0]
+    except sqlite3.DatabaseError as e:
+        raise StoreError(f"{p}: {e}") from None
+    if not names and version == 0:
+        return
+    if "runs" in names and version == SCHEMA_VERSION:
+        return
+    if "runs" in names and version > SCHEMA_VERSION:
+        raise StoreError(f"{p}: written by a newer gpufault (schema {version}); use that one")
+    raise StoreError(
+        f"{p}: not a gpufault database (tables: {', '.join(sorted(names)[:5]) or 'none'}"
+        f", user_version {version}); pass another --db")
+
+
+def open_db(
+    path: str | os.PathLike[str] = DEFAULT_DB, *, readonly: bool = False
+) -> sqlite_utils.Database:
+    """Open the store, checked before anything is written.
+
+    Writable (trace, inject): refuses a symlink, a non-regular file, a file
+    that is not SQLite, and an SQLite database that is not gpufault's (or
+    empty); creates the file 0600 with O_CREAT|O_EXCL|O_NOFOLLOW (never
+    through a wider mode, never through a link); creates missing parent
+    directories only for the default path (0700); WAL, schema applied.
+    Raises StoreError with a one-line message.
+
+    readonly (faults, show): the file must exist and be gpufault's; opened
+    with SQLite's mode=ro (and immutable=1 when no writer's WAL is there),
+    so nothing is created, converted or chmodded.
+    """
     p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    st = _check_path(p)
+    if readonly:
+        return _open_readonly(p, st)
+    created = False
     old = os.umask(0o077)
     try:
-        if not p.exists():
-            # Create the file ourselves so its mode never passes through 0644.
-            fd = os.open(p, os.O_CREAT | os.O_RDWR, 0o600)
+        if st is None:
+            if not p.parent.is_dir():
+                if not _is_default(p):
+                    raise StoreError(
+                        f"{p.parent}: no such directory (create it, or pass another --db)")
+                try:
+                    p.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                    os.chmod(p.parent, 0o700)
+                except OSError as e:
+                    raise StoreError(f"{p.parent}: {e.strerror}") from None
+            try:
+                fd = os.open(p, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW
+                             | os.O_CLOEXEC, 0o600)
+                created = True
+            except FileExistsError:
+                # Someone created it meanwhile: check it like any existing one.
+                _check_path(p)
+                try:
+                    fd = os.open(p, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+                except OSError as e:
+                    raise StoreError(f"{p}: {e.strerror}") from None
+            except OSError as e:
+                raise StoreError(f"{p}: {e.strerror}") from None
+        else:
+            try:
+                fd = os.open(p, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except OSError as e:
+                raise StoreError(f"{p}: {e.strerror}") from None
+        # Check through our fd, then close it BEFORE SQLite opens the file:
+        # closing any fd of a file drops every POSIX lock this process holds
+        # on it, SQLite's too (a reader would then take the WAL for
+        # abandoned and a writer's commits would be lost).
+        try:
+            _check_header(fd, p)
+            fst = os.fstat(fd)
+        except OSError as e:
+            raise StoreError(f"{p}: {e.strerror or e}") from None
+        finally:
             os.close(fd)
-        # One writer at a time, but not always the thread that opened it
-        # (a controller may arm on one thread and consume on another).
-        import sqlite3
-
-        db = sqlite_utils.Database(sqlite3.connect(p, check_same_thread=False))
-        db.conn.execute("PRAGMA journal_mode=WAL")
-        db.conn.execute("PRAGMA synchronous=NORMAL")
-        db.conn.execute("PRAGMA busy_timeout=5000")
-        ensure_schema(db)
+        try:
+            db = sqlite_utils.Database(sqlite3.connect(p, check_same_thread=False))
+            try:
+                lst = os.lstat(p)
+                if (lst.st_dev, lst.st_ino) != (fst.st_dev, fst.st_ino):
+                    raise StoreError(f"{p}: replaced while being opened; try again")
+                _check_ours(db, p)
+                # Evidence is root's alone: our own file, never a foreign one
+                # (that was refused above).
+                if fst.st_mode & 0o777 != 0o600:
+                    os.chmod(p, 0o600)
+                db.conn.execute("PRAGMA journal_mode=WAL")
+                db.conn.execute("PRAGMA synchronous=NORMAL")
+                db.conn.execute("PRAGMA busy_timeout=5000")
+                ensure_schema(db)
+            except BaseException:
+                db.close()
+                raise
+        except sqlite3.Error as e:
+            raise StoreError(f"{p}: {e}") from None
+        except OSError as e:
+            raise StoreError(f"{p}: {e.strerror or e}") from None
+    except BaseException:
+        if created:
+            remove_db(p)
+        raise
     finally:
         os.umask(old)
-    for sibling in (p, Path(f"{p}-wal"), Path(f"{p}-shm")):
-        if sibling.exists():
-            os.chmod(sibling, 0o600)
+    for sibling in (Path(f"{p}-wal"), Path(f"{p}-shm")):
+        try:
+            if stat.S_ISREG(os.lstat(sibling).st_mode):
+                os.chmod(sibling, 0o600)
+        except OSError:
+            pass
+    db.gf_created = created  # type: ignore[attr-defined]
     return db
+
+
+def _open_readonly(p: Path, st: os.stat_result | None) -> sqlite_utils.Database:
+    if st is None:
+        raise StoreError(f"no database at {p}: run gpufault trace/inject first, or pass --db")
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        raise StoreError(f"{p}: {e.strerror}") from None
+    try:
+        _check_header(fd, p)
+    finally:
+        os.close(fd)
+    if st.st_size == 0:
+        raise StoreError(f"{p}: empty (no run recorded yet)")
+    # No writer's WAL there: immutable, so SQLite creates no -wal/-shm.
+    live = os.path.lexists(f"{p}-wal")
+    uri = f"file:{quote(str(p.absolute()))}?mode=ro" + ("" if live else "&immutable=1")
+    try:
+        db = sqlite_utils.Database(sqlite3.connect(uri, uri=True, check_same_thread=False))
+        _check_ours(db, p)
+    except sqlite3.Error as e:
+        raise StoreError(f"{p}: {e}") from None
+    return db
+
+
+def remove_db(p: Path) -> None:
+    """Remove a database this process created (a refused start)."""
+    for f in (p, Path(f"{p}-wal"), Path(f"{p}-shm")):
+        try:
+            os.unlink(f)
+        except OSError:
+            pass
 
 
 def _t(db: sqlite_utils.Database, name: str) -> Table:

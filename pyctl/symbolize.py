@@ -1,25 +1,14 @@
 """Turn user-stack addresses into 'lib!symbol+off' using /proc/PID/maps and
-ELF symbols. Read at ingest time, while the process (usually) still lives."""
+the function tables of pyctl/symtab.py (sizes, debug files: a frame outside
+every known function is 'lib+0xoff', never the nearest wrong name). Read at
+ingest time, while the process (usually) still lives."""
 
 from __future__ import annotations
 
-import bisect
 import os
 from pathlib import Path
 
-from pyctl import resolve
-
-_SORTED: dict[tuple[int, int, float], tuple[list[int], list[str]]] = {}
-
-
-def _sorted_syms(path: str) -> tuple[list[int], list[str]]:
-    key = resolve._file_key(path)
-    if key in _SORTED:
-        return _SORTED[key]
-    table, _, _ = resolve._elf_symbols(path)
-    items = sorted((addr, name) for name, (addr, _size) in table.items())
-    _SORTED[key] = ([a for a, _ in items], [n for _, n in items])
-    return _SORTED[key]
+from pyctl import resolve, symtab
 
 
 class Symbolizer:
@@ -29,6 +18,12 @@ class Symbolizer:
         # path -> load base, learnt from fires at known probe sites; used when
         # the process died before its maps could be read.
         self.known: dict[str, int] = {}
+        # addr -> (name, location): fires repeat the same call sites, and a
+        # name costs a table lookup and a demangle. Cleared when the maps
+        # change (a library unloaded and another loaded in its place).
+        self._memo: dict[int, tuple[str, tuple[str, int] | None]] = {}
+        self._memo_gen = symtab.generation
+        self._offered: list[tuple[int, int, int, str]] | None = None
         self.refresh()
 
     def learn_base(self, path: str, base: int) -> None:
@@ -37,34 +32,30 @@ class Symbolizer:
     def _from_known(self, addr: int) -> str | None:
         for path, base in self.known.items():
             rel = addr - base
-            if rel < 0:
-                continue
-            try:
-                addrs, names = _sorted_syms(path)
-                table = resolve._elf_symbols(path)[0]
-            except Exception:  # noqa: BLE001 - unreadable: no answer
-                continue
-            i = bisect.bisect_right(addrs, rel) - 1
-            if i >= 0 and rel - addrs[i] < max(table[names[i]][1], 1):
-                return f"{os.path.basename(path)}!{names[i]}+{rel - addrs[i]:#x}"
+            if rel >= 0 and (name := symtab.name_at(path, rel)):
+                return name
         return None
 
     def refresh(self) -> bool:
         """Re-read the maps; keep the last good copy once the process is gone
         (a target that crashes on its first fault is gone before we look)."""
-        maps = []
-        try:
-            for line in Path(f"/proc/{self.pid}/maps").read_text().splitlines():
-                parts = line.split(None, 5)
-                if len(parts) < 6 or not parts[5].startswith("/"):
-                    continue
-                lo, hi = (int(x, 16) for x in parts[0].split("-"))
-                maps.append((lo, hi, int(parts[2], 16), parts[5].strip()))
-        except OSError:
+        maps = read_maps(self.pid)
+        if maps is None:
             return False
-        if maps:
-            self.maps = maps
+        self._adopt(maps)
         return True
+
+    def offer(self, maps: list[tuple[int, int, int, str]]) -> None:
+        """Maps read by another thread (the copilot's, while a faulted
+        thread is held, so the process surely lives): taken up by this
+        object's own thread at its next lookup."""
+        self._offered = maps
+
+    def _adopt(self, maps: list[tuple[int, int, int, str]]) -> None:
+        if maps:
+            if maps != self.maps:
+                self._memo.clear()
+            self.maps = maps
 
     def _load_bias(self, path: str) -> int | None:
         # The lowest mapping of a file at file offset 0 is its load base.
@@ -73,12 +64,32 @@ class Symbolizer:
 
     def locate(self, addr: int) -> tuple[str, int] | None:
         """(library path as mapped, offset from its load base), or None."""
+        offered, self._offered = self._offered, None
+        if offered is not None:
+            self._adopt(offered)
         if not any(lo <= addr < hi for lo, hi, _o, _p in self.maps):
             self.refresh()
         for lo, hi, _off, path in self.maps:
             if lo <= addr < hi:
                 return path, addr - (self._load_bias(path) or 0)
         return None
+
+    def frame(self, addr: int) -> tuple[str, tuple[str, int] | None]:
+        """(symbolize(addr, parse=False), locate(addr)), memoized: what the
+        ring consumer asks for each stack frame of each fire. A frame left
+        as 'lib+0xoff' is asked again once another table has been read.
+        """
+        if self._memo_gen != symtab.generation:
+            # A table was read since: unnamed frames may have names now.
+            self._memo = {a: v for a, v in self._memo.items() if "!" in v[0]}
+            self._memo_gen = symtab.generation
+        hit = self._memo.get(addr)
+        if hit is not None:
+            return hit
+        loc = self.locate(addr)
+        name = self.symbolize(addr, parse=False)
+        self._memo[addr] = (name, loc)
+        return name, loc
 
     def symbolize(self, addr: int, *, parse: bool = True) -> str:
         """'lib!symbol+0xoff'. parse=False only uses symbol tables already
@@ -93,19 +104,33 @@ class Symbolizer:
         return name or f"{os.path.basename(path)}+{rel:#x}"
 
 
+def read_maps(pid: int) -> list[tuple[int, int, int, str]] | None:
+    """File-backed mappings of pid: (lo, hi, file offset, path); None if
+    the process is gone."""
+    maps = []
+    try:
+        text = Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) < 6 or not parts[5].startswith("/"):
+            continue
+        lo, hi = (int(x, 16) for x in parts[0].split("-"))
+        maps.append((lo, hi, int(parts[2], 16), parts[5].strip()))
+    return maps
+
+
 def name_in(path: str, rel: int, pid: int | None = None, *, parse: bool = True) -> str | None:
-    """The symbol containing offset rel of library path, if known."""
-    for real in ([f"/proc/{pid}/root{path}"] if pid else []) + [path]:
+    """The function containing offset rel of library path, if known.
+    parse=False: only files whose tables were read already (the probed
+    libraries: resolve parsed them to attach); reading a big library's
+    tables must not stall the ring consumer."""
+    for root in ([f"/proc/{pid}/root"] if pid else []) + [""]:
+        real = root + path
         if not os.path.exists(real):
             continue
-        if not parse and not resolve.is_parsed(real):
+        if not parse and not (resolve.is_parsed(real) or symtab.is_loaded(real)):
             return None
-        try:
-            addrs, names = _sorted_syms(real)
-        except Exception:  # noqa: BLE001 - unreadable ELF: no name
-            return None
-        i = bisect.bisect_right(addrs, rel) - 1
-        if i >= 0:
-            return f"{os.path.basename(path)}!{names[i]}+{rel - addrs[i]:#x}"
-        return None
+        return symtab.name_at(path, rel, root)
     return None

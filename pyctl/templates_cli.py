@@ -90,10 +90,12 @@ def show(name: str, sets: tuple[str, ...]) -> None:
         click.echo(f"  {s.describe()}")
 
 
-@template.command(context_settings={"ignore_unknown_options": True})
+# No ignore_unknown_options: an unknown option before `--` is an error, not
+# the command to run (`template run X -p 1` once ran `-p`).
+@template.command()
 @click.argument("name")
 @click.option("--set", "sets", multiple=True, metavar="KNOB=VALUE", help="override a knob")
-@click.option("--pid", type=int, help="a running process (all of its threads)")
+@click.option("-p", "--pid", type=int, help="a running process (all of its threads)")
 @click.option("--tid", type=int, help="only this thread (its process is the target)")
 @click.option("--db", "db_path", type=click.Path(dir_okay=False), envvar="GPUFAULT_DB",
               default=None, help="evidence database (default: gpufault's)")
@@ -113,7 +115,7 @@ def run(name: str, sets: tuple[str, ...], pid: int | None, tid: int | None,
     Examples:
       gpufault template run cuda-oom-sticky --pid 1234
       gpufault template run nccl-rank-stall --pid 2345 --set prob=10% --duration 60s
-      gpufault template run cuda-launch-failed --set nth=3 -- ./build/doubles/gf-infer
+      gpufault template run cuda-launch-failed --set nth=3 -- ./pyctl/data/doubles/gf-infer
     """
     from pyctl import store
     from pyctl.cli import UserError, _run_engine

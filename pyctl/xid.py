@@ -1,9 +1,13 @@
 """Record NVIDIA Xids (nvidia:nvidia_dev_xid) and link them to faults.
 
 The driver's tracepoint carries the device (PCI name, e.g. 0000:18:00.0),
-the Xid number and the message. The driver has no BTF, so the record's
-layout is read from the tracepoint's `format` file and handed to
-bpf/xid.bpf.c as .rodata before load. Each Xid becomes a row of the
+the Xid number and the message. The monitor attaches bpf/xid.bpf.c's raw
+tracepoint program by name (no tracefs needed; the arguments are the
+driver's TP_PROTO, the device name read with CO-RE from vmlinux's struct
+pci_dev). Where the kernel refuses that, or for a stand-in tracepoint in
+tests, the record's layout is read from the tracepoint's `format` file
+(tracefs, mounted if need be) and handed to the classic program as .rodata
+before load. Each Xid becomes a row of the
 `xids` table; its fault is the newest fault fired in a process that has
 that GPU open (/dev/nvidiaN, N from /proc/driver/nvidia/gpus/BDF) no
 longer than `window_s` before the Xid (rule `xid-on-device-of-faulted-
@@ -26,6 +30,7 @@ it in close()::
 from __future__ import annotations
 
 import ctypes as C
+import errno
 import os
 import re
 import select
@@ -40,7 +45,6 @@ from pyctl.bpf.libbpf import BpfError, Object, lib, map_lookup
 from pyctl.bpf.ringbuf import RingReader
 
 XID_OBJ = Path(__file__).resolve().parent / "data" / "xid.bpf.o"
-TRACEFS_DIRS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
 CATEGORY, EVENT = "nvidia", "nvidia_dev_xid"
 DEV_LEN, MSG_LEN = 32, 128
 EVENT_FMT = struct.Struct(f"=QQII{DEV_LEN}s{MSG_LEN}s")  # struct xid_event
@@ -110,10 +114,9 @@ class Layout:
 
 
 def tracefs() -> str | None:
-    for p in TRACEFS_DIRS:
-        if os.path.isdir(os.path.join(p, "events")):
-            return p
-    return None
+    from pyctl import tracefs as _tf
+
+    return _tf.find()
 
 
 def format_path(category: str = CATEGORY, event: str = EVENT) -> Path | None:
@@ -201,6 +204,7 @@ class XidMonitor:
         self._ep: select.epoll | None = None
         self._pid_minors: dict[int, set[int]] = {}
         self.seen: list[Xid] = []
+        self.mode = ""  # "raw" (no tracefs) or "format" once started
 
     @classmethod
     def beside(cls, engine: Any, **kw: Any) -> XidMonitor:
@@ -212,32 +216,84 @@ class XidMonitor:
 
     # ---- set-up -------------------------------------------------------
     def start(self) -> None:
-        """Check, load, attach; on failure nothing stays loaded or written."""
+        """Check, load, attach; on failure nothing stays loaded or written.
+
+        The driver's own tracepoint goes through the raw program (no
+        tracefs); a stand-in (another category/event or field names) or a
+        kernel that refuses the raw attach goes through the format file."""
         if os.geteuid() != 0:
             raise XidError("recording Xids needs root (BPF): run with sudo")
-        fmt = format_path(self.category, self.event)
-        if fmt is None:
-            where = tracefs()
-            if where is None:
-                raise XidError("tracefs is not mounted: mount -t tracefs nodev "
-                               "/sys/kernel/tracing, then retry")
-            raise XidError(f"tracepoint {self.category}:{self.event} absent: Xids need the "
-                           "NVIDIA kernel module (open, >= 575) loaded; see gpufault doctor")
         if not XID_OBJ.exists():
             raise XidError(f"{XID_OBJ} missing: run `make build` first")
+        standin = (self.category, self.event, self.fields) != (
+            CATEGORY, EVENT, ("dev", "error_code", "msg"))
+        if not standin and self._start_raw():
+            return
+        self._start_format()
+
+    def _absent(self) -> XidError:
+        return XidError(f"tracepoint {self.category}:{self.event} absent: Xids need the "
+                        "NVIDIA kernel module (open, >= 575) loaded; see gpufault doctor")
+
+    def _start_raw(self) -> bool:
+        """True when attached; False when the format path should be tried."""
+        obj = self._object()
+        try:
+            obj.set_autoload("gf_xid", False)
+            obj.load()
+            fn = lib().bpf_program__attach_raw_tracepoint
+            fn.restype = C.c_void_p
+            fn.argtypes = [C.c_void_p, C.c_char_p]
+            C.set_errno(0)
+            link = fn(obj.program("gf_xid_raw"), self.event.encode())
+            if not link:
+                e = C.get_errno()
+                if e == errno.ENOENT:
+                    raise self._absent()
+                raise BpfError(e, f"raw tracepoint {self.event}: {os.strerror(e)}")
+            obj.links.append(int(link))
+        except XidError:
+            obj.close()
+            raise
+        except BpfError:
+            obj.close()
+            return False
+        self._started(obj, "raw")
+        return True
+
+    def _start_format(self) -> None:
+        fmt = format_path(self.category, self.event)
+        if fmt is None and tracefs() is None:
+            from pyctl import tracefs as _tf
+
+            try:
+                _tf.ensure(f"the {self.category}:{self.event} format file")
+            except _tf.TracefsError as e:
+                raise XidError(str(e)) from None
+            fmt = format_path(self.category, self.event)
+        if fmt is None:
+            raise self._absent()
         layout = Layout.from_format(fmt.read_text(), *self.fields)
+        obj = self._object()
         try:
-            obj = Object(XID_OBJ)
-        except BpfError as e:
-            raise XidError(str(e)) from None
-        try:
+            obj.set_autoload("gf_xid_raw", False)
             obj.set_rodata({k: ("=I", v) for k, v in layout.rodata().items()})
             obj.load()
             self._attach(obj)
         except BpfError as e:
             obj.close()
             raise XidError(f"{e}: see `gpufault doctor`") from None
+        self._started(obj, "format")
+
+    def _object(self) -> Object:
+        try:
+            return Object(XID_OBJ)
+        except BpfError as e:
+            raise XidError(str(e)) from None
+
+    def _started(self, obj: Object, mode: str) -> None:
         self.obj = obj
+        self.mode = mode
         self.ring = RingReader(obj.map_fd("xids"), RING_BYTES)
         self._ep = select.epoll()
         self._ep.register(self.ring.fd, select.EPOLLIN)

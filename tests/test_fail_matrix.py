@@ -116,3 +116,56 @@ def test_corrupt_mechanism(target: Target, tmp_db: Path) -> None:
         eng.close()
     assert got == [(1, 0, 0xDEAD), (2, 0, 0x102000)]
     assert mechanisms(tmp_db) == {"bpf" if user_writable() else "copilot"}
+
+
+def _injected(db: Path) -> int:
+    """Fault rows whose injection happened (a copilot fire the copilot never
+    carried out is marked so, never counted as injected)."""
+    import json
+
+    con = sqlite3.connect(db)
+    try:
+        n = 0
+        for mech, outcome in con.execute("SELECT mechanism, outcome FROM faults"):
+            o = json.loads(outcome) if outcome else {}
+            if o.get("injected") is False:
+                continue
+            if mech == "copilot" and (o.get("copilot") or {}).get("error"):
+                continue
+            n += 1
+        return n
+    finally:
+        con.close()
+
+
+@pytest.mark.parametrize("threads", [1, 8, 64])
+def test_recorded_fires_equal_what_the_target_saw(target: Target, tmp_db: Path, threads: int,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every second call fails, from 1, 8 and 64 threads, with a fires ring
+    of 16 KiB (~30 records) so that it fills: a fire that cannot reserve
+    its record does not happen (skipped, counted), so the failures the
+    target saw equal the recorded injected fires exactly, and every
+    selected call is either fired or skipped."""
+    from pyctl import engine as engine_mod
+
+    monkeypatch.setattr(engine_mod, "FIRES_RING_BYTES", 16384)
+    calls = 4096
+    eng = run(tmp_db, target,
+              FaultSpec(lib=str(LIB), fn="gf_victim", action="fail", ret=-7, every=2,
+                        capture_stack=False))
+    try:
+        rows = target.victim(calls // threads, threads=threads)
+        eng.drain()
+        c = eng.counters()[0]
+        lost = eng.lost()
+    finally:
+        eng.close()
+    failed = sum(1 for r in rows if r[3] == -7)
+    ok = sum(1 for r in rows if r[3] == r[2] + 1)
+    assert failed + ok == calls == c.calls
+    recorded = _injected(tmp_db)
+    print(f"\n{threads} threads: target saw {failed} failures, {recorded} recorded, "
+          f"{lost['fires_skipped']} skipped, mechanism {EXPECT}")
+    assert failed == recorded == c.fires
+    assert c.fires + lost["fires_skipped"] == calls // 2
+    assert lost["fires_lost"] == 0

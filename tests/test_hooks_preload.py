@@ -1,9 +1,9 @@
 """gfpreload.so (LD_PRELOAD fault injection) against a libcuda TEST DOUBLE.
 
-There is no GPU here: hooks/preload/double/fakecuda.c is a stand-in for
+There is no GPU here: pyctl/hooks/preload/double/fakecuda.c is a stand-in for
 libcuda.so.1 with the same names and prototypes that counts how often each
 body ran, so a test can tell an injected (skipped) call from a forwarded
-one. When the shared double build/doubles/{libcuda.so.1,gf-infer} exists,
+one. When the shared double pyctl/data/doubles/{libcuda.so.1,gf-infer} exists,
 the shim is also run against that workload.
 """
 
@@ -18,8 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from pyctl import paths
+
 REPO = Path(__file__).resolve().parent.parent
-SRC = REPO / "hooks" / "preload"
+SRC = REPO / "pyctl" / "hooks" / "preload"
 
 
 @pytest.fixture(scope="module")
@@ -185,10 +187,9 @@ def test_bad_rules_stop_the_program(out: Path, tmp_path: Path, spec: str, word: 
 
 
 def test_shared_libcuda_double_workload(out: Path, tmp_path: Path) -> None:
-    dbl = REPO / "build" / "doubles"
-    infer = dbl / "gf-infer"
-    if not (infer.exists() and (dbl / "libcuda.so.1").exists()):
-        pytest.skip("shared libcuda double not built: make -C doubles OUT=$PWD/build/doubles")
+    infer = paths.DOUBLE_INFER
+    if paths.missing(infer, paths.DOUBLE_LIBCUDA):
+        pytest.skip(paths.hint(infer))
     so, log, p = run(
         out,
         [str(infer), "--threads", "2", "--steps", "20"],

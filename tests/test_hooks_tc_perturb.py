@@ -1,4 +1,4 @@
-"""Tensor Core precision perturbation (hooks/bitflip, tc_perturb, tc_measure)
+"""Tensor Core precision perturbation (pyctl/hooks/bitflip, tc_perturb, tc_measure)
 with the real CPU torch; fp16 bit handling is checked on tensors directly."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed: pip install torch==2.13.0")
 
-from hooks import tc_measure, tiny_model  # noqa: E402
-from hooks.bitflip import BitSpecError, bit_positions, flip, flip_as  # noqa: E402
-from hooks.tc_perturb import MATMUL, Perturber, Rule, parse_rule  # noqa: E402
+from pyctl.hooks import tc_measure, tiny_model  # noqa: E402
+from pyctl.hooks.bitflip import BitSpecError, bit_positions, flip, flip_as  # noqa: E402
+from pyctl.hooks.tc_perturb import MATMUL, Perturber, Rule, parse_rule  # noqa: E402
 
 
 def gen(seed: int = 0) -> torch.Generator:

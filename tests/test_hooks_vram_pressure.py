@@ -1,6 +1,6 @@
 """vram_pressure's logic on the CPU. There is no GPU here: HostMemoryDouble
 is a TEST DOUBLE (host memory, a made-up device size) standing in for the
-GPU allocator and NVML. The real GPU path runs in hooks/gpu_check.py on the
+GPU allocator and NVML. The real GPU path runs in pyctl/hooks/gpu_check.py on the
 GPU machine."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from hooks.vram_pressure import (
+from pyctl.hooks.vram_pressure import (
     MIB,
     HostMemoryDouble,
     PressureError,
@@ -113,7 +113,7 @@ def test_process_releases_on_sigterm() -> None:
     cmd = [
         sys.executable,
         "-m",
-        "hooks.vram_pressure",
+        "pyctl.hooks.vram_pressure",
         "--allocator",
         "host-double",
         "--share",
@@ -139,7 +139,7 @@ def test_process_releases_at_deadline() -> None:
     cmd = [
         sys.executable,
         "-m",
-        "hooks.vram_pressure",
+        "pyctl.hooks.vram_pressure",
         "--allocator",
         "host-double",
         "--share",
@@ -163,7 +163,7 @@ def test_process_releases_at_deadline() -> None:
 )
 def test_bad_input_one_line_error(args: list[str], word: str) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "hooks.vram_pressure", *args],
+        [sys.executable, "-m", "pyctl.hooks.vram_pressure", *args],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -176,7 +176,7 @@ def test_bad_input_one_line_error(args: list[str], word: str) -> None:
 def test_no_gpu_is_a_clear_one_line_error() -> None:
     # This host has no GPU: the real path must say so in one line.
     out = subprocess.run(
-        [sys.executable, "-m", "hooks.vram_pressure", "--share", "0.5", "--duration", "1"],
+        [sys.executable, "-m", "pyctl.hooks.vram_pressure", "--share", "0.5", "--duration", "1"],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -1,6 +1,6 @@
 """The WMMA bit-flip kernel's host side and reference, and gpu_check's
 behaviour without a GPU. The kernel itself runs on the GPU machine
-(python -m hooks.gpu_check); nothing here pretends to run it."""
+(python -m pyctl.hooks.gpu_check); nothing here pretends to run it."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hooks import wmma_flip
+from pyctl.hooks import wmma_flip
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -66,7 +66,7 @@ def test_run_without_cupy_is_a_one_line_error() -> None:
 def test_gpu_check_reports_every_check_without_a_gpu(tmp_path: Path) -> None:
     out = tmp_path / "gpu.json"
     p = subprocess.run(
-        [sys.executable, "-m", "hooks.gpu_check", "--out", str(out)],
+        [sys.executable, "-m", "pyctl.hooks.gpu_check", "--out", str(out)],
         cwd=REPO,
         capture_output=True,
         text=True,

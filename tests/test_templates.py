@@ -1,5 +1,5 @@
 """Fault templates: the shipped files, the loader, the CLI, and real runs
-against the libcuda TEST DOUBLE's workload (build/doubles/gf-infer)."""
+against the libcuda TEST DOUBLE's workload (pyctl/data/doubles/gf-infer)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from pyctl import paths
 from pyctl import templates as T
 from pyctl.cli import cli
 
 REPO = Path(__file__).resolve().parent.parent
-INFER = REPO / "build" / "doubles" / "gf-infer"
+INFER = paths.DOUBLE_INFER
 CLASSES = {1, 2, 3, 6, 7, 8}
 
 
@@ -113,7 +114,7 @@ def test_cli_bad_input_one_line_exit_2(tmp_path: Path) -> None:
 
 
 needs_double = pytest.mark.skipif(not INFER.exists(),
-                                  reason="build/doubles/gf-infer missing: run make build")
+                                  reason=paths.hint(INFER))
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="requires root (BPF, ptrace)")
 
 

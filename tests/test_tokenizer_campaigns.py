@@ -215,3 +215,31 @@ def test_cold_words_never_repeat_or_hit_the_pool() -> None:
     words = [cw.word() for _ in range(5000)]
     pool_words = {w for t in cache.hot_pool() for w in t.split()}
     assert len(set(words)) == 5000 and not set(words) & pool_words
+
+
+def test_exception_text_is_redacted_like_the_input(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A tokenizer's error often quotes its input: without --keep-text the
+    stored error must not hold it (nor a quoted piece of it), and a long
+    message says that it was cut."""
+    import sqlite3
+
+    import sqlite_utils
+
+    from pyctl.tokenizer.record import Recorder
+
+    secret = "password=hunter2 \ud800 tail"
+    db = sqlite_utils.Database(tmp_path / "t.db")
+    rec = Recorder(db, "r1", "fuzz")
+    rec.add("lone_surrogate", secret, "rejected",
+            error=f"UnicodeEncodeError: can't encode {secret!r}: 'hunter2' surrogates")
+    rec.add("long", "x" * 10, "rejected", error="E" * 800)
+    keep = Recorder(db, "r2", "fuzz", keep_text=True)
+    keep.add("lone_surrogate", secret, "rejected", error=f"bad {secret!r}")
+    rec.flush()
+    keep.flush()
+    rows = dict(sqlite3.connect(tmp_path / "t.db").execute(
+        "SELECT fault_id, error FROM tok_cases").fetchall())
+    assert "hunter2" not in rows["r1-1"] and "password" not in rows["r1-1"]
+    assert rows["r1-1"].startswith("UnicodeEncodeError: can't encode '<redacted>'")
+    assert rows["r1-2"].endswith("[300 more characters cut]")
+    assert "hunter2" in rows["r2-1"]  # --keep-text keeps it, as it keeps the text

@@ -105,7 +105,7 @@ def test_report_sentencepiece_says_hidden() -> None:
 
 
 @pytest.mark.root
-def test_uprobes_count_exactly_the_encode_calls() -> None:
+def test_uprobes_count_exactly_the_encode_calls(tracefs_mounted: str) -> None:
     from pyctl.tokenizer.uprobe_count import UprobeCounter, tracefs_ready
 
     why = tracefs_ready()
@@ -138,4 +138,33 @@ def test_uprobes_count_exactly_the_encode_calls() -> None:
         "tiktoken-encode-ordinary": 5,
     }
     # Our probes are gone afterwards.
-    assert c.group not in Path("/sys/kernel/tracing/uprobe_events").read_text()
+    assert c.group not in (Path(tracefs_mounted) / "uprobe_events").read_text()
+
+
+@pytest.mark.root
+def test_uprobe_counter_mounts_tracefs_itself_and_says_so() -> None:
+    """In a private mount namespace with tracefs unmounted (a new machine),
+    the counter mounts it, says so in one line, and counts."""
+    import subprocess
+    import sys
+
+    code = (
+        "from pyctl.tokenizer import symbols\n"
+        "from pyctl.tokenizer.uprobe_count import UprobeCounter\n"
+        "from pyctl.tokenizer.builders import build_hf_bpe\n"
+        "tok = build_hf_bpe(300)\n"
+        "pts = symbols.find_entry_points(symbols.library_of_module('tokenizers'), 'hf-encode')\n"
+        "with UprobeCounter(pts) as c:\n"
+        "    b = c.counts()\n"
+        "    [tok.encode('a b') for _ in range(7)]\n"
+        "    print('COUNT', c.counts()[0] - b[0])\n"
+    )
+    script = ("umount -l /sys/kernel/tracing 2>/dev/null; umount -l /sys/kernel/debug 2>/dev/null;"
+              f" exec {sys.executable} -c \"$0\"")
+    r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script, code],
+                       capture_output=True, text=True, timeout=120,
+                       cwd=Path(__file__).parent.parent)
+    assert r.returncode == 0, r.stderr
+    assert "COUNT 7" in r.stdout
+    said = [ln for ln in r.stderr.splitlines() if "mounted tracefs" in ln]
+    assert len(said) == 1 and said[0].startswith("gpufault: mounted tracefs at ")

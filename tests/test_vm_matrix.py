@@ -39,7 +39,7 @@ def test_fail_matrix_in_vm(kernel: str, expect: str, multi: str) -> None:
             "tests/test_fail_matrix.py",
             "tests/test_bpf_stack.py",
             "--basetemp",
-            "/tmp/gf-pytest",
+            "/tmp/pytest-vm",
         ],
         cwd=REPO,
         env={"GF_EXPECT_MECH": expect, "GF_EXPECT_MULTI": multi},

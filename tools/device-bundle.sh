@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Prepare .device/ (git-ignored) for the GPU machine, which has no clang, no
-# libbpf and no package registry: the BPF objects built here, Debian's
-# libbpf.so.1 (+ libelf it links), the CPU-double workload gf-infer (its PTX
-# kernels also run on a real GPU), and cp312 wheels of the Python
-# dependencies its image lacks. Carry it as `.device`; tests/device/run.sh
-# uses it. Idempotent: wheels already present are not fetched again.
+# libbpf and no package registry: the gpufault wheel built here (it carries
+# the BPF objects, Debian's libbpf.so.1 + libelf, the LD_PRELOAD shim and
+# the libcuda test double with its gf-infer workload, whose PTX kernels also
+# run on a real GPU), and cp312 wheels of the Python dependencies its image
+# lacks, all in .device/whl. Carry it as `.device`; tests/device/run.sh
+# installs them. Idempotent: dependency wheels already present are not
+# fetched again; the gpufault wheel is built afresh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=.device
@@ -13,17 +15,19 @@ OUT=.device
 WHEELS=(sqlite-utils==4.2.1 sqlite-fts4==1.0.3 click-default-group==1.2.4
         pyelftools==0.33 pyroute2==0.9.7)
 
-objs=(pyctl/data/*.bpf.o)
-[ -e "${objs[0]}" ] || { echo "device-bundle: no BPF objects: run make build first" >&2; exit 2; }
-[ -x build/doubles/gf-infer ] || { echo "device-bundle: build/doubles/gf-infer missing: run make build" >&2; exit 2; }
-mkdir -p "$OUT/bpf" "$OUT/lib" "$OUT/bin" "$OUT/whl"
-cp -f pyctl/data/*.bpf.o "$OUT/bpf/"
-for so in libbpf.so.1 libelf.so.1; do
-    src=$(ldconfig -p | awk -v n="$so" '$1 == n && /x86-64/ {print $NF; exit}')
-    [ -n "$src" ] || { echo "device-bundle: $so not found: apt-get install libbpf1 libelf1" >&2; exit 2; }
-    cp -fL "$src" "$OUT/lib/$so"
+PYTHON=${PYTHON:-python3}
+
+for f in pyctl/data/gpufault.bpf.o pyctl/data/doubles/gf-infer pyctl/data/preload/gfpreload.so \
+         pyctl/data/lib/libbpf.so.1; do
+    [ -e "$f" ] || { echo "device-bundle: $f missing: run make build first" >&2; exit 2; }
 done
-cp -f build/doubles/gf-infer "$OUT/bin/"
+# Loose objects of older bundles: run.sh installs the wheel instead.
+rm -rf "$OUT/bpf" "$OUT/lib" "$OUT/bin"
+mkdir -p "$OUT/whl"
+rm -f "$OUT"/whl/gpufault-*.whl
+"$PYTHON" -m build --wheel --outdir "$OUT/whl" . >"$OUT/build.log" 2>&1 \
+    || { tail -20 "$OUT/build.log" >&2; echo "device-bundle: wheel build failed ($OUT/build.log)" >&2; exit 2; }
+ls "$OUT"/whl/gpufault-*-py3-none-linux_x86_64.whl
 for w in "${WHEELS[@]}"; do
     name=${w%%==*}
     stem=$(echo "$name" | tr '-' '_')

@@ -2,7 +2,9 @@
 # Install what gpufault needs to build and test on a fresh Debian 12 host.
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
-APT_PKGS=(clang llvm libbpf-dev libbpf1 bpftool libelf-dev zlib1g-dev make gcc gcc-12
+# libc6-dbg: libc's local functions (start_thread) for the symbolizer's
+# known-answer tests, as a forensics user would install it.
+APT_PKGS=(clang llvm libbpf-dev libbpf1 bpftool libelf-dev zlib1g-dev make gcc gcc-12 g++ libc6-dbg gdb
 	binutils qemu-system-x86 busybox-static cpio xz-utils zstd kmod sqlite3 strace
 	util-linux iproute2 dwarves sparse)
 missing=()

@@ -44,10 +44,14 @@ mount -t devpts devpts $R/dev/pts
 mount -t tmpfs tmpfs $R/dev/shm
 mount -t tmpfs tmpfs $R/tmp
 mount -t tmpfs tmpfs $R/run
-mount -t tracefs tracefs $R/sys/kernel/tracing
-mount -t debugfs debugfs $R/sys/kernel/debug
-mount -t bpf bpf $R/sys/fs/bpf
-mount -t cgroup2 cgroup2 $R/sys/fs/cgroup
+# GF_BARE=1 (vmrun --bare): a new machine's state, nothing but proc, sys
+# and dev (and the tmpfs a read-only root needs to be writable at all).
+if [ "$GF_BARE" != 1 ]; then
+	mount -t tracefs tracefs $R/sys/kernel/tracing
+	mount -t debugfs debugfs $R/sys/kernel/debug
+	mount -t bpf bpf $R/sys/fs/bpf
+	mount -t cgroup2 cgroup2 $R/sys/fs/cgroup
+fi
 ip link set lo up
 
 # A read-write share at the same path as on the host. Under /tmp the path

@@ -126,16 +126,19 @@ def base_initramfs(kernel: str) -> bytes:
 
 
 def job_script(
-    argv: Sequence[str], cwd: str, env: Mapping[str, str], rw: Sequence[str], nonce: str
+    argv: Sequence[str], cwd: str, env: Mapping[str, str], rw: Sequence[str], nonce: str,
+    bare: bool = False,
 ) -> str:
-    """The /job.sh that init sources: rw mounts and the command line."""
+    """The /job.sh that init sources: rw mounts and the command line; bare:
+    init mounts no tracefs, debugfs, bpffs or cgroup2 (a new machine)."""
     q = shlex.quote
     mounts = "".join(f"\tgf_mount_rw rw{i} {q(d)}\n" for i, d in enumerate(rw)) or "\t:\n"
     envs = " ".join(q(f"{k}={v}") for k, v in env.items())
     inner = 'cd "$1" && shift && exec "$@"'
     run = f"exec chroot /mnt/root /usr/bin/env -i {envs} /bin/sh -c {q(inner)} sh {q(cwd)} "
     run += " ".join(q(a) for a in argv)
-    return f"GF_NONCE={nonce}\ngf_rw_mounts() {{\n{mounts}}}\ngf_run() {{\n\t{run}\n}}\n"
+    head = f"GF_NONCE={nonce}\nGF_BARE={int(bare)}\n"
+    return head + f"gf_rw_mounts() {{\n{mounts}}}\ngf_run() {{\n\t{run}\n}}\n"
 
 
 # --- qemu -------------------------------------------------------------------
@@ -329,6 +332,7 @@ def run_in_vm(
     cpus: int = 2,
     echo: bool = False,
     image: str = "auto",
+    bare: bool = False,
 ) -> VMResult:
     """Boot `kernel`, run argv in a chroot into the host's root, return what
     happened. env is added to a clean environment holding the host's PATH
@@ -355,7 +359,7 @@ def run_in_vm(
         raise VMError(why)
     boot = boot_image(kernel, image)
     nonce = secrets.token_hex(6)
-    job = job_script(argv, work_dir, full_env, rw_dirs, nonce)
+    job = job_script(argv, work_dir, full_env, rw_dirs, nonce, bare)
 
     with tempfile.TemporaryDirectory(prefix="gf-vm-") as tmp:
         jobdir = Path(tmp)
@@ -474,6 +478,8 @@ def main(argv: list[str] | None = None) -> int:
         help="when the guest prints MARKER, run the monitor command (repeatable)",
     )
     ap.add_argument("--allow-splats", action="store_true", help="do not fail on kernel splats")
+    ap.add_argument("--bare", action="store_true",
+                    help="mount nothing but proc, sys, dev (and /tmp, /run): a new machine")
     ap.add_argument(
         "-q",
         "--quiet",
@@ -496,6 +502,7 @@ def main(argv: list[str] | None = None) -> int:
             mem=args.mem,
             cpus=args.cpus,
             echo=not args.quiet,
+            bare=args.bare,
         )
     except VMError as e:
         print(f"vmrun: {e}", file=sys.stderr)

@@ -49,6 +49,7 @@ STAT_NAMES = (
     "pending_err",
     "inflight_err",
     "corrupt_err",
+    "fires_skipped",
 )
 STAT_MAX = 8
 
@@ -81,6 +82,8 @@ class Spec(C.Structure):
         ("corrupt_len", C.c_uint32),
         ("corrupt_mask", C.c_uint64),
         ("stall_ns", C.c_uint64),
+        ("caller_lo", C.c_uint64),
+        ("caller_hi", C.c_uint64),
     ]
 
 
@@ -139,6 +142,7 @@ class FireEvent(C.Structure):
         ("stack_bytes", C.c_int32),
         ("regs", C.c_uint64 * NREGS),
         ("comm", C.c_char * COMM_LEN),
+        ("caller", C.c_uint64),
         ("stack", C.c_uint64 * MAX_STACK),
     ]
 

@@ -1,4 +1,10 @@
-"""A small ctypes layer over the system libbpf (>= 1.0).
+"""A small ctypes layer over libbpf (>= 1.0).
+
+Which libbpf: GPUFAULT_LIBBPF if set, else the system's libbpf.so.1 where
+the dynamic loader finds one, else the copy the wheel carries
+(pyctl/data/lib, Debian's, with its libelf loaded first by absolute path so
+libbpf's DT_NEEDED resolves to it). origin() says which; `gpufault doctor`
+prints it.
 
 Only what gpufault uses. libbpf 1.x returns NULL/negative and sets errno;
 every wrapper turns that into BpfError with the operation in the message.
@@ -10,11 +16,10 @@ from __future__ import annotations
 import ctypes as C
 import ctypes.util
 import os
-from pathlib import Path
 
+from pyctl import paths
 from pyctl.bpf import raw
 
-_DATA = Path(__file__).resolve().parent.parent / "data"
 # Threads that destroy links at once (see Object.detach_all).
 DETACH_THREADS = 64
 # uapi/linux/bpf.h: BPF_TRACE_UPROBE_MULTI (6.6+) and its return flag.
@@ -39,37 +44,75 @@ class UprobeOpts(C.Structure):
     ]
 
 
-def _candidates() -> list[str]:
+def _candidates() -> list[tuple[str, str]]:
+    """(kind, name) in the order tried: kind is 'GPUFAULT_LIBBPF', 'system'
+    or 'bundled'."""
     env = os.environ.get("GPUFAULT_LIBBPF")
-    out = [env] if env else []
-    # A bundled copy (the GPU machine image has no libbpf), then the system.
-    out += [str(p) for p in sorted(_DATA.glob("libbpf.so*"))]
+    out = [("GPUFAULT_LIBBPF", env)] if env else []
+    out.append(("system", "libbpf.so.1"))
+    # The wheel's copy (GPU images usually have no libbpf).
+    if paths.BUNDLED_LIBBPF.exists():
+        out.append(("bundled", str(paths.BUNDLED_LIBBPF)))
     found = ctypes.util.find_library("bpf")
-    out += ["libbpf.so.1", found or "libbpf.so"]
+    if found and found != "libbpf.so.1":
+        out.append(("system", found))
     return out
 
 
-def _load() -> C.CDLL:
+def _loaded_path(lb: C.CDLL) -> str:
+    """The file the dynamic loader mapped for lb (dlinfo RTLD_DI_LINKMAP)."""
+
+    class LinkMap(C.Structure):
+        _fields_ = [("l_addr", C.c_void_p), ("l_name", C.c_char_p)]
+
+    try:
+        dlinfo = C.CDLL(None).dlinfo  # glibc >= 2.34 has it in libc
+    except AttributeError:
+        dlinfo = C.CDLL("libdl.so.2").dlinfo
+    lm = C.POINTER(LinkMap)()
+    if dlinfo(C.c_void_p(lb._handle), 2, C.byref(lm)) == 0 and lm and lm.contents.l_name:
+        return os.path.realpath(lm.contents.l_name.decode())
+    return str(lb._name)
+
+
+def _load() -> tuple[C.CDLL, str, str]:
     errors = []
-    for name in _candidates():
+    for kind, name in _candidates():
         try:
-            return C.CDLL(name, use_errno=True)
+            if kind == "bundled" and paths.BUNDLED_LIBELF.exists():
+                # libbpf's DT_NEEDED libelf.so.1 matches an object already
+                # loaded under that soname: the bundled one, wherever it is.
+                C.CDLL(str(paths.BUNDLED_LIBELF))
+            lb = C.CDLL(name, use_errno=True)
         except OSError as e:
-            errors.append(str(e))
+            errors.append(f"{name}: {e}")
+            continue
+        return lb, kind, _loaded_path(lb)
     raise BpfError(
-        "libbpf (>= 1.0) not found: install Debian/Ubuntu package libbpf1 "
-        "or set GPUFAULT_LIBBPF=/path/to/libbpf.so.1"
+        "libbpf (>= 1.0) not found: install Debian/Ubuntu package libbpf1, "
+        "use the gpufault wheel (it carries one), or set GPUFAULT_LIBBPF=/path/to/libbpf.so.1"
+        f" ({'; '.join(errors)})"
     )
 
 
 _lib: C.CDLL | None = None
+_origin: tuple[str, str] | None = None
+
+
+def origin() -> tuple[str, str]:
+    """(kind, path) of the libbpf in use, loading it if needed: kind is
+    'system', 'bundled' (the wheel's pyctl/data/lib) or 'GPUFAULT_LIBBPF'."""
+    lib()
+    assert _origin is not None
+    return _origin
 
 
 def lib() -> C.CDLL:
-    global _lib
+    global _lib, _origin
     if _lib is None:
-        _lib = _load()
-        _declare(_lib)
+        lb, kind, path = _load()
+        _declare(lb)
+        _lib, _origin = lb, (kind, path)
         if not os.environ.get("GPUFAULT_DEBUG"):
             # Silence libbpf's stderr chatter; errors come back as errno.
             _lib.libbpf_set_print(None)

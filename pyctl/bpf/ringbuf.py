@@ -82,6 +82,26 @@ class RingReader:
             rows = [r for r in rows if not r[0] & DISCARD]
         return rows
 
+    def take(self, limit: int) -> list[bytes]:
+        """Up to `limit` variable-size records, copied, and consumed before
+        this returns: a caller that stops early (a time budget) neither
+        loses nor re-reads one, unlike breaking out of records()."""
+        out: list[bytes] = []
+        cons, prod = self._positions()
+        start = cons
+        while cons < prod and len(out) < limit:
+            off = cons & self.mask
+            ln, _ = _HDR.unpack_from(self.data, off)
+            if ln & BUSY:
+                break
+            size = ln & ~(BUSY | DISCARD)
+            if not ln & DISCARD:
+                out.append(bytes(self.data[off + HDR : off + HDR + size]))
+            cons += _round8(size + HDR)
+        if cons != start:
+            self._commit(cons)
+        return out
+
     def records(self) -> Iterator[memoryview]:
         """Walk variable-size records one by one (for the low-rate ring)."""
         cons, prod = self._positions()

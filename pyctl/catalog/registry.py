@@ -4,6 +4,7 @@ pyctl.catalog re-exports these."""
 
 from __future__ import annotations
 
+import functools
 import re
 
 from .codes import code_name, code_value, codes, is_sticky
@@ -84,8 +85,10 @@ def _version(name: str) -> int:
     return int(m.group(1)) if m else 1
 
 
+@functools.lru_cache(maxsize=4096)
 def lookup(fn_name: str) -> FuncInfo | None:
-    """The FuncInfo for an exported symbol. Exact names and aliases first
+    """The FuncInfo for an exported symbol (cached: every fire asks, and
+    an unknown name costs a scan of the whole catalog). Exact names and aliases first
     (`cuLaunchKernel_ptsz`, `pncclAllReduce`), then the per-thread suffix
     dropped, then the base API name resolved as cuda.h resolves it today
     (`cuMemAlloc` -> cuMemAlloc_v2, `cuGraphInstantiate` ->

@@ -212,6 +212,16 @@ class Copilot:
                 "stopped; the copilot reaps it and keeps its status in Copilot.exit_status"
             )
         mask = 1 << (self.signo - 1)
+        try:
+            caught = int(st.get("SigCgt", "0"), 16)
+        except ValueError:
+            caught = 0
+        if caught & mask:
+            self.warnings.append(
+                f"pid {pid} handles signal {self.signo} (Go runtimes handle SIGURG): its "
+                "handler runs if a fault fires while no copilot holds the thread; "
+                "pick another with --copilot-signal (e.g. SIGWINCH)"
+            )
         for tid in procfs.tids(pid):
             try:
                 blocked = int(procfs.status(pid, tid).get("SigBlk", "0"), 16)
@@ -681,9 +691,24 @@ def block_sigchld() -> None:
 
     Call it in the controller's main thread before starting other threads:
     then no thread but the copilot's can take a tracee's SIGCHLD, and every
-    stop wakes the tracer at once. (Children started later inherit the mask.)
+    stop wakes the tracer at once. Children inherit a thread's mask through
+    fork and exec, so a command gpufault starts must be started with
+    original_sigmask() (runner.py does), or its own SIGCHLD handler never runs.
     """
-    signal.pthread_sigmask(signal.SIG_BLOCK, _SIGCHLD_SET)
+    global _ORIGINAL_MASK
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGCHLD_SET)
+    if _ORIGINAL_MASK is None:
+        _ORIGINAL_MASK = set(old)
+
+
+_ORIGINAL_MASK: set[int] | None = None
+
+
+def original_sigmask() -> set[int]:
+    """The calling thread's signal mask before block_sigchld() changed it."""
+    if _ORIGINAL_MASK is not None:
+        return set(_ORIGINAL_MASK)
+    return set(signal.pthread_sigmask(signal.SIG_BLOCK, set()))
 
 
 def _comm(pid: int) -> str:

@@ -14,10 +14,15 @@ from __future__ import annotations
 
 import os
 import re
-import tomllib
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10 (Ubuntu 22.04): the same parser as a package
+    import tomli as tomllib
 
 from pyctl.spec import (
     FaultSpec,

@@ -3,13 +3,17 @@ injected case, keyed by fault ID `<run_id>-<seq>`.
 
 Inputs are redacted by default: the row keeps the SHA-256 of the UTF-8
 bytes (lone surrogates encoded with surrogatepass) and the lengths; the
-text itself only with keep_text=True (`--keep-text`).
+text itself only with keep_text=True (`--keep-text`). Exception messages
+are redacted too (a tokenizer's error often quotes its input): every form
+of the input (as is, repr-escaped, backslash-escaped) and every quoted
+literal in the message become <redacted>.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +41,32 @@ def text_bytes(text: str) -> bytes:
 
 def digest(text: str) -> str:
     return hashlib.sha256(text_bytes(text)).hexdigest()
+
+
+ERROR_MAX = 500
+# A quote opens a literal only after a non-word character (not "can't").
+_QUOTED = re.compile(r"""(?<!\w)(['"])(?:\\.|(?!\1).)*\1""")
+
+
+def redact_error(error: str, text: str) -> str:
+    """error without the input in it: the input's own forms first (a long
+    enough one anywhere, a short one only where quoted), then every quoted
+    literal, since a message may quote a piece of the input."""
+    if not error:
+        return error
+    forms = {text, repr(text)[1:-1], ascii(text)[1:-1],
+             text_bytes(text).decode("utf-8", "backslashreplace")}
+    for f in sorted(forms, key=len, reverse=True):
+        if len(f) >= 4:
+            error = error.replace(f, "<redacted>")
+    return _QUOTED.sub(lambda m: f"{m.group(1)}<redacted>{m.group(1)}", error)
+
+
+def cut(error: str, limit: int = ERROR_MAX) -> str:
+    """At most limit characters, saying how many were cut."""
+    if len(error) <= limit:
+        return error
+    return error[:limit] + f" ... [{len(error) - limit} more characters cut]"
 
 
 def ensure_table(db: Any) -> None:
@@ -90,7 +120,7 @@ class Recorder:
                 if self.keep_text
                 else None,
                 "outcome": outcome,
-                "error": error[:500],
+                "error": cut(error if self.keep_text else redact_error(error, text)),
                 "latency_ns": latency_ns,
                 "details": json.dumps(details or {}, sort_keys=True, default=str),
             }

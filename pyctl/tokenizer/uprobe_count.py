@@ -25,21 +25,17 @@ TRACEFS = Path("/sys/kernel/tracing")
 
 
 def tracefs_ready() -> str | None:
-    """None if uprobe events can be created here, else why not."""
+    """None if uprobe events can be created here, else why not. Mounts
+    tracefs (saying so in one line) when nothing is mounted."""
+    from pyctl import tracefs
+
     if os.geteuid() != 0:
         return "requires root (tracefs uprobe_events)"
-    if not (TRACEFS / "uprobe_events").exists():
-        try:
-            import subprocess
-
-            subprocess.run(
-                ["mount", "-t", "tracefs", "nodev", str(TRACEFS)],
-                check=True,
-                capture_output=True,
-            )
-        except (OSError, subprocess.CalledProcessError):
-            return f"tracefs is not mounted at {TRACEFS} and mounting it failed"
-    if not (TRACEFS / "uprobe_events").exists():
+    try:
+        where = Path(tracefs.ensure("the tokenizer uprobe counter"))
+    except tracefs.TracefsError as e:
+        return str(e)
+    if not (where / "uprobe_events").exists():
         return "kernel lacks CONFIG_UPROBE_EVENTS (no uprobe_events in tracefs)"
     return None
 
@@ -67,27 +63,34 @@ class UprobeCounter:
         self.points = list(points)
         self.offset = offset  # e.g. 4 to skip an endbr64
         self.group = f"gftok_{os.getpid()}_{secrets.token_hex(2)}"
-        self.instance = TRACEFS / "instances" / self.group
+        self.tf = TRACEFS  # where tracefs is, found again at __enter__
         self.events: list[str] = []
 
+    @property
+    def _instance(self) -> Path:
+        return self.tf / "instances" / self.group
+
     def __enter__(self) -> UprobeCounter:
+        from pyctl import tracefs
+
         why = tracefs_ready()
         if why:
             raise PermissionError(why)
+        self.tf = Path(tracefs.find() or TRACEFS)
         try:
             for i, ep in enumerate(self.points):
                 # uprobe_profile prints the event name without its group,
                 # so the name itself must be unique.
                 name = f"{self.group}_{i}"
                 _write(
-                    TRACEFS / "uprobe_events",
+                    self.tf / "uprobe_events",
                     f"p:{self.group}/{name} {ep.library}:{ep.file_offset + self.offset:#x}",
                 )
                 self.events.append(name)
-            self.instance.mkdir()
+            self._instance.mkdir()
             # A small buffer: we only need the kernel to take the hits.
-            (self.instance / "buffer_size_kb").write_text("64")
-            (self.instance / "events" / self.group / "enable").write_text("1")
+            (self._instance / "buffer_size_kb").write_text("64")
+            (self._instance / "events" / self.group / "enable").write_text("1")
         except BaseException:
             self._teardown()
             raise
@@ -97,7 +100,7 @@ class UprobeCounter:
         """Hits so far per index into `points`."""
         hits: dict[int, int] = {}
         names = {name: i for i, name in enumerate(self.events)}
-        for line in (TRACEFS / "uprobe_profile").read_text().splitlines():
+        for line in (self.tf / "uprobe_profile").read_text().splitlines():
             # "<file> <event> <nhit>" (some kernels add a missed count)
             fields = line.split()
             if len(fields) >= 3 and fields[1] in names:
@@ -105,20 +108,20 @@ class UprobeCounter:
         return {i: hits.get(i, 0) for i in range(len(self.points))}
 
     def _teardown(self) -> None:
-        ev = self.instance / "events" / self.group / "enable"
+        ev = self._instance / "events" / self.group / "enable"
         if ev.exists():
             try:
                 ev.write_text("0")
             except OSError:
                 pass
-        if self.instance.exists():
+        if self._instance.exists():
             try:
-                self.instance.rmdir()
+                self._instance.rmdir()
             except OSError:
                 pass
         for name in self.events:
             try:
-                _write(TRACEFS / "uprobe_events", f"-:{self.group}/{name}")
+                _write(self.tf / "uprobe_events", f"-:{self.group}/{name}")
             except OSError:
                 pass
         self.events.clear()

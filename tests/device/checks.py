@@ -209,10 +209,12 @@ def env(out: Path) -> dict[str, Any]:
         "python": sys.version.split()[0],
         "libcuda": sh("ls -l /usr/local/nvidia/lib64/libcuda.so* 2>&1 | head -3"),
         "doctor": sh(f"{sys.executable} -m pyctl doctor"),
-        "tracefs": xid.tracefs(),
+        "tracefs": xid.tracefs(),  # run.sh mounts none: the engine needs none
     }
+    from pyctl import capabilities
+
+    info["xid_tracepoint"] = capabilities.nvidia_xid_tracepoint()  # kallsyms, no tracefs
     fmt = xid.format_path()
-    info["xid_tracepoint"] = fmt is not None
     if fmt is not None:
         text = fmt.read_text()
         (out / "nvidia_dev_xid.format").write_text(text)
@@ -225,6 +227,8 @@ def env(out: Path) -> dict[str, Any]:
     except Exception as e:  # noqa: BLE001
         info["torch"] = str(e)
     info["ok"] = bool(info["xid_tracepoint"]) and "H200" in info["nvidia_smi"]
+    info["doctor_xids_rc"] = subprocess.run([sys.executable, "-m", "pyctl", "doctor", "--for",
+                                             "xids"], capture_output=True).returncode
     return info
 
 
@@ -433,6 +437,7 @@ def corrupt_xid(out: Path) -> dict[str, Any]:
     try:
         mon.start()
         res["xid_monitor"] = "attached"
+        res["xid_mode"] = mon.mode  # "raw": no tracefs; "format": the fallback
     except xid.XidError as e:
         res["xid_monitor"] = str(e)
         mon = None  # type: ignore[assignment]
@@ -468,8 +473,11 @@ def corrupt_xid(out: Path) -> dict[str, Any]:
         con.close()
     res["dmesg_xid"] = sh("dmesg 2>/dev/null | grep -i xid | tail -5")
     fid = res["faults"][0]["fault_id"] if res["faults"] else None
+    # The raw program reads pci_name(pdev) itself: it must look like a BDF.
+    res["xid_dev_is_bdf"] = all(re.fullmatch(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]",
+                                             x["dev"] or "") for x in res.get("xids", []))
     res["ok"] = bool(r.get("illegal_address")) and bool(res.get("xids")) and any(
-        x["fault_id"] == fid for x in res.get("xids", []))
+        x["fault_id"] == fid for x in res.get("xids", [])) and res["xid_dev_is_bdf"]
     return res
 
 
@@ -692,7 +700,8 @@ def probe_cost(out: Path) -> dict[str, Any]:
 
 @check
 def hooks(out: Path) -> dict[str, Any]:
-    r = subprocess.run([sys.executable, "-m", "hooks.gpu_check", "--out", str(out / "hooks.json")],
+    r = subprocess.run([sys.executable, "-m", "pyctl.hooks.gpu_check",
+                        "--out", str(out / "hooks.json")],
                        cwd=REPO, capture_output=True, text=True, timeout=400)
     try:
         doc = json.loads(Path(out / "hooks.json").read_text())

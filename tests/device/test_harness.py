@@ -1,6 +1,6 @@
 """The device-check harness on this machine, without a GPU: arming an
 engine from a polling thread against the libcuda TEST DOUBLE's workload
-(build/doubles/gf-infer), and the two-rank all-reduce protocol over
+(pyctl/data/doubles/gf-infer), and the two-rank all-reduce protocol over
 torch.distributed's gloo backend (CPU; the device run uses NCCL)."""
 
 from __future__ import annotations
@@ -16,14 +16,15 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from pyctl import paths  # noqa: E402
 from tests.device import checks as C  # noqa: E402
 
-INFER = REPO / "build" / "doubles" / "gf-infer"
+INFER = paths.DOUBLE_INFER
 
 
 @pytest.mark.root
 @pytest.mark.skipif(os.geteuid() != 0, reason="requires root (BPF, ptrace)")
-@pytest.mark.skipif(not INFER.exists(), reason="build/doubles/gf-infer missing: run make build")
+@pytest.mark.skipif(not INFER.exists(), reason=paths.hint(INFER))
 def test_armed_engine_from_a_polling_thread(tmp_path: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     from pyctl.copilot import block_sigchld
@@ -51,7 +52,10 @@ def test_armed_engine_from_a_polling_thread(tmp_path: Path,
         p.wait(30)
     assert "cuLaunchKernel -> CUDA_ERROR_LAUNCH_FAILED (719)" in seen
     assert C.POLL_ERRORS == []
-    assert C.calls_by_symbol(db, rid)["cuMemAlloc_v2"] >= 4
+    # Both specs are armed at one moment (after the copilot holds the
+    # threads), possibly between a step's alloc and its launch: the 3rd
+    # launch comes after at least 2 traced allocs.
+    assert C.calls_by_symbol(db, rid)["cuMemAlloc_v2"] >= 2
     [f] = C.faults_of(db, rid)
     assert (f["function"], f["retval"], f["call_seq"]) == ("cuLaunchKernel", 719, 3)
 

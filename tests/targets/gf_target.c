@@ -12,10 +12,13 @@
  *                  prints "timed n=<N> p50=<ns> p99=<ns> max=<ns> failed=<k>"
  *   both N       - main thread: gf_alloc then gf_victim, N times, prints
  *                  "both i=<k> alloc=<r> victim=<r>"
+ *   read N       - read(2) 1 byte from /dev/zero N times, called from this
+ *                  program itself; prints "read n=<N> failed=<k>"
  *   quit         - exit 0
  * Prints "ready pid=<pid>" at start and "done" after each command.
  */
 #define _GNU_SOURCE
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -113,6 +116,19 @@ int main(void)
 			}
 			for (int i = 0; i < t; i++)
 				pthread_join(th[i], NULL);
+		} else if (sscanf(line, "read %ld", &n) == 1) {
+			/* read() called from here, while fgets() above reaches
+			 * read() from inside libc: the --caller filter tells them
+			 * apart. */
+			int fd = open("/dev/zero", O_RDONLY);
+			long failed = 0;
+			char c;
+
+			for (long i = 0; i < n; i++)
+				if (read(fd, &c, 1) != 1)
+					failed++;
+			close(fd);
+			printf("read n=%ld failed=%ld\n", n, failed);
 		} else if (sscanf(line, "alloc %ld", &n) == 1) {
 			for (long i = 1; i <= n; i++) {
 				uint64_t p = 0;

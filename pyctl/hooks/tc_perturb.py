@@ -30,7 +30,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from hooks.bitflip import DTYPES, BitSpecError, bit_positions, flip_as
+from pyctl.hooks.bitflip import DTYPES, BitSpecError, bit_positions, flip_as
 
 MATMUL = "matmul"
 _MATMUL_FUNCS = {

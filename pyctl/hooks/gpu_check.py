@@ -1,6 +1,6 @@
 """GPU validation of the in-process hooks; run on the GPU machine.
 
-    python -m hooks.gpu_check [--device 0] [--share 0.3] [--out docs/hooks-gpu.json]
+    python -m pyctl.hooks.gpu_check [--device 0] [--share 0.3] [--out docs/hooks-gpu.json]
 
 Three checks, each reported even if another fails; prints one JSON object
 and exits 0 only if all passed:
@@ -32,8 +32,6 @@ from typing import Any
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-
 
 def _nvml_used(device: int) -> int:
     import pynvml
@@ -44,20 +42,13 @@ def _nvml_used(device: int) -> int:
 
 
 def check_vram(device: int, share: float) -> dict[str, Any]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "hooks.vram_pressure",
-        "--share",
-        str(share),
-        "--duration",
-        "120",
-        "--device",
-        str(device),
-    ]
+    from pyctl.paths import module_argv
+
+    args = ["--share", str(share), "--duration", "120", "--device", str(device)]
+    cmd = module_argv("pyctl.hooks.vram_pressure", args)
     before = _nvml_used(device)
     t0 = time.monotonic()
-    p = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert p.stdout is not None and p.stderr is not None
     line = p.stdout.readline()
     if not line:
@@ -93,7 +84,7 @@ def check_vram(device: int, share: float) -> dict[str, Any]:
 def check_torch(device: int) -> dict[str, Any]:
     import torch
 
-    from hooks import tc_measure
+    from pyctl.hooks import tc_measure
 
     dev = f"cuda:{device}"
     bits = ["sign", "exp:4", "exp:3", "exp:0", "mant:9", "mant:5", "mant:0"]
@@ -119,7 +110,7 @@ def check_torch(device: int) -> dict[str, Any]:
 def check_wmma(device: int) -> dict[str, Any]:
     """Both back ends where they can run: `ptx` must pass; `wmma` needs the
     toolkit's crt/mma.h, and its absence is reported, not failed."""
-    from hooks import wmma_flip
+    from pyctl.hooks import wmma_flip
 
     res: dict[str, Any] = {"mma_include": wmma_flip.find_mma_include()}
     for backend in ("ptx", "wmma"):
@@ -136,7 +127,7 @@ def check_wmma(device: int) -> dict[str, Any]:
 def _check_wmma_backend(device: int, backend: str) -> dict[str, Any]:
     import cupy as cp
 
-    from hooks import wmma_flip
+    from pyctl.hooks import wmma_flip
 
     cp.cuda.Device(device).use()
     rng = np.random.default_rng(0)

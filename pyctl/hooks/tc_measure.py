@@ -1,6 +1,6 @@
 """Output divergence per flipped bit position on a tiny random transformer.
 
-    python -m hooks.tc_measure --model-dtype bf16 --as fp16 --rate 1e-3
+    python -m pyctl.hooks.tc_measure --model-dtype bf16 --as fp16 --rate 1e-3
 
 For each bit position of the chosen dtype, every nn.Linear output (and,
 with --matmul, every attention matmul output) has that bit flipped in a
@@ -20,9 +20,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from hooks import tiny_model
-from hooks.bitflip import DTYPES, LAYOUT, BitSpecError
-from hooks.tc_perturb import MATMUL, Perturber, Rule
+from pyctl.hooks import tiny_model
+from pyctl.hooks.bitflip import DTYPES, LAYOUT, BitSpecError
+from pyctl.hooks.tc_perturb import MATMUL, Perturber, Rule
 
 
 @dataclass

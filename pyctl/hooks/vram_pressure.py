@@ -1,6 +1,6 @@
 """Hold a share of FREE GPU memory for a while (fault class 2, pressure mode).
 
-    python -m hooks.vram_pressure --share 0.5 --duration 30 [--device 0]
+    python -m pyctl.hooks.vram_pressure --share 0.5 --duration 30 [--device 0]
 
 Runs as its own process: sizes the hold from NVML's free bytes, allocates
 it in chunks (cupy if importable, else torch), checks with NVML that the

@@ -2,7 +2,7 @@
 accumulator bits after mma_sync, and its reference (fault class 4, kernel
 variant).
 
-The kernel runs only on an NVIDIA GPU with cupy (hooks/gpu_check.py does
+The kernel runs only on an NVIDIA GPU with cupy (pyctl/hooks/gpu_check.py does
 that); this module imports without cupy so its reference and helpers can be
 tested anywhere.
 

@@ -1,0 +1,76 @@
+"""Where a caller object lives in a process: the address range the BPF
+caller filter compares a call's return address with (`--caller OBJ`).
+
+A uprobe on a C library function fires for every call of it, also the
+library's own internal ones (`read` under `fgets`, `malloc` under
+`fopen`), so `inject --fn read --every 1` once failed the target's reads
+of stdin. `--caller` limits a fault to calls whose return address lies in
+one object: the application binary (`--caller main`), libtorch, a plugin.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from dataclasses import dataclass
+
+
+class CallerError(ValueError):
+    """One line for the user: which object, what to do."""
+
+
+@dataclass(frozen=True)
+class Range:
+    path: str
+    lo: int
+    hi: int
+
+
+def _exec_maps(pid: int) -> list[tuple[int, int, str]]:
+    out = []
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            lines = f.read().splitlines()
+    except OSError as e:
+        raise CallerError(f"cannot read /proc/{pid}/maps: {e.strerror}") from None
+    for line in lines:
+        parts = line.split(None, 5)
+        if len(parts) < 6 or "x" not in parts[1] or not parts[5].startswith("/"):
+            continue
+        lo, hi = (int(x, 16) for x in parts[0].split("-"))
+        out.append((lo, hi, parts[5].removesuffix(" (deleted)")))
+    return out
+
+
+def _matches(name: str, path: str, exe: str) -> bool:
+    base = os.path.basename(path)
+    if name in ("main", "exe"):
+        return path == exe
+    if "/" in name:
+        return path == name or os.path.realpath(name) == path
+    if any(c in name for c in "*?["):
+        return fnmatch.fnmatch(base, name)
+    # libc: libc.so.6, libc-2.31.so; never libcuda.so (a different library).
+    return base == name or base.startswith((name + ".", name + "-"))
+
+
+def exec_range(pid: int, name: str) -> Range | None:
+    """The executable mappings of the one object `name` names in pid, as
+    one [lo, hi) range (an object's segments are contiguous); None when it
+    is not mapped (yet). CallerError when name matches several objects."""
+    try:
+        exe = os.readlink(f"/proc/{pid}/exe").removesuffix(" (deleted)")
+    except OSError:
+        exe = ""
+    hits: dict[str, list[tuple[int, int]]] = {}
+    for lo, hi, path in _exec_maps(pid):
+        if _matches(name, path, exe):
+            hits.setdefault(path, []).append((lo, hi))
+    if not hits:
+        return None
+    if len(hits) > 1:
+        raise CallerError(f"--caller {name!r} matches {len(hits)} objects in pid {pid} "
+                          f"({', '.join(sorted(os.path.basename(p) for p in hits))}): "
+                          "give a longer name or the full path")
+    ((path, spans),) = hits.items()
+    return Range(path, min(lo for lo, _ in spans), max(hi for _, hi in spans))

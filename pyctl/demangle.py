@@ -1,0 +1,81 @@
+"""C++ (Itanium) and Rust (legacy and v0) names as a person reads them.
+
+C++ and Rust legacy names (`_Z...`) go through libstdc++'s own demangler,
+`__cxa_demangle`, loaded with ctypes (libstdc++.so.6 is on every GPU host:
+torch and CUDA need it), so names read exactly as gdb and c++filt print
+them. Rust v0 names (`_R...`) go through rust-demangler. A name neither
+understands is returned unchanged, never guessed at.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import re
+
+# Rust legacy: a trailing 17h<16 hex> hash element, noise to a reader.
+_RUST_HASH = re.compile(r"::h[0-9a-f]{16}$")
+
+
+@functools.lru_cache(maxsize=1)
+def _cxa() -> tuple[object, object] | None:
+    for name in ("libstdc++.so.6", ctypes.util.find_library("stdc++")):
+        if not name:
+            continue
+        try:
+            lib = ctypes.CDLL(name)
+        except OSError:
+            continue
+        f = lib.__cxa_demangle
+        f.restype = ctypes.c_void_p
+        f.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p,
+                      ctypes.POINTER(ctypes.c_int)]
+        libc = ctypes.CDLL(None)
+        libc.free.argtypes = [ctypes.c_void_p]
+        return f, libc.free
+    return None
+
+
+def _itanium(name: str) -> str | None:
+    cxa = _cxa()
+    if cxa is None:
+        return None
+    f, free = cxa
+    status = ctypes.c_int(0)
+    p = f(name.encode(), None, None, ctypes.byref(status))  # type: ignore[operator]
+    if not p:
+        return None
+    try:
+        return ctypes.string_at(p).decode(errors="replace")
+    finally:
+        free(p)  # type: ignore[operator]
+
+
+def _rust_v0(name: str) -> str | None:
+    try:
+        import rust_demangler
+    except ImportError:
+        return None
+    try:
+        out = rust_demangler.demangle(name)
+    except Exception:  # noqa: BLE001 - not a v0 name after all
+        return None
+    return out if isinstance(out, str) and out != name else None
+
+
+@functools.lru_cache(maxsize=65536)
+def demangle(name: str) -> str:
+    """The readable form of a symbol name; the name itself if it is not
+    mangled or cannot be read. A version suffix (@GLIBC_2.2.5) is kept."""
+    base, at, version = name.partition("@")
+    out: str | None = None
+    if base.startswith("_R"):
+        out = _rust_v0(base)
+    elif base.startswith("_Z"):
+        out = _itanium(base)
+        if out is not None and base.startswith("_ZN") and base.endswith("E"):
+            out = _RUST_HASH.sub("", out)
+    if out is None:
+        return name
+    return out + (at + version if at else "")

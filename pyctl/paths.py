@@ -1,0 +1,61 @@
+"""Where the packaged artifacts live: one place for every caller.
+
+`make build` writes the built binaries into the package (git-ignored), so
+a checkout and an installed wheel look the same:
+
+    pyctl/data/*.bpf.o                  CO-RE objects (bpf/*.bpf.c)
+    pyctl/data/doubles/libcuda.so.1     libcuda TEST DOUBLE (doubles/, CPU only)
+    pyctl/data/doubles/gf-infer         its inference-loop workload (RUNPATH $ORIGIN)
+    pyctl/data/preload/gfpreload.so     LD_PRELOAD shim (pyctl/hooks/preload/)
+    pyctl/data/lib/libbpf.so.1          Debian's libbpf + libelf, used only when
+    pyctl/data/lib/libelf.so.1          the system has no libbpf.so.1
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent
+DATA = PACKAGE / "data"
+DOUBLES = DATA / "doubles"
+PRELOAD = DATA / "preload"
+LIB = DATA / "lib"
+
+# The libcuda test double and its workload (not the CUDA driver).
+DOUBLE_LIBCUDA = DOUBLES / "libcuda.so.1"
+DOUBLE_INFER = DOUBLES / "gf-infer"
+PRELOAD_SHIM = PRELOAD / "gfpreload.so"
+BUNDLED_LIBBPF = LIB / "libbpf.so.1"
+BUNDLED_LIBELF = LIB / "libelf.so.1"
+
+
+def bpf_object(name: str) -> Path:
+    """pyctl/data/NAME.bpf.o (NAME without the suffix)."""
+    return DATA / f"{name}.bpf.o"
+
+
+def missing(*paths: Path) -> list[Path]:
+    return [p for p in paths if not p.exists()]
+
+
+def hint(path: Path) -> str:
+    """One line for a missing artifact: what builds it."""
+    return f"{path} missing: run `make build` in the checkout (or install the gpufault wheel)"
+
+
+# Runs a module in isolated mode (-I: no cwd, no PYTHONPATH, no user site)
+# with the directory that holds THIS pyctl first on sys.path, so a child
+# imports the same package as its parent and never a planted ./pyctl or
+# ./hooks from the working directory.
+_BOOT = (
+    "import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); "
+    "runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)"
+)
+
+
+def module_argv(module: str, args: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """argv that runs `python -m MODULE ARGS` safely as a child (see _BOOT)."""
+    if not module.startswith("pyctl."):
+        raise ValueError(f"{module}: only pyctl modules run this way")
+    return [sys.executable, "-I", "-c", _BOOT, str(PACKAGE.parent), module, *args]

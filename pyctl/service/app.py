@@ -1,0 +1,371 @@
+"""Service: the tokenizer, the two models, the device, the breaker, the
+worker and the metrics, wired together; transport-independent (server.py
+only moves bytes).
+
+Request path (an HTTP thread): validate -> tokenizer.encode (the real Rust
+encode) -> submit to the bounded queue (429 when full) -> wait for the
+answer until the request's deadline (504 after it).
+Batch path (the worker thread): breaker closed or half-open -> the primary
+model on the device backend; a device error counts against the breaker and
+the batch is answered by the degradation path: the 1-layer fallback model
+on the host CPU ("degraded": true) or 503, as configured.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import time
+import uuid
+from typing import Any
+
+import torch
+
+from pyctl.service.batcher import Outcome, Pending, QueueFull, Worker, error_body
+from pyctl.service.breaker import CLOSED, OPEN, STATE_VALUE, CircuitBreaker
+from pyctl.service.config import ServiceConfig
+from pyctl.service.device import DeviceError, make_backend
+from pyctl.service.generate import GenRequest, generate
+from pyctl.service.metrics import ServiceMetrics
+from pyctl.service.model import TinyCausalLM, build_model
+from pyctl.service.tokenizer import ServiceTokenizer
+
+MAX_TEMPERATURE = 2.0
+
+
+class BadRequest(ValueError):
+    pass
+
+
+def log(msg: str) -> None:
+    print(f"gf-service: {msg}", file=sys.stderr, flush=True)
+
+
+class Service:
+    def __init__(self, cfg: ServiceConfig) -> None:
+        self.cfg = cfg.check()
+        torch.set_num_threads(cfg.torch_threads)
+        self.tok = ServiceTokenizer(cfg.vocab_size)
+        vocab = self.tok.vocab_size
+
+        def model(layers: int, seed: int) -> TinyCausalLM:
+            return build_model(
+                vocab_size=vocab,
+                d_model=cfg.d_model,
+                n_heads=cfg.n_heads,
+                max_context=cfg.max_context,
+                n_layers=layers,
+                seed=seed,
+            )
+
+        # Built on the CPU here; moved to the device in the worker thread.
+        self.primary = model(cfg.model_layers, cfg.seed)
+        # The fallback lives on the host CPU: it must work when the device does not.
+        self.fallback = model(cfg.fallback_layers, cfg.seed + 1)
+        self.primary_name = f"gf-tiny-{cfg.model_layers}l"
+        self.fallback_name = f"gf-tiny-{cfg.fallback_layers}l-fallback"
+        self.backend = make_backend(cfg.device, cfg.bytes_per_token)
+        self.metrics = m = ServiceMetrics(cfg.device if cfg.device != "cuda" else "cuda:0")
+        self.breaker = CircuitBreaker(
+            cfg.breaker_errors,
+            cfg.breaker_window_s,
+            cfg.breaker_cooldown_s,
+            on_change=self._breaker_changed,
+        )
+        self.worker = Worker(
+            self._run_batch,
+            max_batch=cfg.max_batch,
+            batch_wait_s=cfg.batch_wait_ms / 1000.0,
+            queue_size=cfg.queue_size,
+            on_start=self._worker_start,
+            on_expired=lambda p: None,
+        )
+        self._ids = itertools.count(1)
+        self._seed_base = cfg.seed * 1_000_003
+        self.started_at = time.monotonic()
+        m.info.info(
+            {
+                "device": cfg.device,
+                "model": self.primary_name,
+                "fallback": self.fallback_name,
+                "degrade": cfg.degrade,
+                "libcuda_test_double": str(self.backend.double).lower(),
+            }
+        )
+        m.queue_capacity.set(cfg.queue_size)
+        m.queue_depth.set_function(self.worker.depth)
+        m.worker_alive.set_function(lambda: float(self.worker.alive()))
+        m.worker_age.set_function(self.worker.progress_age)
+        m.breaker_state.set_function(lambda: STATE_VALUE[self.breaker.state])
+        m.watch_memory(self.backend.memory)
+
+    # ---- lifecycle ---------------------------------------------------------
+    def start(self) -> None:
+        self.worker.start()
+
+    def stop(self) -> None:
+        self.worker.stop()
+
+    def _worker_start(self) -> None:
+        """In the worker thread: the device (contexts are per thread) and a warm-up."""
+        self.backend.open()
+        self.primary.to(self.backend.torch_device)
+        warm = [GenRequest(self.tok.encode("warm up"), 1)]
+        generate(self.primary, warm, pad_id=self.tok.pad_id, device=self.backend.torch_device)
+        generate(self.fallback, warm, pad_id=self.tok.pad_id)
+
+    # ---- the request path (HTTP threads) -------------------------------------
+    def complete(self, body: Any, t0: float | None = None) -> Outcome:
+        """Answer one /v1/completions body (already JSON-decoded, or a
+        BadRequest's message string). Records latency and counters."""
+        t0 = time.monotonic() if t0 is None else t0
+        out = self._complete(body, t0)
+        degraded = bool(out.body.get("degraded", False))
+        outcome = _outcome_label(out, degraded)
+        self.metrics.request_latency.labels(outcome=outcome).observe(time.monotonic() - t0)
+        self.metrics.requests.labels(status=str(out.status), degraded=str(degraded).lower()).inc()
+        return out
+
+    def bad_request(self, message: str, t0: float) -> Outcome:
+        """For the transport's own 400s (invalid JSON, no body): counted the same way."""
+        return self.complete(BadRequest(message), t0)
+
+    def _complete(self, body: Any, t0: float) -> Outcome:
+        try:
+            if isinstance(body, BadRequest):
+                raise body
+            prompt, max_tokens, temperature = self._validate(body)
+            ids = self.tok.encode(prompt)
+            room = self.cfg.max_context - max_tokens
+            if len(ids) > room:
+                raise BadRequest(
+                    f"prompt is {len(ids)} tokens; with max_tokens {max_tokens} that exceeds "
+                    f"the context length {self.cfg.max_context}: shorten the prompt"
+                )
+        except BadRequest as e:
+            self.metrics.errors.labels(kind="bad_request", code="").inc()
+            return Outcome(400, error_body("invalid_request_error", str(e)))
+        n = next(self._ids)
+        p = Pending(
+            id=f"cmpl-{uuid.uuid4().hex[:24]}",
+            ids=ids,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            seed=self._seed_base + n,
+            deadline=t0 + self.cfg.request_timeout_s,
+        )
+        try:
+            self.worker.submit(p)
+        except QueueFull:
+            self.metrics.errors.labels(kind="shed", code="queue_full").inc()
+            return Outcome(
+                429,
+                error_body(
+                    "overloaded",
+                    f"queue full ({self.cfg.queue_size} requests waiting): retry later",
+                ),
+                {"Retry-After": "1"},
+            )
+        if not p.done.wait(max(0.0, p.deadline - time.monotonic())):
+            self.metrics.errors.labels(kind="timeout", code="").inc()
+            p.finish(Outcome(504, {}))  # the worker skips it if it has not started it
+            return Outcome(
+                504,
+                error_body(
+                    "timeout",
+                    f"no answer within the request timeout of {self.cfg.request_timeout_s:g} s",
+                ),
+            )
+        assert p.outcome is not None
+        return p.outcome
+
+    def _validate(self, body: Any) -> tuple[str, int, float]:
+        if not isinstance(body, dict):
+            raise BadRequest("the body must be a JSON object")
+        prompt = body.get("prompt")
+        if prompt is None:
+            raise BadRequest("missing 'prompt': give a string")
+        if not isinstance(prompt, str):
+            raise BadRequest("'prompt' must be a string (lists of prompts are not supported)")
+        if body.get("stream"):
+            raise BadRequest("'stream' is not supported: leave it out or set it to false")
+        if body.get("n", 1) != 1:
+            raise BadRequest("'n' must be 1")
+        lim = self.cfg.max_tokens_limit
+        mt = body.get("max_tokens", self.cfg.default_max_tokens)
+        if isinstance(mt, bool) or not isinstance(mt, int) or not 1 <= mt <= lim:
+            raise BadRequest(f"'max_tokens' must be a whole number from 1 to {lim}")
+        temp = body.get("temperature", 0.0)
+        if temp is None:
+            temp = 0.0
+        if (
+            isinstance(temp, bool)
+            or not isinstance(temp, (int, float))
+            or not (0.0 <= temp <= MAX_TEMPERATURE)
+        ):
+            raise BadRequest(f"'temperature' must be a number from 0 to {MAX_TEMPERATURE:g}")
+        return prompt, mt, float(temp)
+
+    # ---- the batch path (the worker thread) ------------------------------------
+    def _run_batch(self, batch: list[Pending]) -> None:
+        m = self.metrics
+        m.batch_size.observe(len(batch))
+        reqs = [GenRequest(p.ids, p.max_tokens, p.temperature, p.seed) for p in batch]
+        n_tokens = sum(len(r.ids) + r.max_tokens for r in reqs)
+        failure: DeviceError | None = None
+        if self.breaker.use_primary():
+            t = time.monotonic()
+            try:
+                outs = self.backend.run_batch(
+                    lambda hook: self._decode(self.primary, reqs, self.backend.torch_device, hook),
+                    n_tokens,
+                )
+            except DeviceError as e:
+                failure = e
+                m.errors.labels(kind="device", code=e.code).inc()
+                self.breaker.failure(f"{e.call or 'device'}: {e.code}")
+            else:
+                self.breaker.success()
+                m.batch_latency.labels(model="primary").observe(time.monotonic() - t)
+                self._answer(batch, outs, degraded=False)
+                return
+        self._degrade(batch, reqs, failure)
+
+    def _degrade(
+        self, batch: list[Pending], reqs: list[GenRequest], failure: DeviceError | None
+    ) -> None:
+        if self.cfg.degrade == "fallback":
+            t = time.monotonic()
+            outs = self._decode(self.fallback, reqs, "cpu", None)
+            self.metrics.batch_latency.labels(model="fallback").observe(time.monotonic() - t)
+            self._answer(batch, outs, degraded=True)
+            return
+        snap = self.breaker.snapshot()
+        if failure is not None:
+            msg = f"device error: {failure.code} ({failure.call or 'device'}); retry later"
+        else:
+            msg = (
+                f"service degraded: circuit breaker open after {self.cfg.breaker_errors} "
+                f"consecutive device errors (last: {snap.last_error}); retry later"
+            )
+        retry = max(1, int(self.cfg.breaker_cooldown_s + 0.999))
+        for p in batch:
+            self.metrics.errors.labels(kind="rejected", code="breaker_" + snap.state).inc()
+            p.finish(
+                Outcome(503, error_body("service_unavailable", msg), {"Retry-After": str(retry)})
+            )
+
+    def _decode(
+        self, model: TinyCausalLM, reqs: list[GenRequest], device: str, hook: Any
+    ) -> list[list[int]]:
+        def on_step(step: int) -> None:
+            self.worker.beat()  # progress: a long batch is not a hung worker
+            if hook is not None:
+                hook(step)
+
+        return generate(
+            model,
+            reqs,
+            pad_id=self.tok.pad_id,
+            banned=self.tok.special_ids,
+            device=device,
+            on_step=on_step,
+        )
+
+    def _answer(self, batch: list[Pending], outs: list[list[int]], *, degraded: bool) -> None:
+        model = self.fallback_name if degraded else self.primary_name
+        label = "fallback" if degraded else "primary"
+        now = int(time.time())
+        for p, ids in zip(batch, outs, strict=True):
+            self.metrics.tokens.labels(model=label).inc(len(ids))
+            self.metrics.prompt_tokens.inc(len(p.ids))
+            p.finish(
+                Outcome(
+                    200,
+                    {
+                        "id": p.id,
+                        "object": "text_completion",
+                        "created": now,
+                        "model": model,
+                        "choices": [
+                            {
+                                "index": 0,
+                                "text": self.tok.decode(ids),
+                                "finish_reason": "length",
+                                "logprobs": None,
+                            }
+                        ],
+                        "usage": {
+                            "prompt_tokens": len(p.ids),
+                            "completion_tokens": len(ids),
+                            "total_tokens": len(p.ids) + len(ids),
+                        },
+                        "degraded": degraded,
+                    },
+                )
+            )
+
+    def _breaker_changed(self, old: str, new: str) -> None:
+        self.metrics.breaker_transitions.labels(to=new).inc()
+        why = f" (last error: {self.breaker._last_error})" if new == OPEN else ""
+        log(f"circuit breaker {old} -> {new}{why}")
+
+    # ---- health -------------------------------------------------------------
+    def health(self) -> tuple[int, dict[str, Any]]:
+        snap = self.breaker.snapshot()
+        alive = self.worker.alive()
+        age = self.worker.progress_age()
+        hung = age > self.cfg.hang_after_s
+        reasons = []
+        if not alive:
+            reasons.append("worker thread is not running")
+        elif hung:
+            reasons.append(f"worker made no progress for {age:.1f} s (> {self.cfg.hang_after_s:g})")
+        if snap.state == OPEN and self.cfg.degrade == "reject":
+            reasons.append("circuit breaker open and --degrade reject: completions get 503")
+        if reasons:
+            status = "unhealthy"
+        elif snap.state != CLOSED:
+            status = "degraded"
+            reasons.append(f"circuit breaker {snap.state}: answers come from {self.fallback_name}")
+        else:
+            status = "ok"
+        busy = self.worker.busy_since
+        body = {
+            "status": status,
+            "reasons": reasons,
+            "device": self.cfg.device,
+            "libcuda_test_double": self.backend.double,
+            "model": self.primary_name,
+            "fallback": self.fallback_name,
+            "degrade": self.cfg.degrade,
+            "breaker": {
+                "state": snap.state,
+                "consecutive_errors": snap.consecutive_errors,
+                "threshold": self.cfg.breaker_errors,
+                "trips": snap.trips,
+                "open_for_s": snap.opened_for_s,
+                "last_error": snap.last_error,
+            },
+            "queue": {"depth": self.worker.depth(), "capacity": self.cfg.queue_size},
+            "worker": {
+                "alive": alive,
+                "name": self.worker.thread.name,
+                "tid": self.worker.tid,
+                "last_progress_age_s": round(age, 3),
+                "busy_for_s": None if busy is None else round(time.monotonic() - busy, 3),
+                "hung": hung,
+            },
+            "pid": os.getpid(),
+            "uptime_s": round(time.monotonic() - self.started_at, 3),
+        }
+        return (503 if status == "unhealthy" else 200), body
+
+
+def _outcome_label(out: Outcome, degraded: bool) -> str:
+    if out.status == 200:
+        return "degraded" if degraded else "ok"
+    return {400: "bad_request", 429: "shed", 503: "rejected", 504: "timeout"}.get(
+        out.status, "error"
+    )

@@ -1,0 +1,309 @@
+"""`gpufault service` (also `python -m pyctl.service`): start the reference
+inference service in the foreground.
+
+Readiness is announced, never guessed: once the worker has warmed up and
+the socket listens, one line `serving on http://HOST:PORT ...` goes to
+stderr and, with --ready-file, a JSON file (url, pid, worker_tid, ...)
+appears atomically. SIGTERM or Ctrl-C stops it (exit 0).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from pyctl.service.config import DEGRADE_MODES, DEVICES, ServiceConfig
+
+
+class Duration(click.ParamType):
+    """A duration the way every gpufault option spells it (500ms, 2s, 1.5)."""
+
+    name = "DURATION"
+
+    def __init__(self, allow_zero: bool = False) -> None:
+        self.allow_zero = allow_zero
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None):
+        if isinstance(value, float):
+            return value
+        from pyctl.spec import SpecError, parse_duration
+
+        what = f"--{param.name.replace('_', '-')}" if param is not None and param.name else "value"
+        try:
+            return parse_duration(str(value), what, allow_zero=self.allow_zero)
+        except SpecError as e:
+            self.fail(str(e).split(": ", 1)[-1], param, ctx)
+
+
+def _write_ready(path: Path, info: dict[str, Any]) -> None:
+    # Written whole, then renamed: a reader never sees half a file.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(info) + "\n")
+    os.replace(tmp, path)
+
+
+@click.command(
+    "service",
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 80},
+)
+@click.option("--host", default="127.0.0.1", show_default=True, help="address to listen on")
+@click.option(
+    "--port",
+    type=int,
+    default=8000,
+    show_default=True,
+    help="TCP port; 0 picks a free one (printed in the ready line)",
+)
+@click.option(
+    "--device",
+    type=click.Choice(DEVICES),
+    default="cpu",
+    show_default=True,
+    help="cpu: torch CPU; cuda: real CUDA (GPU host); cpu-double: torch CPU and "
+    "each batch also through the libcuda TEST DOUBLE",
+)
+@click.option("--max-batch", type=int, default=8, show_default=True, help="most requests per batch")
+@click.option(
+    "--batch-wait",
+    type=Duration(allow_zero=True),
+    default="10ms",
+    show_default=True,
+    help="how long the worker collects a batch after its first request",
+)
+@click.option(
+    "--queue-size",
+    type=int,
+    default=64,
+    show_default=True,
+    help="waiting requests before new ones get 429",
+)
+@click.option(
+    "--request-timeout",
+    type=Duration(),
+    default="30s",
+    show_default=True,
+    help="per request: answer 504 after this long",
+)
+@click.option(
+    "--breaker-errors",
+    type=int,
+    default=3,
+    show_default=True,
+    help="consecutive device errors that open the circuit breaker",
+)
+@click.option(
+    "--breaker-window",
+    type=Duration(),
+    default="30s",
+    show_default=True,
+    help="... within this window",
+)
+@click.option(
+    "--breaker-cooldown",
+    type=Duration(allow_zero=True),
+    default="2s",
+    show_default=True,
+    help="open this long before a half-open probe",
+)
+@click.option(
+    "--degrade",
+    type=click.Choice(DEGRADE_MODES),
+    default="fallback",
+    show_default=True,
+    help="while open: answer from the 1-layer fallback (degraded) or reject with 503",
+)
+@click.option(
+    "--model-layers", type=int, default=2, show_default=True, help="layers of the primary model"
+)
+@click.option("--d-model", type=int, default=64, show_default=True, help="model width")
+@click.option("--heads", "n_heads", type=int, default=4, show_default=True, help="attention heads")
+@click.option(
+    "--vocab-size",
+    type=int,
+    default=1000,
+    show_default=True,
+    help="BPE vocabulary trained at start-up",
+)
+@click.option(
+    "--max-context", type=int, default=256, show_default=True, help="prompt + completion tokens"
+)
+@click.option(
+    "--max-tokens-limit",
+    type=int,
+    default=128,
+    show_default=True,
+    help="largest max_tokens a request may ask for",
+)
+@click.option("--seed", type=int, default=1234, show_default=True, help="weights and sampling")
+@click.option(
+    "--torch-threads", type=int, default=1, show_default=True, help="torch intra-op threads"
+)
+@click.option(
+    "--hang-after",
+    type=Duration(),
+    default="5s",
+    show_default=True,
+    help="/health says unhealthy when the worker made no progress for this long",
+)
+@click.option(
+    "--double-bytes-per-token",
+    type=int,
+    default=0,
+    show_default=True,
+    help="cpu-double: bytes cuMemAlloc_v2 asks per token of a batch (0: 16 x d-model x layers)",
+)
+@click.option(
+    "--ready-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="write {url, pid, worker_tid, ...} here once serving (removed on exit)",
+)
+def service(
+    host: str,
+    port: int,
+    device: str,
+    max_batch: int,
+    batch_wait: float,
+    queue_size: int,
+    request_timeout: float,
+    breaker_errors: int,
+    breaker_window: float,
+    breaker_cooldown: float,
+    degrade: str,
+    model_layers: int,
+    d_model: int,
+    n_heads: int,
+    vocab_size: int,
+    max_context: int,
+    max_tokens_limit: int,
+    seed: int,
+    torch_threads: int,
+    hang_after: float,
+    double_bytes_per_token: int,
+    ready_file: Path | None,
+) -> None:
+    """Run the reference inference service that experiments target.
+
+    A small transformer with seeded random weights, a BPE tokenizer trained
+    at start-up, dynamic batching on one worker thread (gf-worker), load
+    shedding (429), and a circuit breaker that answers from a 1-layer model
+    ("degraded": true) or with 503 after repeated device errors.
+    Endpoints: POST /v1/completions, GET /health, GET /metrics.
+
+    \b
+    Examples:
+      gpufault service --port 0 --ready-file /tmp/svc.json
+      gpufault service --device cpu-double --breaker-errors 3 --port 8000
+      curl -s localhost:8000/v1/completions -d '{"prompt": "hi", "max_tokens": 8}'
+      gpufault inject --pid "$(jq .pid /tmp/svc.json)" \\
+          --lib pyctl/data/doubles/libcuda.so.1 --fn cuMemAlloc_v2 \\
+          --action fail --ret 2 --sticky --duration 10s
+    """
+    cfg = ServiceConfig(
+        host=host,
+        port=port,
+        device=device,
+        max_batch=max_batch,
+        batch_wait_ms=batch_wait * 1000.0,
+        queue_size=queue_size,
+        request_timeout_s=request_timeout,
+        breaker_errors=breaker_errors,
+        breaker_window_s=breaker_window,
+        breaker_cooldown_s=breaker_cooldown,
+        degrade=degrade,
+        model_layers=model_layers,
+        d_model=d_model,
+        n_heads=n_heads,
+        vocab_size=vocab_size,
+        max_context=max_context,
+        max_tokens_limit=max_tokens_limit,
+        default_max_tokens=min(16, max_tokens_limit),
+        seed=seed,
+        torch_threads=torch_threads,
+        hang_after_s=hang_after,
+        double_bytes_per_token=double_bytes_per_token,
+        ready_file=str(ready_file) if ready_file else None,
+    )
+    try:
+        cfg.check()
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    run(cfg)
+
+
+def run(cfg: ServiceConfig) -> None:
+    """Start, announce readiness, serve until SIGTERM/SIGINT, clean up."""
+    try:
+        from pyctl.service.app import Service, log
+        from pyctl.service.server import ServiceHTTPServer
+    except ImportError as e:
+        # torch is not a dependency of gpufault itself (GPU hosts bring their own).
+        raise click.ClickException(
+            f"the service needs torch, tokenizers and prometheus-client ({e}): "
+            "pip install torch tokenizers prometheus-client"
+        ) from None
+
+    try:
+        svc = Service(cfg)
+        svc.start()
+    except (RuntimeError, OSError, TimeoutError) as e:
+        raise click.ClickException(f"service did not start: {e}") from None
+    try:
+        httpd = ServiceHTTPServer((cfg.host, cfg.port), svc)
+    except OSError as e:
+        svc.stop()
+        raise click.ClickException(
+            f"cannot listen on {cfg.host}:{cfg.port} ({e.strerror}): pick another --port "
+            "(0 picks a free one)"
+        ) from None
+    host, port = str(httpd.server_address[0]), int(httpd.server_address[1])
+    url = f"http://{host}:{port}"
+
+    def _term(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # leaves serve_forever in this (the main) thread
+
+    signal.signal(signal.SIGTERM, _term)
+    ready = Path(cfg.ready_file) if cfg.ready_file else None
+    info = {
+        "url": url,
+        "host": host,
+        "port": port,
+        "pid": os.getpid(),
+        "worker_tid": svc.worker.tid,
+        "worker_name": svc.worker.thread.name,
+        "device": cfg.device,
+        "libcuda_test_double": svc.backend.double,
+    }
+    try:
+        if ready is not None:
+            _write_ready(ready, info)
+        double = " (libcuda TEST DOUBLE)" if svc.backend.double else ""
+        print(
+            f"serving on {url} pid {os.getpid()} device {cfg.device}{double} "
+            f"worker {svc.worker.thread.name} tid {svc.worker.tid}",
+            file=sys.stderr,
+            flush=True,
+        )
+        httpd.serve_forever(poll_interval=0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        httpd.server_close()
+        svc.stop()
+        if ready is not None:
+            ready.unlink(missing_ok=True)
+        log("stopped")
+
+
+def main() -> None:
+    service(prog_name="gpufault service")
+
+
+if __name__ == "__main__":
+    main()

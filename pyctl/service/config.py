@@ -1,0 +1,102 @@
+"""Every knob of the service in one checked value.
+
+The CLI, the tests and any embedding code build a ServiceConfig; `check()`
+is the one place that says what a valid setting is, so the HTTP layer and
+the worker never re-validate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# cpu: plain torch on the CPU. cuda: real CUDA through torch (the GPU host).
+# cpu-double: torch on the CPU, and every batch also goes through the
+# libcuda TEST DOUBLE (alloc, launch, synchronize, free) so that faults
+# injected into the double's driver API surface as device errors.
+DEVICES = ("cpu", "cuda", "cpu-double")
+# What the breaker does while open: answer from the 1-layer fallback model
+# (marked "degraded": true) or refuse with 503.
+DEGRADE_MODES = ("fallback", "reject")
+
+
+@dataclass
+class ServiceConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000  # 0: the kernel picks a free port (printed on start-up)
+    device: str = "cpu"
+    # model
+    model_layers: int = 2
+    fallback_layers: int = 1
+    d_model: int = 64
+    n_heads: int = 4
+    vocab_size: int = 1000
+    max_context: int = 256
+    seed: int = 1234
+    torch_threads: int = 1
+    # request limits
+    max_tokens_limit: int = 128
+    default_max_tokens: int = 16
+    # batching and queue
+    max_batch: int = 8
+    batch_wait_ms: float = 10.0
+    queue_size: int = 64
+    request_timeout_s: float = 30.0
+    # breaker
+    breaker_errors: int = 3
+    breaker_window_s: float = 30.0
+    breaker_cooldown_s: float = 2.0
+    degrade: str = "fallback"
+    # health: a worker that has made no progress for this long is hung
+    hang_after_s: float = 5.0
+    # cpu-double: bytes of "activations" per token of a batch (allocated
+    # with the double's cuMemAlloc_v2); 0 = d_model * 4 * model_layers * 4
+    double_bytes_per_token: int = 0
+    ready_file: str | None = None
+
+    def check(self) -> ServiceConfig:
+        """Raises ValueError naming the setting and what to do."""
+
+        def need(ok: bool, msg: str) -> None:
+            if not ok:
+                raise ValueError(msg)
+
+        need(self.device in DEVICES, f"--device {self.device}: choose one of {', '.join(DEVICES)}")
+        need(
+            self.degrade in DEGRADE_MODES,
+            f"--degrade {self.degrade}: choose one of {', '.join(DEGRADE_MODES)}",
+        )
+        need(0 <= self.port <= 65535, f"--port {self.port}: give 0..65535 (0 picks a free port)")
+        need(self.model_layers >= 1, "--model-layers must be at least 1")
+        need(self.fallback_layers >= 1, "--fallback-layers must be at least 1")
+        need(self.d_model >= 8, "--d-model must be at least 8")
+        need(self.n_heads >= 1, "--heads must be at least 1")
+        need(
+            self.d_model % self.n_heads == 0,
+            f"--d-model {self.d_model} must be a multiple of --heads {self.n_heads}",
+        )
+        need(self.vocab_size >= 300, "--vocab-size must be at least 300 (256 bytes + specials)")
+        need(self.max_context >= 8, "--max-context must be at least 8")
+        need(self.torch_threads >= 1, "--torch-threads must be at least 1")
+        need(
+            1 <= self.max_tokens_limit < self.max_context,
+            f"--max-tokens-limit must be 1..{self.max_context - 1} (below --max-context)",
+        )
+        need(
+            1 <= self.default_max_tokens <= self.max_tokens_limit,
+            "--default-max-tokens must be 1..--max-tokens-limit",
+        )
+        need(self.max_batch >= 1, "--max-batch must be at least 1")
+        need(self.batch_wait_ms >= 0, "--batch-wait must not be negative")
+        need(self.queue_size >= 1, "--queue-size must be at least 1")
+        need(self.request_timeout_s > 0, "--request-timeout must be positive")
+        need(self.breaker_errors >= 1, "--breaker-errors must be at least 1")
+        need(self.breaker_window_s > 0, "--breaker-window must be positive")
+        need(self.breaker_cooldown_s >= 0, "--breaker-cooldown must not be negative")
+        need(self.hang_after_s > 0, "--hang-after must be positive")
+        need(self.double_bytes_per_token >= 0, "--double-bytes-per-token must not be negative")
+        return self
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Activation bytes per token a batch allocates on the double."""
+        return self.double_bytes_per_token or self.d_model * 4 * self.model_layers * 4

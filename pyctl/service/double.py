@@ -1,0 +1,155 @@
+"""ctypes binding to the libcuda TEST DOUBLE (pyctl/data/doubles/libcuda.so.1).
+
+The double is a CPU stand-in with libcuda's soname and exports (see
+doubles/libcuda_double.c); it is NOT the CUDA driver. The service's
+`cpu-double` mode drives it the way gf-infer (doubles/gf_infer.c) does, so
+a fault gpufault injects into the double's driver API (for example
+`cuMemAlloc_v2` returning CUDA_ERROR_OUT_OF_MEMORY) reaches the service as
+a failed CUDA call of a batch.
+
+The double keeps the current context per thread, as the driver does: one
+DoubleDriver belongs to the thread that calls `open()` (the worker).
+"""
+
+from __future__ import annotations
+
+import ctypes as C
+from pathlib import Path
+
+from pyctl import paths
+
+# The double reads the kernel names from PTX .entry lines (gf_fill is one
+# of its built-in kernels: y[i] = v for i < n).
+PTX = b"""
+.version 6.3
+.target sm_75
+.address_size 64
+.visible .entry gf_fill(.param .u64 gf_fill_n, .param .u32 gf_fill_v, .param .u64 gf_fill_y)
+{ ret; }
+"""
+
+# Errors after which the double's context stays poisoned (as the driver's
+# does) until it is destroyed: the next batch opens a new one.
+STICKY = {700, 714, 715, 716, 717, 718, 719}
+
+
+class CudaCallError(Exception):
+    """A CUDA driver call of the double returned an error code."""
+
+    def __init__(self, call: str, code: int, name: str) -> None:
+        super().__init__(f"{call} -> {name} ({code}) [libcuda test double]")
+        self.call, self.code, self.name = call, code, name
+
+
+def double_path() -> Path:
+    return paths.DOUBLE_LIBCUDA
+
+
+class DoubleDriver:
+    """Just the calls a batch needs: alloc, launch, synchronize, free."""
+
+    def __init__(self, path: str | Path | None = None) -> None:
+        self.path = Path(path) if path else double_path()
+        if not self.path.exists():
+            raise FileNotFoundError(paths.hint(self.path))
+        self.lib = C.CDLL(str(self.path))
+        L = self.lib
+        u64, vp, sz = C.c_uint64, C.c_void_p, C.c_size_t
+        sigs: dict[str, list[object]] = {
+            "cuInit": [C.c_uint],
+            "cuDeviceGet": [C.POINTER(C.c_int), C.c_int],
+            "cuCtxCreate_v2": [C.POINTER(vp), C.c_uint, C.c_int],
+            "cuCtxDestroy_v2": [vp],
+            "cuCtxSetCurrent": [vp],
+            "cuCtxSynchronize": [],
+            "cuModuleLoadData": [C.POINTER(vp), C.c_char_p],
+            "cuModuleGetFunction": [C.POINTER(vp), vp, C.c_char_p],
+            "cuMemAlloc_v2": [C.POINTER(u64), sz],
+            "cuMemFree_v2": [u64],
+            "cuMemGetInfo_v2": [C.POINTER(sz), C.POINTER(sz)],
+            "cuLaunchKernel": [
+                vp,
+                C.c_uint,
+                C.c_uint,
+                C.c_uint,
+                C.c_uint,
+                C.c_uint,
+                C.c_uint,
+                C.c_uint,
+                vp,
+                C.POINTER(vp),
+                C.POINTER(vp),
+            ],
+            "cuGetErrorName": [C.c_int, C.POINTER(C.c_char_p)],
+        }
+        for name, args in sigs.items():
+            fn = getattr(L, name)
+            fn.argtypes = args
+            fn.restype = C.c_int
+        self.ctx = C.c_void_p()
+        self.fill = C.c_void_p()
+        self.poisoned = False
+
+    def error_name(self, code: int) -> str:
+        s = C.c_char_p()
+        if self.lib.cuGetErrorName(code, C.byref(s)) == 0 and s.value:
+            return s.value.decode()
+        return f"CUDA_ERROR_{code}"
+
+    def _ck(self, call: str, code: int) -> None:
+        if code != 0:
+            if code in STICKY:
+                self.poisoned = True
+            raise CudaCallError(call, code, self.error_name(code))
+
+    def open(self) -> None:
+        """cuInit, a context current in this thread, the gf_fill kernel."""
+        self._ck("cuInit", self.lib.cuInit(0))
+        dev = C.c_int()
+        self._ck("cuDeviceGet", self.lib.cuDeviceGet(C.byref(dev), 0))
+        self._ck("cuCtxCreate_v2", self.lib.cuCtxCreate_v2(C.byref(self.ctx), 0, dev.value))
+        mod = C.c_void_p()
+        self._ck("cuModuleLoadData", self.lib.cuModuleLoadData(C.byref(mod), PTX))
+        self._ck(
+            "cuModuleGetFunction", self.lib.cuModuleGetFunction(C.byref(self.fill), mod, b"gf_fill")
+        )
+        self.poisoned = False
+
+    def reopen_if_poisoned(self) -> None:
+        if self.poisoned:
+            self.close()
+            self.open()
+
+    def close(self) -> None:
+        if self.ctx.value:
+            self.lib.cuCtxDestroy_v2(self.ctx)  # best effort: the process is leaving
+            self.ctx = C.c_void_p()
+
+    def alloc(self, nbytes: int) -> int:
+        d = C.c_uint64()
+        self._ck("cuMemAlloc_v2", self.lib.cuMemAlloc_v2(C.byref(d), nbytes))
+        return d.value
+
+    def free(self, dptr: int) -> None:
+        self._ck("cuMemFree_v2", self.lib.cuMemFree_v2(dptr))
+
+    def launch_fill(self, dptr: int, nbytes: int, value: int) -> None:
+        """gf_fill over the allocation on the NULL stream (synchronous in the double)."""
+        n = C.c_uint64(nbytes // 4)
+        v = C.c_uint32(value & 0xFFFFFFFF)
+        y = C.c_uint64(dptr)
+        params = (C.c_void_p * 3)(*(C.cast(C.pointer(p), C.c_void_p) for p in (n, v, y)))
+        grid = max(1, (n.value + 255) // 256)
+        self._ck(
+            "cuLaunchKernel",
+            self.lib.cuLaunchKernel(self.fill, grid, 1, 1, 256, 1, 1, 0, None, params, None),
+        )
+
+    def synchronize(self) -> None:
+        self._ck("cuCtxSynchronize", self.lib.cuCtxSynchronize())
+
+    def mem_info(self) -> tuple[int, int]:
+        """(free, total) bytes of the double's pool, from the owning thread."""
+        free, total = C.c_size_t(), C.c_size_t()
+        self._ck("cuMemGetInfo_v2", self.lib.cuMemGetInfo_v2(C.byref(free), C.byref(total)))
+        return free.value, total.value

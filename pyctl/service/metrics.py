@@ -1,0 +1,157 @@
+"""The service's Prometheus metrics (prometheus_client, one registry per service).
+
+Names and labels are listed in docs/service.md; experiments query them
+with PromQL, for example
+    histogram_quantile(0.99, rate(gf_service_request_duration_seconds_bucket[30s]))
+    rate(gf_service_tokens_generated_total[30s])              # tokens/s
+    gf_service_breaker_state                                 # 0 closed, 1 half-open, 2 open
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    ProcessCollector,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+# From a 1 ms cache-hot answer to a 30 s timeout: experiments compare p99s
+# from a few ms (CPU, tiny model) to seconds (a stalled worker).
+LATENCY_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.0075,
+    0.01,
+    0.015,
+    0.025,
+    0.035,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.25,
+    0.35,
+    0.5,
+    0.75,
+    1.0,
+    1.5,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
+BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class _MemoryCollector(Collector):
+    """gf_service_gpu_memory_used_bytes, read at scrape time from the backend."""
+
+    def __init__(self, read: Callable[[], dict[str, float]], device: str) -> None:
+        self.read, self.device = read, device
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        values = self.read()
+        if not values:
+            return
+        g = GaugeMetricFamily(
+            "gf_service_gpu_memory_used_bytes",
+            "Device memory in use (cuda: torch allocated/reserved and the device's used; "
+            "cpu-double: what this service holds in the libcuda test double)",
+            labels=["device", "kind"],
+        )
+        for kind, v in values.items():
+            g.add_metric([self.device, kind], v)
+        yield g
+
+
+class ServiceMetrics:
+    def __init__(self, device: str) -> None:
+        r = self.registry = CollectorRegistry()
+        ProcessCollector(registry=r)
+        self.info = Info("gf_service", "The reference inference service", registry=r)
+        self.request_latency = Histogram(
+            "gf_service_request_duration_seconds",
+            "Time from receiving a completion request to answering it",
+            ["outcome"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.requests = Counter(
+            "gf_service_requests_total",
+            "Completion requests answered, by HTTP status and degradation",
+            ["status", "degraded"],
+            registry=r,
+        )
+        self.tokens = Counter(
+            "gf_service_tokens_generated_total",
+            "Tokens generated (rate() gives tokens/s), by the model that made them",
+            ["model"],
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "gf_service_prompt_tokens_total", "Prompt tokens of answered requests", registry=r
+        )
+        self.errors = Counter(
+            "gf_service_errors_total",
+            "Errors by kind (device, timeout, shed, bad_request, rejected, internal) and code",
+            ["kind", "code"],
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "gf_service_queue_depth", "Requests waiting for the worker", registry=r
+        )
+        self.queue_capacity = Gauge(
+            "gf_service_queue_capacity", "Bound of the request queue", registry=r
+        )
+        self.batch_size = Histogram(
+            "gf_service_batch_size", "Requests per batch", buckets=BATCH_BUCKETS, registry=r
+        )
+        self.batch_latency = Histogram(
+            "gf_service_batch_duration_seconds",
+            "Time to decode one batch, by model",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.breaker_state = Gauge(
+            "gf_service_breaker_state", "Circuit breaker: 0 closed, 1 half-open, 2 open", registry=r
+        )
+        self.breaker_transitions = Counter(
+            "gf_service_breaker_transitions_total",
+            "Circuit breaker state changes, by the state entered",
+            ["to"],
+            registry=r,
+        )
+        self.worker_alive = Gauge(
+            "gf_service_worker_alive", "1 while the worker thread runs", registry=r
+        )
+        self.worker_age = Gauge(
+            "gf_service_worker_last_progress_age_seconds",
+            "Seconds since the worker last made progress (grows while it hangs)",
+            registry=r,
+        )
+        self.device = device
+        # Pre-create the label sets experiments alert on, so a query for
+        # them finds 0 rather than nothing before the first error.
+        for kind in ("device", "timeout", "shed", "bad_request", "rejected", "internal"):
+            self.errors.labels(kind=kind, code="")
+        for state in ("closed", "half-open", "open"):
+            self.breaker_transitions.labels(to=state)
+        for model in ("primary", "fallback"):
+            self.tokens.labels(model=model)
+
+    def watch_memory(self, read: Callable[[], dict[str, float]]) -> None:
+        self.registry.register(_MemoryCollector(read, self.device))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,228 @@
+"""Symbol tables a stack frame can trust: every function with its size,
+from every place a distribution keeps them.
+
+A frame is named only when its address lies inside a function's extent
+[start, start + size). Taking the nearest symbol below the address, as
+before, named `start_thread+0x305` in Debian's libc as
+`pthread_condattr_setpshared+0x515` (a 30-byte function): libc's .dynsym
+holds only exported names, and start_thread is not one. Where no function
+contains the address the caller prints `lib+0xoffset`, never a wrong name.
+
+Sources, merged (first the file itself, then its debug data):
+- `.symtab` and `.dynsym` of the file;
+- MiniDebugInfo: `.gnu_debugdata`, an xz-compressed ELF whose `.symtab`
+  holds the local functions (Fedora, and Debian for some packages);
+- a separate debug file by build-id, `/usr/lib/debug/.build-id/ab/cdef.debug`
+  (Debian's -dbg/-dbgsym packages, e.g. libc6-dbg);
+- `.gnu_debuglink`: the named file beside the library, in its `.debug/`, or
+  under `/usr/lib/debug/<dir>/`.
+
+Why not libdw or blazesym: libdw through ctypes needs elfutils on the target
+host and its Dwfl API for a few lookups; blazesym has no Python binding on
+PyPI. pyelftools is already a dependency and these four sources are what
+both of them read for symbol names. Tables are cached per file (device,
+inode, mtime), so one parse serves a whole run.
+"""
+
+from __future__ import annotations
+
+import bisect
+import io
+import lzma
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from elftools.common.exceptions import ELFError
+from elftools.elf.elffile import ELFFile
+from elftools.elf.sections import NoteSection, SymbolTableSection
+
+DEBUG_ROOT = "/usr/lib/debug"
+_FUNC_TYPES = ("STT_FUNC", "STT_GNU_IFUNC", "STT_LOOS")  # LOOS: how pyelftools names IFUNC
+_BIND_RANK = {"STB_GLOBAL": 0, "STB_WEAK": 1, "STB_LOCAL": 2}
+
+
+@dataclass
+class Table:
+    """Functions of one ELF file, by start address (file vaddrs)."""
+
+    path: str
+    build_id: str = ""
+    sources: list[str] = field(default_factory=list)  # where names came from
+    starts: list[int] = field(default_factory=list)
+    ends: list[int] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)
+    first_load: int = 0  # p_vaddr - p_offset of the lowest PT_LOAD
+    others: dict[int, list[str]] = field(default_factory=dict)  # start -> other names
+
+    def aliases(self, start: int) -> list[str]:
+        """Every other name of the function at start (cuMemAlloc beside
+        cuMemAlloc_v2, __GI___libc_malloc beside malloc)."""
+        return list(self.others.get(start, ()))
+
+    def lookup(self, vaddr: int) -> tuple[str, int] | None:
+        """(name, offset into it) of the function containing vaddr, or None."""
+        i = bisect.bisect_right(self.starts, vaddr) - 1
+        # Nested or overlapping entries (a cold part inside a bigger one):
+        # walk back a little for one whose extent holds vaddr.
+        for j in range(i, max(i - 8, -1), -1):
+            if self.starts[j] <= vaddr < self.ends[j]:
+                return self.names[j], vaddr - self.starts[j]
+        return None
+
+
+_CACHE: dict[tuple[int, int, float], Table] = {}
+# Bumped whenever a table is read: a frame left unnamed may have a name now.
+generation = 0
+
+
+def _key(path: str) -> tuple[int, int, float]:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino, st.st_mtime
+
+
+def is_loaded(path: str) -> bool:
+    try:
+        return _key(path) in _CACHE
+    except OSError:
+        return False
+
+
+def _funcs(elf: ELFFile) -> list[tuple[int, int, str, int]]:
+    out = []
+    for secname in (".symtab", ".dynsym"):
+        sec = elf.get_section_by_name(secname)
+        if not isinstance(sec, SymbolTableSection):
+            continue
+        for sym in sec.iter_symbols():
+            if sym["st_info"]["type"] not in _FUNC_TYPES or sym["st_shndx"] == "SHN_UNDEF":
+                continue
+            start, size = sym["st_value"], sym["st_size"]
+            if not start or not sym.name:
+                continue
+            rank = _BIND_RANK.get(sym["st_info"]["bind"], 3)
+            out.append((start, start + max(size, 0), sym.name, rank))
+    return out
+
+
+def _build_id(elf: ELFFile) -> str:
+    for sec in elf.iter_sections():
+        if isinstance(sec, NoteSection):
+            for note in sec.iter_notes():
+                if note["n_type"] == "NT_GNU_BUILD_ID":
+                    return str(note["n_desc"])
+    return ""
+
+
+def _debuglink(elf: ELFFile) -> str:
+    sec = elf.get_section_by_name(".gnu_debuglink")
+    if sec is None:
+        return ""
+    return sec.data().split(b"\0", 1)[0].decode(errors="replace")
+
+
+def _debug_candidates(path: str, build_id: str, link: str, root: str) -> list[str]:
+    out = []
+    if len(build_id) > 2:
+        out.append(f"{root}{DEBUG_ROOT}/.build-id/{build_id[:2]}/{build_id[2:]}.debug")
+    if link:
+        d = os.path.dirname(path)
+        out += [f"{root}{d}/{link}", f"{root}{d}/.debug/{link}", f"{root}{DEBUG_ROOT}{d}/{link}"]
+    return out
+
+
+def load(path: str, root: str = "") -> Table:
+    """The function table of path (as the target sees it; root: the
+    target's /proc/PID/root for a container). Raises OSError/ELFError."""
+    real = root + path if root else path
+    key = _key(real)
+    t = _CACHE.get(key)
+    if t is not None:
+        return t
+    t = Table(path)
+    entries: list[tuple[int, int, str, int]] = []
+    with open(real, "rb") as f:
+        elf = ELFFile(f)
+        loads = sorted((s["p_vaddr"], s["p_offset"]) for s in elf.iter_segments()
+                       if s["p_type"] == "PT_LOAD")
+        t.first_load = loads[0][0] - loads[0][1] if loads else 0
+        t.build_id = _build_id(elf)
+        own = _funcs(elf)
+        if own:
+            entries += own
+            t.sources.append("symtab" if elf.get_section_by_name(".symtab") else "dynsym")
+        mini = elf.get_section_by_name(".gnu_debugdata")
+        if mini is not None:
+            try:
+                entries += _funcs(ELFFile(io.BytesIO(lzma.decompress(mini.data()))))
+                t.sources.append("gnu_debugdata")
+            except (lzma.LZMAError, ELFError):
+                pass
+        link = _debuglink(elf)
+    for cand in _debug_candidates(path, t.build_id, link, root):
+        if not os.path.isfile(cand) or os.path.realpath(cand) == os.path.realpath(real):
+            continue
+        try:
+            with open(cand, "rb") as f:
+                dbg = ELFFile(f)
+                if t.build_id and _build_id(dbg) not in ("", t.build_id):
+                    continue  # a debug file of another build: its names would lie
+                extra = _funcs(dbg)
+        except (OSError, ELFError):
+            continue
+        if extra:
+            entries += extra
+            t.sources.append(cand)
+            break
+    # One name per start: a global over a weak over a local, a public name
+    # over glibc's __GI_ alias or a versioned copy, then the one with fewer
+    # leading underscores (malloc over __libc_malloc), then the longer (the
+    # versioned cuMemAlloc_v2 over its alias cuMemAlloc). Sizes: the
+    # largest any source gives (a .dynsym alias may say 0).
+    best: dict[int, tuple[int, int, str]] = {}
+    for start, end, name, rank in entries:
+        hidden = name.startswith("__GI_")  # glibc's internal alias of a public name
+        versioned = "@" in name  # glob64@GLIBC_2.2.5 beside plain glob64
+        score = (rank, hidden or versioned, len(name) - len(name.lstrip("_")), -len(name), name)
+        cur = best.get(start)
+        if cur is None:
+            best[start] = (end, score, name)  # type: ignore[assignment]
+            continue
+        cend, cscore, cname = cur
+        end = max(end, cend)
+        best[start] = (end, min(score, cscore), name if score < cscore else cname)  # type: ignore
+    names_at: dict[int, set[str]] = {}
+    for start, _end, name, _rank in entries:
+        names_at.setdefault(start, set()).add(name)
+    for start in sorted(best):
+        end, _score, name = best[start]
+        if len(names_at[start]) > 1:
+            t.others[start] = sorted(names_at[start] - {name})
+        t.starts.append(start)
+        t.ends.append(end if end > start else start + 1)  # size 0: its first byte only
+        t.names.append(name)
+    _CACHE[key] = t
+    global generation
+    generation += 1
+    return t
+
+
+def name_at(path: str, rel: int, root: str = "", *, parse: bool = True) -> str | None:
+    """'lib!function+0xoff' (demangled) for offset rel from path's load
+    base; None when no function of the file contains it (the caller then
+    prints 'lib+0xoff'), the file is unreadable, or parse=False and its
+    table was not read yet."""
+    from pyctl.demangle import demangle
+
+    real = root + path if root else path
+    if not parse and not is_loaded(real):
+        return None
+    try:
+        t = load(path, root)
+    except (OSError, ELFError, ValueError):
+        return None
+    hit = t.lookup(rel + t.first_load)
+    if hit is None:
+        return None
+    name, off = hit
+    return f"{Path(path).name}!{demangle(name)}+{off:#x}"

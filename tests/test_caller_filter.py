@@ -1,0 +1,77 @@
+"""--caller: a fault on a C library function fires only for calls made
+from one object. Without it `inject --fn read --every 1` also failed the
+target's fgets() on stdin (libc calls read() itself) and the target quit;
+with `--caller main` only the program's own read() calls fail."""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from gftarget import TARGET, Target
+
+from pyctl import callers
+
+pytestmark = [pytest.mark.root]
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _controller(pid: int, db: Path, *extra: str) -> subprocess.Popen[str]:
+    ctl = subprocess.Popen(
+        [sys.executable, "-m", "pyctl", "inject", "--pid", str(pid), "--lib", "libc", "--fn",
+         "read", "--action", "fail", "--ret", "-1", "--every", "1", "--no-stack",
+         "--db", str(db), *extra], stderr=subprocess.PIPE, text=True, cwd=REPO)
+    assert ctl.stderr is not None
+    while "Ctrl-C to end" not in (ln := ctl.stderr.readline()):
+        assert ln, "controller exited early"
+    return ctl
+
+
+def test_only_the_programs_own_reads_fail(tmp_path: Path) -> None:
+    if not TARGET.exists():
+        pytest.skip("build/targets/gf_target missing: run make build")
+    t = Target()
+    db = tmp_path / "c.db"
+    ctl = _controller(t.pid, db, "--caller", "main")
+    try:
+        first = t.cmd("read 50")  # fgets() read this line: its read() ran normally
+        second = t.cmd("read 7")
+    finally:
+        ctl.send_signal(signal.SIGINT)
+        _, err = ctl.communicate(timeout=60)
+        t.close()
+    assert first == ["read n=50 failed=50"] and second == ["read n=7 failed=7"], err
+    con = sqlite3.connect(db)
+    assert con.execute("SELECT count(*) FROM faults").fetchone()[0] == 57
+
+
+def test_without_caller_the_librarys_own_read_fails_too(tmp_path: Path) -> None:
+    if not TARGET.exists():
+        pytest.skip("build/targets/gf_target missing: run make build")
+    t = Target()
+    ctl = _controller(t.pid, tmp_path / "c.db")
+    try:
+        # The target sat in fgets()'s read() before arming: this line gets in.
+        assert t.cmd("read 5") == ["read n=5 failed=5"]
+        with pytest.raises(EOFError):
+            t.cmd("read 1")  # the next fgets() gets -1 from read(): the target quits
+    finally:
+        ctl.send_signal(signal.SIGINT)
+        ctl.communicate(timeout=60)
+        t.p.wait(timeout=10)
+
+
+def test_exec_range_names_one_object() -> None:
+    import os
+
+    libc = callers.exec_range(os.getpid(), "libc")
+    assert libc is not None and libc.path.endswith("libc.so.6") and libc.lo < libc.hi
+    main = callers.exec_range(os.getpid(), "main")
+    assert main is not None and main.path == os.path.realpath(sys.executable)
+    assert callers.exec_range(os.getpid(), "libnosuchthing") is None
+    with pytest.raises(callers.CallerError, match="matches"):
+        callers.exec_range(os.getpid(), "lib*")
