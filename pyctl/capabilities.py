@@ -145,9 +145,22 @@ def _tracefs() -> str | None:
     return tracefs.find()
 
 
+@lru_cache(maxsize=1)
 def nvidia_xid_tracepoint() -> bool:
-    """Whether the NVIDIA driver's Xid tracepoint exists, read without
-    tracefs: its __tracepoint_ symbol is in kallsyms once the module is in."""
+    """Whether the NVIDIA driver's Xid tracepoint can be attached: a trial
+    attach of the raw tracepoint program by name (no tracefs), as the Xid
+    monitor does; without root, whether tracefs or kallsyms show it.
+    (kallsyms alone is not enough: the H200 host's does not list it.)"""
+    if os.geteuid() == 0:
+        from pyctl import xid
+
+        try:
+            return xid.raw_tracepoint_attaches()
+        except Exception:  # noqa: BLE001 - doctor reports, never crashes
+            return False
+    tf = _tracefs()
+    if tf and os.path.isdir(os.path.join(tf, "events/nvidia/nvidia_dev_xid")):
+        return True
     try:
         with open("/proc/kallsyms", "rb") as f:
             return any(b" __tracepoint_nvidia_dev_xid" in line for line in f)
@@ -255,7 +268,7 @@ def checks() -> list[Check]:
     xid = nvidia_xid_tracepoint()
     out.append(Check(
         "nvidia xid tracepoint", xid,
-        "nvidia:nvidia_dev_xid present (raw tracepoint, no tracefs)" if xid else "absent",
+        "nvidia:nvidia_dev_xid attaches (raw tracepoint, no tracefs)" if xid else "absent",
         "needs the NVIDIA open kernel module >= 575 loaded; without it Xids are not recorded",
         ["xids"]))
     out.append(_ptrace_check(root))

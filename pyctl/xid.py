@@ -174,6 +174,29 @@ class Xid:
         return cls(ts, code, pid, tid, _str(dev), _str(msg))
 
 
+def raw_tracepoint_attaches(event: str = EVENT) -> bool:
+    """A trial: does bpf/xid.bpf.c's raw tracepoint program attach to the
+    driver's tracepoint (no tracefs)? Loaded, attached, closed at once."""
+    if not XID_OBJ.exists():
+        return False
+    obj = Object(XID_OBJ)
+    try:
+        obj.set_autoload("gf_xid", False)
+        obj.load()
+        fn = lib().bpf_program__attach_raw_tracepoint
+        fn.restype = C.c_void_p
+        fn.argtypes = [C.c_void_p, C.c_char_p]
+        link = fn(obj.program("gf_xid_raw"), event.encode())
+        if not link:
+            return False
+        obj.links.append(int(link))
+        return True
+    except BpfError:
+        return False
+    finally:
+        obj.close()
+
+
 class XidMonitor:
     """Loads bpf/xid.bpf.o, attaches it, stores and links each Xid."""
 

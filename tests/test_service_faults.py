@@ -69,17 +69,38 @@ def wait_for(cond: Callable[[], object], timeout: float, what: str, every: float
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
+def _cuda() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except ImportError:
+        return False
+
+
 @needs_double
 def test_sticky_oom_in_the_double_trips_the_breaker_and_it_recovers(tmp_path: Path) -> None:
+    _sticky_oom(tmp_path, "cpu-double", str(paths.DOUBLE_LIBCUDA), {})
+
+
+@pytest.mark.skipif(not _cuda(), reason="requires a CUDA GPU: the GPU host's check")
+def test_sticky_oom_in_real_libcuda_trips_the_breaker_and_it_recovers(tmp_path: Path) -> None:
+    # torch's caching allocator would serve most allocations from its cache:
+    # without it every allocation is a cuMemAlloc_v2 of the real driver.
+    _sticky_oom(tmp_path, "cuda", "libcuda", {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"})
+
+
+def _sticky_oom(tmp_path: Path, device: str, lib: str, env: dict[str, str]) -> None:
     s = ServiceProc(
         "--device",
-        "cpu-double",
+        device,
         "--breaker-errors",
         "3",
         "--breaker-cooldown",
         "500ms",
         "--batch-wait",
         "0",
+        env=env,
     )
     ctl = None
     try:
@@ -89,7 +110,7 @@ def test_sticky_oom_in_the_double_trips_the_breaker_and_it_recovers(tmp_path: Pa
             s.pid,
             tmp_path / "gf.db",
             "--lib",
-            str(paths.DOUBLE_LIBCUDA),
+            lib,
             "--fn",
             "cuMemAlloc_v2",
             "--action",
@@ -152,7 +173,7 @@ def test_sticky_oom_in_the_double_trips_the_breaker_and_it_recovers(tmp_path: Pa
         )
         assert recovery < 10
         print(
-            f"{len(during)} requests during the fault, {oom:.0f} device OOMs, "
+            f"{device}: {len(during)} requests during the fault, {oom:.0f} device OOMs, "
             f"recovered {recovery * 1000:.0f} ms after the fault ended"
         )
     finally:

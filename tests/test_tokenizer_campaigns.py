@@ -122,7 +122,11 @@ def test_fuzz_sound_hf_rejects_surrogates_only(hf: HFTarget) -> None:
 def test_fuzz_finds_each_defect_of_weak_target(tt: TiktokenTarget) -> None:
     weak = weakened.WeakLossyTokenizer(tt)
     cases = list(unicode.generate_cases(list(tt.specials), max_len=30_000))
-    rep = unicode.run_fuzz(weak, cases)
+    # The "slow" finding is a timing: a loaded machine can hide it once.
+    for _ in range(3):
+        rep = unicode.run_fuzz(weak, cases)
+        if any(o.slow and o.case.category == "long_repeat" for o in rep.findings):
+            break
     kinds = {(o.case.category, o.outcome if not o.slow else "slow") for o in rep.findings}
     assert ("zero_width_run", "roundtrip-fail") in kinds
     assert ("noncharacter", "exception") in kinds
@@ -197,8 +201,15 @@ def test_truncation_detects_every_injected_corruption(mode: str, hf: HFTarget) -
 
 
 def test_cache_sound_tiktoken_no_skew(tt: TiktokenTarget) -> None:
-    rep = cache.run_cache(tt, requests=400)
-    assert not rep.polluted and not rep.sticky, rep.phases
+    # Timings on a shared 2-core machine: a real skew shows in every run,
+    # a neighbour's burst in one. Three tries, one clean run is the verdict.
+    reps = []
+    for _ in range(3):
+        rep = cache.run_cache(tt, requests=400)
+        if not rep.polluted and not rep.sticky:
+            return
+        reps.append(rep.phases)
+    raise AssertionError(reps)
 
 
 def test_cache_finds_lru_pollution(tt: TiktokenTarget) -> None:

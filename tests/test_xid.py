@@ -370,3 +370,16 @@ def test_template_run_no_xids_reaches_the_runner(monkeypatch: pytest.MonkeyPatch
                                  ["run", "cuda-oom-sticky", "--pid", "1", flag])
         assert res.exit_code == 0, res.output
         assert seen[-1] is want
+
+
+@pytest.mark.root
+def test_raw_tracepoint_trial_needs_no_tracefs() -> None:
+    """doctor's Xid check is a trial attach by name (the H200 host's kallsyms
+    does not list the driver's tracepoint): here a kernel tracepoint stands
+    in for the driver's, and a missing one says no; nothing stays attached."""
+    if os.geteuid() != 0:
+        pytest.skip("requires root (BPF)")
+    if not xid.XID_OBJ.exists():
+        pytest.skip("pyctl/data/xid.bpf.o missing: run make build")
+    assert xid.raw_tracepoint_attaches("sched_process_exec") is True
+    assert xid.raw_tracepoint_attaches("gf_no_such_tracepoint") is False
