@@ -15,7 +15,14 @@ import functools
 import re
 
 # Rust legacy: a trailing 17h<16 hex> hash element, noise to a reader.
-_RUST_HASH = re.compile(r"::h[0-9a-f]{16}$")
+_RUST_HASH = re.compile(r"::h[0-9a-f]{16}(?=$| \[clone )")
+# Suffixes compilers add to a symbol's name: ThinLTO's .llvm.<hash> on
+# promoted locals (the H200 host's tokenizers wheel has hundreds), gcc's
+# .cold/.isra.N/.part.N/.constprop.N clones. __cxa_demangle reads them on
+# _Z names; rust-demangler does not, so they are split off and kept, in
+# c++filt's spelling: " [clone .llvm.123]".
+_RUST_LEGACY = re.compile(r"^_ZN.*17h[0-9a-f]{16}E")
+_SUFFIX = re.compile(r"((?:\.(?:llvm|cold|isra|part|constprop|lto_priv)(?:\.\d+)*)+)$")
 
 
 @functools.lru_cache(maxsize=1)
@@ -53,6 +60,7 @@ def _itanium(name: str) -> str | None:
 
 
 def _rust_v0(name: str) -> str | None:
+    """rust-demangler: v0 names, and legacy ones (it reads both)."""
     try:
         import rust_demangler
     except ImportError:
@@ -71,11 +79,26 @@ def demangle(name: str) -> str:
     base, at, version = name.partition("@")
     out: str | None = None
     if base.startswith("_R"):
-        out = _rust_v0(base)
+        m = _SUFFIX.search(base)
+        out = _rust_v0(base[: m.start()] if m else base)
+        if out is not None and m:
+            out += "".join(f" [clone {c}]" for c in _clones(m.group(1)))
+    elif _RUST_LEGACY.search(base):
+        # Rust legacy looks like C++ but escapes <, >, etc. as $LT$...:
+        # rust-demangler reads those, __cxa_demangle does not.
+        m = _SUFFIX.search(base)
+        out = _rust_v0(base[: m.start()] if m else base) or _itanium(base)
+        if out is not None:
+            out = _RUST_HASH.sub("", out)
+            if m and "[clone" not in out:
+                out += "".join(f" [clone {c}]" for c in _clones(m.group(1)))
     elif base.startswith("_Z"):
         out = _itanium(base)
-        if out is not None and base.startswith("_ZN") and base.endswith("E"):
-            out = _RUST_HASH.sub("", out)
     if out is None:
         return name
     return out + (at + version if at else "")
+
+
+def _clones(suffix: str) -> list[str]:
+    """'.llvm.123' -> ['.llvm.123']; '.isra.0.cold' -> ['.isra.0', '.cold']."""
+    return re.findall(r"\.[a-z_]+(?:\.\d+)*", suffix)

@@ -131,5 +131,7 @@ def test_demangling() -> None:
     assert demangle("_ZN4core3fmt5write17h0123456789abcdefE") == "core::fmt::write"
     assert demangle("_RNvCsp0gl3UJkm_8tiktoken16byte_pair_encode") == \
         "tiktoken::byte_pair_encode"
+    assert demangle("_RNvCsp0gl3UJkm_8tiktoken16byte_pair_encode.llvm.123") == \
+        "tiktoken::byte_pair_encode [clone .llvm.123]"
     assert demangle("malloc") == "malloc"
     assert demangle("_Znot-a-name") == "_Znot-a-name"

@@ -151,23 +151,6 @@ FILE_GLOBS: dict[str, tuple[str, ...]] = {
 
 _V0_HASH = re.compile(r"\[[0-9a-f]+\]")
 _LEGACY_HASH = re.compile(r"::h[0-9a-f]{16}$")
-_LEGACY_ESC = {
-    "$LT$": "<",
-    "$GT$": ">",
-    "$C$": ",",
-    "$u20$": " ",
-    "$RF$": "&",
-    "$BP$": "*",
-    "$u27$": "'",
-    "$u5b$": "[",
-    "$u5d$": "]",
-    "$u7b$": "{",
-    "$u7d$": "}",
-    "$u3b$": ";",
-    "$u2b$": "+",
-    "$u22$": '"',
-    "..": "::",
-}
 
 
 def _length_prefixed(word: str) -> str:
@@ -175,43 +158,26 @@ def _length_prefixed(word: str) -> str:
 
 
 def demangle(name: str) -> str:
-    """Demangle a Rust symbol (v0 or legacy) into its hash-free form;
-    other names come back unchanged. Never raises."""
+    """Demangle a Rust symbol (v0 or legacy) into its hash-free form, with
+    compiler suffixes (.llvm.N) dropped; other names come back unchanged.
+    Never raises. (pyctl/demangle.py does the reading.)"""
     if not (name.startswith("_R") or name.startswith("_ZN")):
         return name
-    try:
-        import rust_demangler
+    from pyctl.demangle import demangle as read
 
-        # rust_demangler 1.0 prints fragments of names it cannot parse to
-        # stdout; keep that out of our output.
-        with contextlib.redirect_stdout(io.StringIO()):
-            out = str(rust_demangler.demangle(name))
-    except Exception:
-        out = _legacy_fallback(name) if name.startswith("_ZN") else name
+    # rust_demangler 1.0 prints fragments of names it cannot parse to
+    # stdout; keep that out of our output.
+    with contextlib.redirect_stdout(io.StringIO()):
+        out = read(name)
     return normalise(out)
 
 
-def _legacy_fallback(name: str) -> str:
-    """A minimal legacy (`_ZN<len><ident>...E`) decoder for when the
-    library is missing or rejects a name."""
-    parts: list[str] = []
-    i = 3
-    while i < len(name) and name[i] != "E":
-        m = re.match(r"\d+", name[i:])
-        if not m:
-            return name
-        n = int(m.group())
-        i += len(m.group())
-        part = name[i : i + n]
-        for k, v in _LEGACY_ESC.items():
-            part = part.replace(k, v)
-        parts.append(part)
-        i += n
-    return "::".join(parts)
+_CLONE = re.compile(r"( \[clone [^\]]*\])+$")
 
 
 def normalise(demangled: str) -> str:
-    out = _V0_HASH.sub("", demangled)
+    out = _CLONE.sub("", demangled)  # the patterns match the function, not its clone
+    out = _V0_HASH.sub("", out)
     out = _LEGACY_HASH.sub("", out)
     return out.replace("{closure:#", "{closure#").replace("{shim:", "{shim:")
 
