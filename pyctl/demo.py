@@ -9,6 +9,7 @@ the fault's evidence chain.
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -46,7 +47,19 @@ def run(db_path: str, *, threads: int = 2, steps: int = 6) -> int:
         kind="demo",
         status=False,
     )
-    eng = r.start()
+    # The workload must bind to the double: on a GPU host LD_LIBRARY_PATH
+    # names the real libcuda, and LD_LIBRARY_PATH wins over the workload's
+    # RUNPATH (gpufault demo from the wheel once traced 0 calls there). The
+    # command inherits this environment; gpufault's own is put back after.
+    saved = os.environ.get("LD_LIBRARY_PATH")
+    os.environ["LD_LIBRARY_PATH"] = str(DOUBLE.parent) + (f":{saved}" if saved else "")
+    try:
+        eng = r.start()
+    finally:
+        if saved is None:
+            os.environ.pop("LD_LIBRARY_PATH", None)
+        else:
+            os.environ["LD_LIBRARY_PATH"] = saved
     click.echo(f"demo: run {eng.run_id}, mechanism {eng.mechanism}", err=True)
     try:
         rc = r.loop()

@@ -263,6 +263,13 @@ def find_entry_points(path: str | os.PathLike[str], kind: str) -> list[EntryPoin
                 break
     if not candidates:
         counts = symbol_tables(path)
+        try:
+            import rust_demangler  # noqa: F401
+        except ImportError:
+            raise LookupError(
+                f"cannot read the Rust names of {path}: rust-demangler is missing "
+                "(pip install rust-demangler; the gpufault wheel depends on it)"
+            ) from None
         raise LookupError(
             f"no {kind} symbol in {path} (searched {counts['.symtab']} .symtab and "
             f"{counts['.dynsym']} .dynsym functions for: {' | '.join(spec.patterns)}); "
