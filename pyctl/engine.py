@@ -30,6 +30,7 @@ from pyctl.bpf.libbpf import (
     BPF_TRACE_UPROBE_MULTI,
     BpfError,
     Object,
+    map_count,
     map_lookup,
     map_lookup_and_delete,
     map_update,
@@ -191,6 +192,9 @@ class RunStats:
     events: int = 0
     links: int = 0
     dropped: int = 0  # call rows not written: the database reached its size cap
+    # Calls that entered but whose return came after the probes were gone
+    # (in flight at detach): matching, with no call record.
+    unfinished: int = 0
     lost: dict[str, int] = field(default_factory=dict)
 
 
@@ -1048,6 +1052,8 @@ class Engine:
                     cnt = self.counters()
                     self.stats.calls = sum(c.calls for c in cnt)
                     self.stats.lost = self.lost()
+                    # After detach: what is left in flight never returns to us.
+                    self.stats.unfinished = map_count(self.obj.map_fd("inflight"), 16)
                 except Exception:  # noqa: BLE001 - still close the run row
                     pass
             for r in (getattr(self, "events", None), getattr(self, "fires", None)):
@@ -1076,6 +1082,7 @@ class Engine:
                         "events": self.stats.events,
                         "links": self.stats.links,
                         "calls_dropped": self.stats.dropped,
+                        "calls_unfinished": self.stats.unfinished,
                         **({"write_error": self.write_error} if self.write_error else {}),
                         **self.stats.lost,
                     },

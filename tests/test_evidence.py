@@ -129,12 +129,13 @@ def run_row(db: Path) -> tuple[str, dict]:
 
 
 def accounted(db: Path) -> tuple[int, int]:
-    """(calls BPF counted, calls accounted for: rows + dropped + lost)."""
+    """(calls BPF counted, calls accounted for: rows + dropped + lost +
+    unfinished, those in flight when the probes were detached)."""
     status, st = run_row(db)
     assert status == "done"
     rows = q(db, "SELECT count(*) FROM calls")[0][0]
     lost = sum(v for k, v in st.items() if k.endswith(("_lost", "_err")))
-    return st["calls"], rows + st["calls_dropped"] + lost
+    return st["calls"], rows + st["calls_dropped"] + lost + st["calls_unfinished"]
 
 
 # ---- 1. trace mode stops at any call rate; the database is capped ----------
@@ -148,8 +149,11 @@ def test_trace_duration_ends_at_a_high_call_rate(busy: Target, tmp_path: Path) -
     assert took >= 1.9
     calls, seen = accounted(db)
     assert calls > 100_000  # it was loaded: ~500k calls/s here
-    # Every call BPF counted is a row, or counted lost; at most the one call
-    # in flight at detach has no return record.
+    # Every call BPF counted is a row, or counted lost, dropped or
+    # unfinished (its entry record still in flight at detach). One call of
+    # the one busy thread can still escape: its return program ran while
+    # the probes were being detached (the entry left the map, the record
+    # came after the last read); not closed yet.
     assert calls - 1 <= seen <= calls, (calls, seen)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes as C
 import ctypes.util
 import os
+from typing import Any
 
 from pyctl import paths
 from pyctl.bpf import raw
@@ -145,6 +146,7 @@ def _declare(lb: C.CDLL) -> None:
         "bpf_map_lookup_elem": (i, [i, vp, vp]),
         "bpf_map_lookup_and_delete_elem": (i, [i, vp, vp]),
         "bpf_map_delete_elem": (i, [i, vp]),
+        "bpf_map_get_next_key": (i, [i, vp, vp]),
     }
     for name, (res, args) in sig.items():
         fn = getattr(lb, name)
@@ -362,3 +364,18 @@ def map_lookup_and_delete(fd: int, key: C._CData, value: C._CData) -> bool:
 
 def map_delete(fd: int, key: C._CData) -> bool:
     return lib().bpf_map_delete_elem(fd, C.byref(key)) == 0
+
+
+def map_count(fd: int, key_size: int) -> int:
+    """How many entries a hash map holds (walked key by key)."""
+    cur = C.create_string_buffer(key_size)
+    nxt = C.create_string_buffer(key_size)
+    n = 0
+    key: Any = None
+    while lib().bpf_map_get_next_key(fd, key, nxt) == 0:
+        n += 1
+        C.memmove(cur, nxt, key_size)
+        key = cur
+        if n > 1 << 24:  # a map changing under us: never loop for ever
+            break
+    return n
