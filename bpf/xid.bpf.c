@@ -68,15 +68,12 @@ static __always_inline void read_str(void *ctx, __u32 off, __u32 loc, char *dst,
 	bpf_probe_read_kernel_str(dst, len, ctx + where);
 }
 
-SEC("tracepoint/nvidia/nvidia_dev_xid")
-int gf_xid(void *ctx)
+/* Reserve first: a full ring costs one counter bump, nothing else. */
+static __always_inline struct xid_event *reserve_xid(void)
 {
-	struct xid_event *e;
-	__u64 code = 0;
+	struct xid_event *e = bpf_ringbuf_reserve(&xids, sizeof(*e), 0);
 	__u64 id;
 
-	/* Reserve first: a full ring costs one counter bump, nothing else. */
-	e = bpf_ringbuf_reserve(&xids, sizeof(*e), 0);
 	if (!e) {
 		__u32 k = 0;
 		__u64 *n = bpf_map_lookup_elem(&xid_lost, &k);
@@ -89,6 +86,18 @@ int gf_xid(void *ctx)
 	id = bpf_get_current_pid_tgid();
 	e->pid = id >> 32;
 	e->tid = (__u32)id;
+	return e;
+}
+
+SEC("tracepoint/nvidia/nvidia_dev_xid")
+int gf_xid(void *ctx)
+{
+	struct xid_event *e;
+	__u64 code = 0;
+
+	e = reserve_xid();
+	if (!e)
+		return 0;
 	/* Little endian: reading size_code bytes into the low end is exact;
 	 * constant sizes keep the verifier's bounds simple. */
 	if (size_code == 8)
@@ -137,21 +146,10 @@ int gf_xid_raw(__u64 *ctx)
 	const char *msg = (const void *)ctx[2];
 	const char *name;
 	struct xid_event *e;
-	__u64 id;
 
-	e = bpf_ringbuf_reserve(&xids, sizeof(*e), 0);
-	if (!e) {
-		__u32 k = 0;
-		__u64 *n = bpf_map_lookup_elem(&xid_lost, &k);
-
-		if (n)
-			__sync_fetch_and_add(n, 1);
+	e = reserve_xid();
+	if (!e)
 		return 0;
-	}
-	e->ts_ns = bpf_ktime_get_ns();
-	id = bpf_get_current_pid_tgid();
-	e->pid = id >> 32;
-	e->tid = (__u32)id;
 	e->error_code = (__u32)ctx[1];
 	e->dev[0] = 0;
 	e->msg[0] = 0;

@@ -174,6 +174,20 @@ class Xid:
         return cls(ts, code, pid, tid, _str(dev), _str(msg))
 
 
+def _attach_raw(obj: Object, event: str) -> int:
+    """Attach gf_xid_raw of a loaded object to raw tracepoint `event` (by
+    name, through bpf(2): no tracefs). 0, or the errno (ENOENT: absent)."""
+    fn = lib().bpf_program__attach_raw_tracepoint
+    fn.restype = C.c_void_p
+    fn.argtypes = [C.c_void_p, C.c_char_p]
+    C.set_errno(0)
+    link = fn(obj.program("gf_xid_raw"), event.encode())
+    if not link:
+        return C.get_errno() or errno.EINVAL
+    obj.links.append(int(link))
+    return 0
+
+
 def raw_tracepoint_attaches(event: str = EVENT) -> bool:
     """A trial: does bpf/xid.bpf.c's raw tracepoint program attach to the
     driver's tracepoint (no tracefs)? Loaded, attached, closed at once."""
@@ -183,14 +197,7 @@ def raw_tracepoint_attaches(event: str = EVENT) -> bool:
     try:
         obj.set_autoload("gf_xid", False)
         obj.load()
-        fn = lib().bpf_program__attach_raw_tracepoint
-        fn.restype = C.c_void_p
-        fn.argtypes = [C.c_void_p, C.c_char_p]
-        link = fn(obj.program("gf_xid_raw"), event.encode())
-        if not link:
-            return False
-        obj.links.append(int(link))
-        return True
+        return _attach_raw(obj, event) == 0
     except BpfError:
         return False
     finally:
@@ -264,17 +271,11 @@ class XidMonitor:
         try:
             obj.set_autoload("gf_xid", False)
             obj.load()
-            fn = lib().bpf_program__attach_raw_tracepoint
-            fn.restype = C.c_void_p
-            fn.argtypes = [C.c_void_p, C.c_char_p]
-            C.set_errno(0)
-            link = fn(obj.program("gf_xid_raw"), self.event.encode())
-            if not link:
-                e = C.get_errno()
-                if e == errno.ENOENT:
-                    raise self._absent()
+            e = _attach_raw(obj, self.event)
+            if e == errno.ENOENT:
+                raise self._absent()
+            if e:
                 raise BpfError(e, f"raw tracepoint {self.event}: {os.strerror(e)}")
-            obj.links.append(int(link))
         except XidError:
             obj.close()
             raise
