@@ -714,8 +714,9 @@ def release(ctl_pid: int | None) -> None:
     if stale:
         click.echo(f"removed {stale} stale control socket(s) of controllers that died")
     if not done:
-        who = f"with pid {ctl_pid}" if ctl_pid else "running"
-        raise UserError(f"no gpufault controller {who} found: nothing to release")
+        who = (f"gpufault controller with pid {ctl_pid}" if ctl_pid
+               else "running gpufault controller")
+        raise UserError(f"no {who} found: nothing to release")
     for r in done:
         click.echo(f"asked controller {r.pid} (run {r.run_id}) to release stalled threads")
 

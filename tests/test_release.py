@@ -48,7 +48,7 @@ def test_a_dead_controllers_socket_is_removed_and_nobody_is_signalled(tmp_path: 
         r = _release(run_dir)
         assert r.returncode == 2
         assert "removed 1 stale control socket" in r.stdout
-        assert r.stderr.strip() == "gpufault: no gpufault controller running found: " \
+        assert r.stderr.strip() == "gpufault: no running gpufault controller found: " \
             "nothing to release"
         assert not sock.exists()
         assert bystander.poll() is None  # never signalled
