@@ -290,6 +290,7 @@ class Engine:
         self._fault_pids: dict[int, list[tuple[str, int, int]]] = {}  # fid, ts, spec
         self._symbolizers: dict[int, Symbolizer] = {}
         self._maps_read_at: dict[int, float] = {}  # tgid -> when the copilot last read
+        self._tgid_of: dict[int, int] = {}  # tid -> tgid, for the copilot's maps reads
         self._caller_ranges: dict[int, Any] = {}  # spec -> callers.Range
         self._armed_at = 0
         self._ep: select.epoll | None = None
@@ -572,10 +573,13 @@ class Engine:
         exits right after the fault, or a command that exec'd since the
         last read, left the symbolizer with no or stale maps). At most every
         100 ms per process; the ingest thread takes them up (offer)."""
-        try:
-            tgid = int(Path(f"/proc/{tid}/status").read_text().split("\nTgid:", 1)[1].split()[0])
-        except (OSError, IndexError, ValueError):
-            return
+        tgid = self._tgid_of.get(tid)
+        if tgid is None:  # once per thread: this runs at every injected call
+            try:
+                status = Path(f"/proc/{tid}/status").read_text()
+                tgid = self._tgid_of[tid] = int(status.split("\nTgid:", 1)[1].split()[0])
+            except (OSError, IndexError, ValueError):
+                return
         now = time.monotonic()
         if now - self._maps_read_at.get(tgid, 0.0) < 0.1:
             return
@@ -769,9 +773,6 @@ class Engine:
         self.stats.events += len(rows)
         self.stats.links += len(follow)
 
-    def _ingest_fire_or_proc(self, data: bytes) -> None:
-        self._ingest_fires_and_procs([data])
-
     def _ingest_fires_and_procs(self, recs: list[bytes]) -> None:
         """Records of the fires ring in order: runs of fires go in as one
         batch; a process event (signal, exit) first sees every fire before
@@ -786,9 +787,6 @@ class Engine:
             else:
                 fires.append(abi.FireEvent.from_buffer_copy(data[: C.sizeof(abi.FireEvent)]))
         self._record_fires(fires)
-
-    def _record_fire(self, ev: abi.FireEvent) -> None:
-        self._record_fires([ev])
 
     def _record_fires(self, evs: list[abi.FireEvent]) -> None:
         """A batch of fires: rows built in Python, written in one
@@ -969,11 +967,6 @@ class Engine:
                     merge_outcome(merged, out)
                 c.execute("UPDATE faults SET outcome=? WHERE fault_id=?",
                           (json.dumps(merged), fid))
-
-    def _record_outcome(self, out: Any) -> None:
-        """Merge one copilot/corrupt outcome into its fault (tests, tools)."""
-        self._early_outcomes.setdefault(out.fault_seq, []).append(out)
-        self._update_outcomes()
 
     # ---- state --------------------------------------------------------
     def counters(self) -> list[abi.Counters]:

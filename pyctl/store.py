@@ -71,6 +71,14 @@ def _check_path(p: Path) -> os.stat_result | None:
     return st
 
 
+def _open_nofollow(p: Path, mode: int) -> int:
+    """An fd of the existing database, never through a symlink."""
+    try:
+        return os.open(p, mode | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        raise StoreError(f"{p}: {e.strerror}") from None
+
+
 def _check_header(fd: int, p: Path) -> None:
     head = os.pread(fd, len(SQLITE_MAGIC), 0)
     if head and head != SQLITE_MAGIC:
@@ -136,17 +144,11 @@ def open_db(
             except FileExistsError:
                 # Someone created it meanwhile: check it like any existing one.
                 _check_path(p)
-                try:
-                    fd = os.open(p, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-                except OSError as e:
-                    raise StoreError(f"{p}: {e.strerror}") from None
+                fd = _open_nofollow(p, os.O_RDWR)
             except OSError as e:
                 raise StoreError(f"{p}: {e.strerror}") from None
         else:
-            try:
-                fd = os.open(p, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-            except OSError as e:
-                raise StoreError(f"{p}: {e.strerror}") from None
+            fd = _open_nofollow(p, os.O_RDWR)
         # Check through our fd, then close it BEFORE SQLite opens the file:
         # closing any fd of a file drops every POSIX lock this process holds
         # on it, SQLite's too (a reader would then take the WAL for
@@ -199,10 +201,7 @@ def open_db(
 def _open_readonly(p: Path, st: os.stat_result | None) -> sqlite_utils.Database:
     if st is None:
         raise StoreError(f"no database at {p}: run gpufault trace/inject first, or pass --db")
-    try:
-        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as e:
-        raise StoreError(f"{p}: {e.strerror}") from None
+    fd = _open_nofollow(p, os.O_RDONLY)
     try:
         _check_header(fd, p)
     finally:

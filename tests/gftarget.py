@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -63,3 +64,21 @@ class Target:
             except BrokenPipeError:
                 pass
         return self.p.wait(timeout=10)
+
+
+def bpf_progs() -> int:
+    """gpufault engine programs loaded in the kernel now."""
+    out = subprocess.run(["bpftool", "prog", "show"], capture_output=True, text=True).stdout
+    return sum(1 for ln in out.splitlines() if "gf_entry" in ln or "gf_return" in ln)
+
+
+def no_new_progs(before: int, timeout: float = 10.0) -> bool:
+    """The kernel frees a dead process's programs after an RCU grace
+    period: await the count, do not sample it once. (Another gpufault
+    running on this host at the same time would keep it up.)"""
+    deadline = time.monotonic() + timeout
+    while bpf_progs() > before:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)  # a kernel count, no event to wait on: poll it
+    return True

@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 import pytest
 from click.testing import CliRunner
-from gftarget import LIB, Target
+from gftarget import LIB, Target, bpf_progs, no_new_progs
 
 from pyctl.cli import cli
 
@@ -39,20 +39,6 @@ def gf(*args: str, **kw) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*GF, *args], capture_output=True, text=True, timeout=60, **kw)
 
 
-def bpf_progs() -> int:
-    out = subprocess.run(["bpftool", "prog", "show"], capture_output=True, text=True).stdout
-    return sum(1 for ln in out.splitlines() if "gf_entry" in ln or "gf_return" in ln)
-
-
-def no_new_progs(before: int, timeout: float = 10.0) -> bool:
-    """The kernel frees a dead process's programs after an RCU grace
-    period: await the count, do not sample it once. (Another gpufault
-    running on this host at the same time would keep it up.)"""
-    deadline = time.monotonic() + timeout
-    while bpf_progs() > before:
-        if time.monotonic() > deadline:
-            return False
-    return True
 
 
 def armed_controller(pid: int, *args: str) -> subprocess.Popen[str]:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from gftarget import LIB, Target
+from gftarget import LIB, Target, bpf_progs, no_new_progs
 
 from pyctl import resolve
 from pyctl.cli import cli, start_notes
@@ -29,18 +29,6 @@ def gf(*args: str, **kw) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*GF, *args], capture_output=True, text=True, timeout=60, **kw)
 
 
-def bpf_progs() -> int:
-    out = subprocess.run(["bpftool", "prog", "show"], capture_output=True, text=True).stdout
-    return sum(1 for ln in out.splitlines() if "gf_entry" in ln or "gf_return" in ln)
-
-
-def no_new_progs(before: int, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while bpf_progs() > before:
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 def one_line(stderr: str) -> str:

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from gftarget import LIB, REPO, TARGET, Target
+from gftarget import LIB, REPO, TARGET, Target, bpf_progs, no_new_progs
 
 from pyctl import query, store
 from pyctl.engine import Engine
@@ -45,17 +45,6 @@ def gf(*args: str, **kw) -> subprocess.CompletedProcess[str]:
     )
 
 
-def bpf_progs() -> int:
-    out = subprocess.run(["bpftool", "prog", "show"], capture_output=True, text=True).stdout
-    return sum(1 for ln in out.splitlines() if "gf_entry" in ln or "gf_return" in ln)
-
-
-def no_new_progs(before: int, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while bpf_progs() > before:
-        if time.monotonic() > deadline:
-            return False
-    return True
 
 
 def q(db: Path, sql: str, *args) -> list[tuple]:
