@@ -23,3 +23,17 @@ def find_splats(log: str) -> list[str]:
         if SPLAT.search(text):
             out.append(text)
     return out
+
+
+def report_excerpt(log: str, lines: int = 16) -> str:
+    """The first splat report, up to `lines` lines from where it starts:
+    enough (RIP, Code, the call trace's top) to tell a guest-kernel crash
+    from a bug of ours when a run dies without an exit status."""
+    kept: list[str] = []
+    for line in log.splitlines():
+        text = _STAMP.sub("", line.strip())
+        if kept or SPLAT.search(text):
+            kept.append(text)
+            if len(kept) >= lines:
+                break
+    return "\n".join(kept)

@@ -511,6 +511,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(res.output)
     if res.error:
         print(f"vmrun: {res.error}", file=sys.stderr)
+    if res.splats and res.rc == RC_NO_EXIT and res.error:
+        # The guest died: show the report itself, not only its first line.
+        print(splats.report_excerpt(res.dmesg or res.console), file=sys.stderr)
     if res.splats and not args.allow_splats:
         print(
             f"vmrun: kernel splat in the guest ({len(res.splats)} lines), first: "
