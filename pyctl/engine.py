@@ -303,6 +303,7 @@ class Engine:
         self.write_error: str | None = None
         self.end_error: str | None = None
         self.armed = False
+        self._armed_cfgs: dict[int, abi.Spec] = {}  # what arm() wrote, per spec
         self._db_created = False
 
     # ---- set-up -------------------------------------------------------
@@ -409,6 +410,7 @@ class Engine:
             # Not mapped (yet): an empty range matches no call until it is.
             cfg.caller_lo, cfg.caller_hi = (rng.lo, rng.hi) if rng else (1, 1)
         map_update(self.obj.map_fd("specs"), C.c_uint32(i), cfg)
+        self._armed_cfgs[i] = cfg
 
     def _resolve_callers(self) -> list[int]:
         """Where each --caller object is mapped in the target; the specs
@@ -1018,7 +1020,16 @@ class Engine:
             return
         fd = self.obj.map_fd("specs")
         for i in range(len(self.specs)):
-            map_update(fd, C.c_uint32(i), abi.Spec())
+            # Clear only the enabled flag: a call that entered while armed
+            # returns through the return program, which still needs the
+            # spec's action, flags and code (to apply an "after" fault, to
+            # record a traced call). Zeroing it lost that call's row.
+            cfg = self._armed_cfgs.get(i)
+            off = abi.Spec()
+            if cfg is not None:
+                C.memmove(C.addressof(off), C.addressof(cfg), C.sizeof(off))
+                off.flags &= ~abi.F_ENABLED
+            map_update(fd, C.c_uint32(i), off)
 
     def close(self, status: str = "done", exit_code: int | None = None) -> None:
         """Detach everything, finish the copilot, write the run's end. Idempotent."""
