@@ -4,8 +4,10 @@ A fault fires only when its evidence record fits in the fires ring (else
 it is skipped and counted: bpf/gpufault.bpf.c reserve_fire), so the ingest
 rate decides how long a burst of fires can last before fires are skipped.
 Here the target makes N calls that all fail (`--every 1`) while the
-controller does not read; then one timed drain ingests the N records:
-fires/s = N / drain time, with the stack captured (the default) and
+controller does not read; then the N records are read out of the ring
+into the fire_journal table (stage 1: stored fires/s, what decides whether
+fires are skipped), then turned into rows (stage 2, done when the rings
+are quiet: rows fires/s), with the stack captured (the default) and
 without. Also checked: recorded == what the target saw, skipped == 0.
 
 The copilot runs on this kernel (6.18); for the regs mechanism run it in
@@ -50,8 +52,21 @@ def one(stack: bool, db: Path) -> dict:
         t0 = time.perf_counter()
         rows = t.victim(N)
         t_target = time.perf_counter() - t0
+        # Stage 1, what decides whether a fire finds room in the ring: the
+        # records leave it into the fire_journal table, one INSERT a batch.
         t0 = time.perf_counter()
-        got = eng.drain()
+        stored = 0
+        while True:
+            span, n = eng.fires.take_span(512)
+            if not n:
+                break
+            eng._journal_fires(span, n)
+            stored += n
+        t_store = time.perf_counter() - t0
+        # Stage 2, when the rings are quiet: journal -> faults, registers,
+        # args, stacks rows (and the calls ring, which holds little here).
+        t0 = time.perf_counter()
+        got = stored + eng.drain()
         t_drain = time.perf_counter() - t0
         lost = eng.lost()
         mech = eng.mechanism
@@ -64,8 +79,9 @@ def one(stack: bool, db: Path) -> dict:
     recorded = sqlite3.connect(db).execute("SELECT count(*) FROM faults").fetchone()[0]
     return {"mechanism": mech, "stack": stack, "fires": N + 100, "target_saw": failed,
             "recorded": recorded, "skipped": lost["fires_skipped"], "records_read": got,
-            "target_s": round(t_target, 3), "drain_s": round(t_drain, 3),
-            "fires_per_s_target": round(N / t_target), "ingest_fires_per_s": round(N / t_drain)}
+            "target_s": round(t_target, 3), "store_s": round(t_store, 4),
+            "rows_s": round(t_drain, 3), "fires_per_s_target": round(N / t_target),
+            "stored_fires_per_s": round(N / t_store), "rows_fires_per_s": round(N / t_drain)}
 
 
 def main() -> None:

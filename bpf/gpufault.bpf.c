@@ -272,6 +272,8 @@ static __always_inline struct gf_fire_event *reserve_fire(const struct gf_spec *
 static __always_inline void emit_fire(struct gf_regs *ctx, const struct gf_spec *s,
 				      struct gf_task *w, struct gf_fire_event *e)
 {
+	e->hdr.kind = GF_REC_FIRE;
+	e->hdr.size = sizeof(*e);
 	e->fault_seq = w->inf.fault_seq;
 	e->ts_ns = w->inf.ts_ns;
 	e->cookie = w->cookie;
@@ -318,8 +320,8 @@ static __always_inline void emit_call(struct gf_task *w, __u32 kind, __u64 ts,
 	e->ret = ret;
 	e->pid = bpf_get_current_pid_tgid() >> 32;
 	e->tid = w->tid;
-	e->kind = kind;
-	e->flags = 0;
+	e->hdr.kind = kind;
+	e->hdr.size = sizeof(*e);
 	/*
 	 * A wake-up per record costs more than the record: wake the consumer
 	 * only when this record makes the backlog cross the threshold (it also
@@ -358,8 +360,8 @@ static __always_inline void emit_entry_fast(struct gf_regs *ctx, __u64 cookie,
 	e->ret = 0;
 	e->pid = id >> 32;
 	e->tid = (__u32)id;
-	e->kind = GF_EV_ENTRY;
-	e->flags = 0;
+	e->hdr.kind = GF_EV_ENTRY;
+	e->hdr.size = sizeof(*e);
 	avail = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA);
 	bpf_ringbuf_submit(e, avail >= events_wake_bytes &&
 			   avail < events_wake_bytes + sizeof(*e) + 8 ?
@@ -679,7 +681,8 @@ static __always_inline void emit_proc(__u32 kind, int signo, int code)
 		stat_add(GF_STAT_FIRES_LOST);
 		return;
 	}
-	e->magic = GF_PROC_MAGIC;
+	e->hdr.kind = GF_REC_PROC;
+	e->hdr.size = sizeof(*e);
 	e->ts_ns = bpf_ktime_get_ns();
 	e->pid = id >> 32;
 	e->tid = (__u32)id;

@@ -9,7 +9,7 @@
 #ifndef __GPUFAULT_H
 #define __GPUFAULT_H
 
-#define GF_ABI_VERSION 1
+#define GF_ABI_VERSION 2
 
 #define GF_MAX_SPECS 64		/* fault specs (incl. observe) per run */
 #define GF_NARGS 6		/* integer argument registers (SysV x86-64) */
@@ -105,10 +105,23 @@ struct gf_counters {
 	__u64 expired;		/* matching calls after the deadline */
 };
 
-enum gf_event_kind {
-	GF_EV_CALL = 1,		/* a completed call: entry + return */
-	GF_EV_ENTRY = 2,	/* entry only (no return probe) */
-	GF_EV_FOLLOW = 3,	/* the fired thread's next failing return */
+/* What a ring record is: struct gf_hdr.kind. */
+enum gf_rec_kind {
+	GF_EV_CALL = 1,		/* events: a completed call: entry + return */
+	GF_EV_ENTRY = 2,	/* events: entry only (no return probe) */
+	GF_EV_FOLLOW = 3,	/* events: the fired thread's next failing return */
+	GF_REC_FIRE = 4,	/* fires: struct gf_fire_event */
+	GF_REC_PROC = 5,	/* fires: struct gf_proc_event */
+};
+
+/*
+ * The first member of every ring record: the reader tells records apart
+ * by kind and refuses one whose size is not its mirror's (an object built
+ * from another header), instead of misreading it.
+ */
+struct gf_hdr {
+	__u32 kind;		/* enum gf_rec_kind */
+	__u32 size;		/* sizeof the whole record */
 };
 
 /*
@@ -116,6 +129,7 @@ enum gf_event_kind {
  * record has the same size so the consumer can parse a batch at once.
  */
 struct gf_call_event {
+	struct gf_hdr hdr;	/* kind: GF_EV_CALL, GF_EV_ENTRY or GF_EV_FOLLOW */
 	__u64 ts_ns;		/* entry, bpf_ktime_get_ns() */
 	__u64 latency_ns;	/* 0 for GF_EV_ENTRY */
 	__u64 cookie;
@@ -125,12 +139,11 @@ struct gf_call_event {
 	__s64 ret;
 	__u32 pid;
 	__u32 tid;
-	__u32 kind;		/* enum gf_event_kind */
-	__u32 flags;
 };
 
 /* Ring "fires": one large record per fire of a fault. */
 struct gf_fire_event {
+	struct gf_hdr hdr;	/* GF_REC_FIRE */
 	__u64 fault_seq;	/* unique in the run, from 1 */
 	__u64 ts_ns;
 	__u64 cookie;
@@ -153,9 +166,9 @@ enum gf_proc_kind {
 	GF_PROC_EXIT = 2,	/* a watched process's last thread exited */
 };
 
-/* Ring "fires" also carries these (told apart by the leading magic). */
+/* Ring "fires" also carries these (told apart by hdr.kind). */
 struct gf_proc_event {
-	__u64 magic;		/* GF_PROC_MAGIC */
+	struct gf_hdr hdr;	/* GF_REC_PROC */
 	__u64 ts_ns;
 	__u32 pid;
 	__u32 tid;
@@ -165,8 +178,6 @@ struct gf_proc_event {
 	__u32 pad;
 	char comm[GF_COMM_LEN];
 };
-
-#define GF_PROC_MAGIC 0x67667072636f6300ULL	/* "gfprcoc\0" never a seq */
 
 /*
  * Map "pending", keyed by tid: what the copilot must do at this thread's

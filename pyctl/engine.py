@@ -9,6 +9,8 @@ their deadline anyway because the deadline is checked in BPF.
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import ctypes as C
 import json
 import os
@@ -35,7 +37,7 @@ from pyctl.bpf.libbpf import (
     map_lookup_and_delete,
     map_update,
 )
-from pyctl.bpf.ringbuf import RingReader
+from pyctl.bpf.ringbuf import RingReader, split_span
 from pyctl.capabilities import (
     MAIN_OBJ,
     regs_writable,
@@ -43,12 +45,16 @@ from pyctl.capabilities import (
     uprobe_multi,
     user_writable,
 )
+from pyctl.run_options import DEFAULT_MAX_DB_BYTES, RunOptions
 from pyctl.spec import FaultSpec
 from pyctl.symbolize import Symbolizer, read_maps
 
 DEFAULT_COPILOT_SIGNAL = _signal.SIGURG
 CALL_REC = struct.Struct(abi.CALL_RECORD_FMT)
-DEFAULT_MAX_DB_BYTES = 1 << 30  # --max-db-size: call rows stop here (faults do not)
+# Tuple indices of a call record's fields (abi.CALL_IX), named once here
+# for the per-batch comprehensions below.
+_FAULT_SEQ, _RET, _LAT, _TS = (abi.CALL_IX[k] for k in ("fault_seq", "ret", "latency_ns", "ts_ns"))
+_PID, _TID, _KIND, _COOKIE = (abi.CALL_IX[k] for k in ("pid", "tid", "kind", "cookie"))
 # One drain pass: about this long (then the caller sees its deadline and
 # signals again), in batches this large: ~10-25 ms of inserts each on the
 # 2-core dev VM under load, ~110 ms worst seen (a WAL checkpoint), so a
@@ -70,7 +76,7 @@ class CorruptOutcome:
 # The fires ring: a fault fires only when its record fits (else it is
 # skipped and counted, bpf/gpufault.bpf.c reserve_fire), so the ring is the
 # burst of fires the controller can fall behind by without skipping any.
-# A record is 512 bytes with its header: 8 MiB holds 16k. GPUFAULT_FIRES_RING_BYTES (a
+# A record is 528 bytes with the ring's header: 8 MiB holds 15.8k. GPUFAULT_FIRES_RING_BYTES (a
 # power of two, >= 4096) sets it, for tests that need a full ring.
 FIRES_RING_BYTES = int(os.environ.get("GPUFAULT_FIRES_RING_BYTES", 8 << 20))
 
@@ -158,10 +164,11 @@ def merge_outcome(merged: dict[str, Any], out: Any) -> None:
     merged["injected"] = ok
 
 # A fault row as written at ingest (ret and latency_ns come with its call
-# record; outcome from the copilot).
+# record, now or, when that came first, from what was kept of it; outcome
+# from the copilot).
 _FAULT_COLS = ("fault_id", "run_id", "seq", "spec", "func", "function", "library", "build_id",
                "action", "mechanism", "retval", "call_seq", "pid", "tid", "comm", "ts_ns",
-               "wall", "outcome")
+               "wall", "ret", "latency_ns", "outcome")
 _FAULT_SQL = (f"INSERT OR REPLACE INTO faults ({', '.join(_FAULT_COLS)}) "
               f"VALUES ({', '.join('?' * len(_FAULT_COLS))})")
 
@@ -262,7 +269,20 @@ class Engine:
         seize_pid: int | None = None,
         resolve_in_target: bool = True,
         max_db_bytes: int = DEFAULT_MAX_DB_BYTES,
+        options: RunOptions | None = None,
+        tid: int | None = None,
     ):
+        if options is not None:
+            # A run's settings in one object (pyctl/run_options.py): the CLI's,
+            # through the Runner; the keywords above stay for library use.
+            db_path, argv, kind = options.db_path, options.argv, options.kind
+            max_db_bytes = options.max_db_bytes
+            if options.copilot_signal:
+                copilot_signal = options.copilot_signal
+        # The run's thread and --duration reach each spec's BPF copy when it
+        # is armed (_write_spec), never the specs themselves.
+        self.tid = tid or 0
+        self.duration = options.duration if options is not None else 0.0
         self.specs = [s.validate() for s in specs]
         self.pid = pid
         self.db_path = db_path
@@ -287,6 +307,14 @@ class Engine:
         # Copilot/corrupt outcomes by fault_seq, waiting for their fault row:
         # merged into it as it is written (once), else updated in one batch.
         self._early_outcomes: dict[int, list[Any]] = {}
+        # Fires-ring batches stored raw (fire_journal) and not yet turned
+        # into rows, oldest first: (batch, records or None once only the
+        # database holds them); the fault seqs that have rows; returns that
+        # came before their fault's row (seq -> ret, latency).
+        self._journal: collections.deque[tuple[int, bytes | None]] = collections.deque()
+        self._journal_batch = 0
+        self._rowed: set[int] = set()
+        self._early_rets: dict[int, tuple[int, int]] = {}
         self._fault_pids: dict[int, list[tuple[str, int, int]]] = {}  # fid, ts, spec
         self._symbolizers: dict[int, Symbolizer] = {}
         self._maps_read_at: dict[int, float] = {}  # tgid -> when the copilot last read
@@ -402,7 +430,8 @@ class Engine:
         assert self.obj is not None
         sp = self.specs[i]
         has_ret = any(a.retprobe for a in self.atts if a.spec == i)
-        cfg = sp.to_bpf(mech_regs=self.regs, retprobe=has_ret, start_mono_ns=self._armed_at)
+        cfg = sp.to_bpf(mech_regs=self.regs, retprobe=has_ret, start_mono_ns=self._armed_at,
+                        tgid=self.pid or 0, tid=self.tid, duration_s=self.duration)
         if sp.action == "corrupt" and not self.wu:
             cfg.flags |= abi.F_COPILOT
         rng = self._caller_ranges.get(i)
@@ -598,7 +627,10 @@ class Engine:
                     "run_id": self.run_id,
                     "spec": i,
                     "text": s.describe(),
-                    "json": json.dumps(s.to_json(), default=str),
+                    # As armed: the run's target and --duration where the spec has none.
+                    "json": json.dumps(
+                        {**s.to_json(), "tgid": s.tgid or self.pid or 0, "tid": s.tid or self.tid,
+                         "duration_s": s.duration_s or self.duration}, default=str),
                 }
                 for i, s in enumerate(self.specs)
             )
@@ -681,12 +713,16 @@ class Engine:
         try:
             # Outcomes the copilot has handed over so far wait for their rows.
             self._take_outcomes()
-            # Fires too: at most one ring's worth (records are >= 64 bytes).
+            # Fires first, stored raw: a burst leaves the ring at the speed
+            # of one INSERT per batch, so the BPF side finds room (a fire
+            # without room is skipped). Not held to the budget: one ring's
+            # worth at most is a few ms here (bench/bench_fires.py).
             for _ in range(FIRES_RING_BYTES // 64 // FIRE_BATCH + 1):
-                recs = self.fires.take(FIRE_BATCH)
-                self._ingest_fires_and_procs(recs)
-                n += len(recs)
-                if len(recs) < FIRE_BATCH or (end is not None and time.monotonic() >= end):
+                span, got_n = self.fires.take_span(FIRE_BATCH)
+                if got_n:
+                    self._journal_fires(span, got_n)
+                n += got_n
+                if got_n < FIRE_BATCH:
                     break
             most = self.ring_bytes // CALL_REC.size + 1
             got = 0
@@ -697,6 +733,10 @@ class Engine:
                 self._ingest_calls(rows)
                 n += len(rows)
                 got += len(rows)
+            # Then stored fires become rows, in ring order, in what is left
+            # of the budget (one batch at least, so a sustained burst still
+            # makes progress; all of them without a budget, as at close).
+            self._decode_journal(end)
             self._drain_anchors()
             self._take_outcomes()
             self._update_outcomes()
@@ -736,25 +776,30 @@ class Engine:
 
     def _ingest_calls(self, rows: list[tuple]) -> None:
         """A batch of call records: one transaction, no Python per row except
-        for the few that belong to a fault (r[6] = fault_seq != 0)."""
+        for the few that belong to a fault (fault_seq != 0)."""
         rid = self.run_id
-        marked = [r for r in rows if r[6]]
-        fault_updates = [
-            (r[13], r[3], store.fault_id(rid, r[6])) for r in marked if r[16] != abi.EV_FOLLOW
-        ]
+        marked = [r for r in rows if r[_FAULT_SEQ]]
+        fault_updates = []
+        for r in marked:
+            if r[_KIND] == abi.EV_FOLLOW:
+                continue
+            if r[_FAULT_SEQ] in self._rowed:
+                fault_updates.append((r[_RET], r[_LAT], store.fault_id(rid, r[_FAULT_SEQ])))
+            else:  # its fire is still in the journal: goes into the row
+                self._early_rets[r[_FAULT_SEQ]] = (r[_RET], r[_LAT])
         follow = [
             (
-                store.fault_id(rid, r[6]),
+                store.fault_id(rid, r[_FAULT_SEQ]),
                 rid,
                 "error-return",
                 "same-thread-next-error",
-                r[2],
-                r[14],
-                r[15],
-                json.dumps({"func": r[4] & 0xFFFFFFFF, "ret": r[13]}),
+                r[_TS],
+                r[_PID],
+                r[_TID],
+                json.dumps({"func": r[_COOKIE] & 0xFFFFFFFF, "ret": r[_RET]}),
             )
             for r in marked
-            if r[16] == abi.EV_FOLLOW
+            if r[_KIND] == abi.EV_FOLLOW
         ]
         self._check_cap()
         with self.db.conn:
@@ -775,19 +820,76 @@ class Engine:
         self.stats.events += len(rows)
         self.stats.links += len(follow)
 
+    @contextlib.contextmanager
+    def _tx(self) -> Any:
+        """One transaction, re-entrant: a journal batch's rows and the
+        batch's deletion commit together (a nested `with conn` would commit
+        early)."""
+        if self._tx_depth:
+            self._tx_depth += 1
+            try:
+                yield self.db.conn
+            finally:
+                self._tx_depth -= 1
+            return
+        self._tx_depth = 1
+        try:
+            with self.db.conn:
+                yield self.db.conn
+        finally:
+            self._tx_depth = 0
+
+    _tx_depth = 0
+    # In-memory copies of stored batches kept for decoding; older ones are
+    # read back from the database (a long burst must not grow memory).
+    _JOURNAL_MEMORY_BATCHES = 64
+
+    def _journal_fires(self, span: bytes, n: int) -> None:
+        """Store one batch of fires-ring records as read (the ring's bytes,
+        its 8-byte record headers included: ringbuf.split_span), one row."""
+        self._journal_batch += 1
+        with self._tx() as c:
+            c.execute(
+                "INSERT INTO fire_journal (run_id, batch, n, records) VALUES (?, ?, ?, ?)",
+                (self.run_id, self._journal_batch, n, span),
+            )
+        self._journal.append((self._journal_batch, span))
+        if len(self._journal) > self._JOURNAL_MEMORY_BATCHES:
+            i = len(self._journal) - self._JOURNAL_MEMORY_BATCHES - 1
+            self._journal[i] = (self._journal[i][0], None)
+
+    def _decode_journal(self, end: float | None) -> None:
+        """Turn stored batches into rows, oldest first, each batch's rows
+        and its deletion in one transaction: a fire is in the journal or in
+        the tables, never in both or neither."""
+        done = 0
+        while self._journal and (end is None or not done or time.monotonic() < end):
+            batch, span = self._journal[0]
+            with self._tx() as c:
+                if span is None:
+                    (span,) = c.execute(
+                        "SELECT records FROM fire_journal WHERE run_id=? AND batch=?",
+                        (self.run_id, batch),
+                    ).fetchone()
+                self._ingest_fires_and_procs(split_span(span))
+                c.execute("DELETE FROM fire_journal WHERE run_id=? AND batch=?",
+                          (self.run_id, batch))
+            self._journal.popleft()
+            done += 1
+
     def _ingest_fires_and_procs(self, recs: list[bytes]) -> None:
         """Records of the fires ring in order: runs of fires go in as one
         batch; a process event (signal, exit) first sees every fire before
         it, since it links to the process's latest fault."""
         fires: list[abi.FireEvent] = []
         for data in recs:
-            if len(data) >= 8 and struct.unpack_from("=Q", data)[0] == abi.PROC_MAGIC:
+            ev = abi.decode_fires(data)
+            if isinstance(ev, abi.ProcEvent):
                 self._record_fires(fires)
                 fires = []
-                self._record_proc(abi.ProcEvent.from_buffer_copy(
-                    data[: C.sizeof(abi.ProcEvent)]))
+                self._record_proc(ev)
             else:
-                fires.append(abi.FireEvent.from_buffer_copy(data[: C.sizeof(abi.FireEvent)]))
+                fires.append(ev)
         self._record_fires(fires)
 
     def _record_fires(self, evs: list[abi.FireEvent]) -> None:
@@ -836,12 +938,16 @@ class Engine:
                 "comm": ev.comm.decode(errors="replace"),
                 "ts_ns": ev.ts_ns,
                 "wall": now_wall - (now_mono - ev.ts_ns) / 1e9,
+                "ret": None,
+                "latency_ns": None,
                 "outcome": None,
             }
             outcome: dict[str, Any] = {"signal": sp.signo} if ev.action == abi.ACT_SIGNAL else {}
             for out in self._early_outcomes.pop(ev.fault_seq, ()):
                 merge_outcome(outcome, out)
             row["outcome"] = json.dumps(outcome) if outcome else None
+            if (early := self._early_rets.pop(ev.fault_seq, None)) is not None:
+                row["ret"], row["latency_ns"] = early
             rows.append(row)
             faults.append(tuple(row[c] for c in _FAULT_COLS))
             regs_rows.extend((fid, k, abi.s64(v)) for k, v in regs.items())
@@ -852,8 +958,7 @@ class Engine:
                  decoded[names[i]] if i < len(names) else hex(raw_args[i]))
                 for i in range(nargs))
             stack_rows.extend(self._frames(ev, a, fid, regs))
-        with self.db.conn:
-            c = self.db.conn
+        with self._tx() as c:
             c.executemany(_FAULT_SQL, faults)
             c.executemany("INSERT OR REPLACE INTO registers (fault_id, reg, value) "
                           "VALUES (?, ?, ?)", regs_rows)
@@ -863,6 +968,7 @@ class Engine:
                 c.executemany("INSERT OR REPLACE INTO stacks (fault_id, depth, address, "
                               "symbol, module, offset) VALUES (?, ?, ?, ?, ?, ?)", stack_rows)
         for ev, row in zip(evs, rows, strict=True):
+            self._rowed.add(ev.fault_seq)
             self._fault_pids.setdefault(ev.pid, []).append(
                 (row["fault_id"], ev.ts_ns, row["spec"]))
             self.stats.fires += 1
@@ -927,7 +1033,7 @@ class Engine:
             }
         if fid is None:
             rule = "unattributed"
-        with self.db.conn:
+        with self._tx():
             self.db["links"].insert(
                 {
                     "fault_id": fid,
@@ -959,7 +1065,7 @@ class Engine:
             return
         c = self.db.conn
         with c:
-            for seq in list(self._early_outcomes):
+            for seq in [q for q in self._early_outcomes if q in self._rowed]:
                 fid = store.fault_id(self.run_id, seq)
                 row = c.execute("SELECT outcome FROM faults WHERE fault_id=?", (fid,)).fetchone()
                 if row is None:

@@ -31,8 +31,10 @@ from urllib.parse import quote
 import sqlite_utils
 from sqlite_utils.db import Table
 
+from pyctl.evidence import schema
+from pyctl.evidence.schema import SCHEMA_VERSION
+
 DEFAULT_DB = Path("/var/lib/gpufault/gpufault.db")
-SCHEMA_VERSION = 1
 
 
 def fault_id(run_id: str, seq: int) -> str:
@@ -95,7 +97,9 @@ def _check_ours(db: sqlite_utils.Database, p: Path) -> None:
         raise StoreError(f"{p}: {e}") from None
     if not names and version == 0:
         return
-    if "runs" in names and version == SCHEMA_VERSION:
+    # Ours at this version or an earlier one (migrated by ensure_schema, or
+    # overlaid for a reader); version 0 with tables was never open_db's.
+    if "runs" in names and 1 <= version <= SCHEMA_VERSION:
         return
     if "runs" in names and version > SCHEMA_VERSION:
         raise StoreError(f"{p}: written by a newer gpufault (schema {version}); use that one")
@@ -214,6 +218,8 @@ def _open_readonly(p: Path, st: os.stat_result | None) -> sqlite_utils.Database:
     try:
         db = sqlite_utils.Database(sqlite3.connect(uri, uri=True, check_same_thread=False))
         _check_ours(db, p)
+        # An older file is read as the current schema without converting it.
+        schema.overlay(db)
     except sqlite3.Error as e:
         raise StoreError(f"{p}: {e}") from None
     return db
@@ -235,119 +241,12 @@ def _t(db: sqlite_utils.Database, name: str) -> Table:
 
 
 def ensure_schema(db: sqlite_utils.Database) -> None:
-    """Create every table the engine writes. Idempotent."""
-    with db.conn:
-        _t(db, "runs").create(
-            {
-                "run_id": str,
-                "argv": str,
-                "kind": str,
-                "kernel": str,
-                "host": str,
-                "mechanism": str,
-                "capabilities": str,
-                "started": float,
-                "ended": float,
-                "status": str,
-                "exit_code": int,
-                "stats": str,
-            },
-            pk="run_id",
-            if_not_exists=True,
-        )
-        _t(db, "specs").create(
-            {"run_id": str, "spec": int, "text": str, "json": str},
-            pk=("run_id", "spec"),
-            if_not_exists=True,
-        )
-        _t(db, "funcs").create(
-            {
-                "run_id": str,
-                "func": int,
-                "library": str,
-                "build_id": str,
-                "symbol": str,
-                "offset": int,
-                "address": int,
-                "first_insn": str,
-            },
-            pk=("run_id", "func"),
-            if_not_exists=True,
-        )
-        _t(db, "faults").create(
-            {
-                "fault_id": str,
-                "run_id": str,
-                "seq": int,
-                "spec": int,
-                "func": int,
-                "function": str,
-                "library": str,
-                "build_id": str,
-                "action": str,
-                "mechanism": str,
-                "retval": int,
-                "call_seq": int,
-                "pid": int,
-                "tid": int,
-                "comm": str,
-                "ts_ns": int,
-                "wall": float,
-                "ret": int,
-                "latency_ns": int,
-                "outcome": str,
-            },
-            pk="fault_id",
-            if_not_exists=True,
-        )
-        _t(db, "registers").create(
-            {"fault_id": str, "reg": str, "value": int},
-            pk=("fault_id", "reg"),
-            if_not_exists=True,
-        )
-        _t(db, "args").create(
-            {"fault_id": str, "idx": int, "name": str, "raw": int, "decoded": str},
-            pk=("fault_id", "idx"),
-            if_not_exists=True,
-        )
-        _t(db, "stacks").create(
-            {
-                "fault_id": str,
-                "depth": int,
-                "address": int,
-                "symbol": str,
-                "module": str,
-                "offset": int,
-            },
-            pk=("fault_id", "depth"),
-            if_not_exists=True,
-        )
-        _t(db, "links").create(
-            {
-                "id": int,
-                "fault_id": str,
-                "run_id": str,
-                "kind": str,
-                "rule": str,
-                "ts_ns": int,
-                "pid": int,
-                "tid": int,
-                "detail": str,
-            },
-            pk="id",
-            if_not_exists=True,
-        )
-        db.execute(
-            "CREATE TABLE IF NOT EXISTS calls ("
-            "run_id TEXT, ts_ns INTEGER, latency_ns INTEGER, spec INTEGER, func INTEGER, "
-            "call_seq INTEGER, fault_id TEXT, pid INTEGER, tid INTEGER, kind INTEGER, "
-            "ret INTEGER, arg1 INTEGER, arg2 INTEGER, arg3 INTEGER, arg4 INTEGER, "
-            "arg5 INTEGER, arg6 INTEGER)"
-        )
-        db.execute("CREATE INDEX IF NOT EXISTS calls_run ON calls(run_id, func)")
-        db.execute("CREATE INDEX IF NOT EXISTS faults_run ON faults(run_id)")
-        db.execute("CREATE INDEX IF NOT EXISTS links_fault ON links(fault_id)")
-        db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+    """Every table of the evidence store, at SCHEMA_VERSION (migrated from
+    an older one): pyctl/evidence/schema.py. Idempotent."""
+    try:
+        schema.ensure_schema(db)
+    except schema.SchemaError as e:
+        raise StoreError(str(e)) from None
 
 
 def host_facts() -> dict[str, str]:
@@ -402,21 +301,9 @@ def end_run(
         )
 
 
-# Ring records go straight from struct.iter_unpack to SQLite with no Python
-# per row: each record binds, in order, to the plain `?`s of a one-row
-# SELECT (c1..c18 = abi.CALL_RECORD_FMT's fields; c1/c2 are the ring header,
-# c18 the flags), and the outer SELECT picks and computes the columns.
-# Not numbered parameters (?3, ?5 ...) with a sequence: Python 3.12 warns
-# per binding and row (10x slower: 23k rows/s on the H200 machine) and
-# 3.14 refuses them.
-_CALL_RECORD_SQL = (
-    "INSERT INTO calls (run_id, ts_ns, latency_ns, spec, func, call_seq, fault_id, pid, tid, "
-    "kind, ret, arg1, arg2, arg3, arg4, arg5, arg6) SELECT '{run}', c3, c4, c5 >> 32, "
-    "c5 & 4294967295, c6, CASE WHEN c7 != 0 THEN '{run}-' || c7 END, c15, c16, c17, c14, "
-    "c8, c9, c10, c11, c12, c13 FROM (SELECT "
-    + ", ".join(f"? AS c{i}" for i in range(1, 19))
-    + ")"
-)
+# The calls insert, derived from the call record (abi.CALL_FIELDS) in
+# pyctl/evidence/schema.py: plain ?s, one per field, no Python per row.
+_CALL_RECORD_SQL = schema.call_insert_sql()
 
 
 def insert_call_records(db: sqlite_utils.Database, run_id: str, records: list[tuple]) -> None:

@@ -50,10 +50,6 @@ DEV_LEN, MSG_LEN = 32, 128
 EVENT_FMT = struct.Struct(f"=QQII{DEV_LEN}s{MSG_LEN}s")  # struct xid_event
 RING_BYTES = 64 * 1024
 DEFAULT_WINDOW_S = 60.0
-XID_COLUMNS: dict[str, type] = {
-    "id": int, "fault_id": str, "run_id": str, "dev": str, "error_code": int,
-    "msg": str, "ts_ns": int, "pid": int, "tid": int, "rule": str,
-}
 
 
 class XidError(Exception):
@@ -333,8 +329,9 @@ class XidMonitor:
             # Two threads on one connection would commit each other's batches.
             raise RuntimeError("XidMonitor polled from another thread than the engine's")
         if not self._table_ready:
-            with self.db.conn:
-                self.db["xids"].create(XID_COLUMNS, pk="id", if_not_exists=True)
+            # open_db made every table; a borrowed connection may not have
+            # come through it (the engine's tests).
+            store.ensure_schema(self.db)
             self._table_ready = True
         return self.db
 

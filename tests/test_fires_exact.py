@@ -69,3 +69,38 @@ def test_cli_records_exactly_the_failures_the_target_saw(tmp_path: Path, threads
     assert failed + skipped == calls // 2  # every selected call fired or was skipped
     if skipped:
         assert f"{skipped} fires skipped" in err
+    # Every stored batch became rows before the run ended.
+    assert con.execute("SELECT count(*) FROM fire_journal").fetchone()[0] == 0
+
+
+def test_a_burst_is_stored_raw_then_becomes_rows(tmp_path: Path) -> None:
+    """Stage 1 takes the fires ring into fire_journal in whole batches
+    (this is what keeps fires from being skipped); stage 2 turns them into
+    rows when there is time, each batch's rows and its deletion together.
+    With no time to spare the journal holds the burst; a drain without a
+    budget (as at the end of a run) leaves it empty and every fire a row,
+    with its return value merged although the call record came first."""
+    from pyctl.engine import Engine
+    from pyctl.spec import FaultSpec
+
+    t = Target()
+    db = tmp_path / "gf.db"
+    spec = FaultSpec(lib=str(LIB), fn="gf_victim", action="fail", ret=-7, every=1,
+                     capture_stack=False, tgid=t.pid)
+    eng = Engine([spec], db_path=db, pid=t.pid, argv=["test"])
+    eng.start()
+    try:
+        rows = t.victim(3000)
+        eng.drain(budget_s=0)  # one batch of rows at most
+        con = sqlite3.connect(db)
+        stored = con.execute("SELECT coalesce(sum(n), 0) FROM fire_journal").fetchone()[0]
+        made = con.execute("SELECT count(*) FROM faults").fetchone()[0]
+        assert made <= 512 and stored + made == 3000, (stored, made)
+        eng.drain()
+        assert con.execute("SELECT count(*) FROM fire_journal").fetchone()[0] == 0
+    finally:
+        eng.close()
+        t.close()
+    assert sum(1 for r in rows if r[3] == -7) == 3000
+    faults = con.execute("SELECT count(*), count(ret), min(ret), max(ret) FROM faults").fetchone()
+    assert faults == (3000, 3000, -7, -7), faults

@@ -1,6 +1,6 @@
 """gfpreload.so (LD_PRELOAD fault injection) against a libcuda TEST DOUBLE.
 
-There is no GPU here: pyctl/hooks/preload/double/fakecuda.c is a stand-in for
+There is no GPU here: doubles/preload/libcuda_double.c is a stand-in for
 libcuda.so.1 with the same names and prototypes that counts how often each
 body ran, so a test can tell an injected (skipped) call from a forwarded
 one. When the shared double pyctl/data/doubles/{libcuda.so.1,gf-infer} exists,

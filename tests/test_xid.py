@@ -193,8 +193,8 @@ def test_beside_engine_refuses_another_thread(tmp_path: Path) -> None:
     t.start()
     t.join(10)
     assert len(errors) == 1 and "another thread" in str(errors[0])
-    assert eng.db.conn.execute("SELECT count(*) FROM sqlite_master WHERE name='xids'"
-                               ).fetchone() == (0,)
+    # Nothing written (the table itself exists: open_db makes every table).
+    assert eng.db.conn.execute("SELECT count(*) FROM xids").fetchone() == (0,)
     mon.close()
     eng.db.close()
 
@@ -361,10 +361,12 @@ def test_template_run_no_xids_reaches_the_runner(monkeypatch: pytest.MonkeyPatch
     # writer); --no-xids switches that monitor off.
     from click.testing import CliRunner
 
-    from pyctl import cli, templates_cli
+    from pyctl.cli import launch
+    from pyctl.cli import template as templates_cli
 
     seen: list[bool] = []
-    monkeypatch.setattr(cli, "_run_engine", lambda *a, **kw: seen.append(kw["xids"]))
+    # The run's settings travel as one RunOptions (pyctl/run_options.py).
+    monkeypatch.setattr(launch, "run_specs", lambda *a, **kw: seen.append(a[1].xids))
     for flag, want in (("--no-xids", False), ("--xids", True)):
         res = CliRunner().invoke(templates_cli.template,
                                  ["run", "cuda-oom-sticky", "--pid", "1", flag])

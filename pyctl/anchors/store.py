@@ -11,41 +11,15 @@ from collections.abc import Iterable
 import sqlite_utils
 
 from pyctl.anchors.record import AnchorRecord
+from pyctl.evidence import schema
 
 TABLE = "anchors"
 
-COLUMNS: dict[str, type] = {
-    "id": int,
-    "fault_id": str,
-    "kind": str,
-    "run_id": int,
-    "fault_seq": int,
-    "from_context": int,
-    "rec_seq": int,
-    "mono_ns": int,
-    "wall_ns": int,
-    "bdf": str,
-    "vendor": int,
-    "device": int,
-    "code": int,
-    "pid": int,
-    "ctx_pid": int,
-    "comm": str,
-    "config_ok": int,
-    "config": bytes,  # raw config space, GPUFA_CFG_SIZE bytes
-    "devsta": int,
-    "aer_pos": int,
-    "aer": str,  # JSON {register name: value} or NULL without an AER capability
-    "bar0": str,  # JSON {"0x0000": value or null}
-}
-
 
 def ensure_schema(db: sqlite_utils.Database) -> sqlite_utils.db.Table:
-    table = db.table(TABLE)
-    if not table.exists():
-        table.create(COLUMNS, pk="id", not_null={"fault_id", "kind"})
-        table.create_index(["fault_id"])
-    return table
+    """The anchors table (with every other one: pyctl/evidence/schema.py)."""
+    schema.ensure_schema(db)
+    return db.table(TABLE)
 
 
 def to_row(rec: AnchorRecord) -> dict[str, object]:

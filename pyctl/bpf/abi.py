@@ -1,11 +1,13 @@
 """Python mirrors of bpf/gpufault.h. tests/test_abi.py compiles a C program
-against the header and checks every size and field offset here."""
+against the header and checks every size and field offset here, and every
+enum value and #define of the header against the constants here and in
+pyctl/copilot/model.py."""
 
 from __future__ import annotations
 
 import ctypes as C
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 MAX_SPECS = 64
 NARGS = 6
 NREGS = 21
@@ -38,9 +40,10 @@ F_RETPROBE = 1 << 8
 PRED_OPS = {"==": 1, "!=": 2, "<": 3, ">": 4, "<=": 5, ">=": 6, "&": 7}
 CORRUPT_OPS = {"zero": 0, "xor": 1, "set": 2}
 
-EV_CALL, EV_ENTRY, EV_FOLLOW = 1, 2, 3
+# enum gf_rec_kind: struct gf_hdr.kind of every ring record.
+EV_CALL, EV_ENTRY, EV_FOLLOW = 1, 2, 3  # "events" ring: struct gf_call_event
+REC_FIRE, REC_PROC = 4, 5  # "fires" ring: struct gf_fire_event, struct gf_proc_event
 PROC_SIGNAL, PROC_EXIT = 1, 2
-PROC_MAGIC = 0x67667072636F6300
 
 STAT_NAMES = (
     "events_lost",
@@ -96,26 +99,61 @@ class Counters(C.Structure):
     ]
 
 
+class Hdr(C.Structure):
+    """struct gf_hdr: the first member of every ring record."""
+
+    _fields_ = [("kind", C.c_uint32), ("size", C.c_uint32)]
+
+
+# struct gf_call_event, field by field: the one definition of the call
+# record on the Python side. CallEvent, CALL_RECORD_FMT, CALL_IX (the
+# tuple index of every field in a record read by RingReader.read_fixed)
+# and the calls table's columns and insert (pyctl/evidence/schema.py) are
+# derived from it; tests/test_abi.py checks it against the C header.
+CALL_FIELDS: tuple[tuple[str, type], ...] = (
+    ("hdr", Hdr),
+    ("ts_ns", C.c_uint64),
+    ("latency_ns", C.c_uint64),
+    ("cookie", C.c_uint64),
+    ("call_seq", C.c_uint64),
+    ("fault_seq", C.c_uint64),
+    ("args", C.c_uint64 * NARGS),
+    ("ret", C.c_int64),
+    ("pid", C.c_uint32),
+    ("tid", C.c_uint32),
+)
+
+
 class CallEvent(C.Structure):
-    _fields_ = [
-        ("ts_ns", C.c_uint64),
-        ("latency_ns", C.c_uint64),
-        ("cookie", C.c_uint64),
-        ("call_seq", C.c_uint64),
-        ("fault_seq", C.c_uint64),
-        ("args", C.c_uint64 * NARGS),
-        ("ret", C.c_int64),
-        ("pid", C.c_uint32),
-        ("tid", C.c_uint32),
-        ("kind", C.c_uint32),
-        ("flags", C.c_uint32),
-    ]
+    _fields_ = list(CALL_FIELDS)
 
 
-# struct.Struct format of one ring record holding a CallEvent: the 8-byte
-# ring header (len | flags, page offset) then the event, all native-endian.
 # 64-bit fields are read signed: SQLite integers are signed 64-bit.
-CALL_RECORD_FMT = "=II5q6qqIIII"
+_FMT_OF: dict[type, str] = {C.c_uint64: "q", C.c_int64: "q", C.c_uint32: "I", C.c_int32: "i"}
+
+
+def _flat(name: str, ctype: type) -> list[tuple[str, str]]:
+    """(name, struct code) of every scalar in a field: a nested struct's
+    members by their own names, an array's items as name1..nameN (args ->
+    arg1..arg6, the calls table's column names)."""
+    if isinstance(ctype, type) and issubclass(ctype, C.Structure):
+        return [x for f in ctype._fields_ for x in _flat(f[0], f[1])]
+    if isinstance(ctype, type) and issubclass(ctype, C.Array):
+        item = name[:-1] if name.endswith("s") else name
+        code = _FMT_OF[ctype._type_]  # type: ignore[index]
+        n: int = ctype._length_  # type: ignore[assignment]
+        return [(f"{item}{i + 1}", code) for i in range(n)]
+    return [(name, _FMT_OF[ctype])]
+
+
+# The 8-byte ring header (len | busy/discard flags, page offset) the kernel
+# puts before every record, then the record's scalars in order.
+CALL_SCALARS: tuple[str, ...] = ("ring_len", "ring_pgoff") + tuple(
+    n for f in CALL_FIELDS for n, _ in _flat(*f)
+)
+# struct.Struct format of one ring record holding a CallEvent, native-endian.
+CALL_RECORD_FMT = "=II" + "".join(c for f in CALL_FIELDS for _, c in _flat(*f))
+CALL_IX: dict[str, int] = {n: i for i, n in enumerate(CALL_SCALARS)}
 
 
 def s64(v: int) -> int:
@@ -129,6 +167,7 @@ def u64(v: int) -> int:
 
 class FireEvent(C.Structure):
     _fields_ = [
+        ("hdr", Hdr),
         ("fault_seq", C.c_uint64),
         ("ts_ns", C.c_uint64),
         ("cookie", C.c_uint64),
@@ -149,7 +188,7 @@ class FireEvent(C.Structure):
 
 class ProcEvent(C.Structure):
     _fields_ = [
-        ("magic", C.c_uint64),
+        ("hdr", Hdr),
         ("ts_ns", C.c_uint64),
         ("pid", C.c_uint32),
         ("tid", C.c_uint32),
@@ -188,8 +227,33 @@ class Inflight(C.Structure):
     ]
 
 
+class RecordError(Exception):
+    """A ring record this controller cannot read: pyctl/data/gpufault.bpf.o
+    was built from another bpf/gpufault.h (run make build)."""
+
+
+# The fires ring's record kinds: the one place a record is told apart.
+FIRES_RECORDS: dict[int, type[C.Structure]] = {REC_FIRE: FireEvent, REC_PROC: ProcEvent}
+
+
+def decode_fires(data: bytes) -> FireEvent | ProcEvent:
+    """One record of the fires ring, by its header's kind; its size must be
+    the mirror's (a record of another layout is refused, not misread)."""
+    if len(data) < C.sizeof(Hdr):
+        raise RecordError(f"ring record of {len(data)} bytes: shorter than its header")
+    hdr = Hdr.from_buffer_copy(data[: C.sizeof(Hdr)])
+    cls = FIRES_RECORDS.get(hdr.kind)
+    if cls is None or hdr.size != C.sizeof(cls) or len(data) < hdr.size:
+        raise RecordError(
+            f"fires ring record kind {hdr.kind} size {hdr.size} ({len(data)} bytes) is not "
+            "this controller's: rebuild pyctl/data/gpufault.bpf.o (make build)"
+        )
+    return cls.from_buffer_copy(data[: hdr.size])  # type: ignore[return-value]
+
+
 # name in the C header -> mirror, for the ABI test.
 MIRRORS: dict[str, type[C.Structure]] = {
+    "gf_hdr": Hdr,
     "gf_spec": Spec,
     "gf_counters": Counters,
     "gf_call_event": CallEvent,

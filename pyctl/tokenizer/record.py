@@ -17,22 +17,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from pyctl.evidence import schema
+
 TABLE = "tok_cases"
-COLUMNS = {
-    "fault_id": str,
-    "run_id": str,
-    "seq": int,
-    "campaign": str,
-    "kind": str,
-    "input_sha256": str,
-    "input_len": int,
-    "input_bytes": int,
-    "text": str,
-    "outcome": str,
-    "error": str,
-    "latency_ns": int,
-    "details": str,
-}
 
 
 def text_bytes(text: str) -> bytes:
@@ -70,9 +57,8 @@ def cut(error: str, limit: int = ERROR_MAX) -> str:
 
 
 def ensure_table(db: Any) -> None:
-    with db.conn:
-        db[TABLE].create(COLUMNS, pk="fault_id", if_not_exists=True)
-        db.execute(f"CREATE INDEX IF NOT EXISTS {TABLE}_run ON {TABLE}(run_id, campaign)")
+    """tok_cases (with every other table: pyctl/evidence/schema.py)."""
+    schema.ensure_schema(db)
 
 
 @dataclass

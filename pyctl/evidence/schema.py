@@ -1,0 +1,655 @@
+"""Every table of the evidence store, one SCHEMA_VERSION, and migrations.
+
+The stores (pyctl/store.py, xid.py, anchors/store.py, tokenizer/record.py,
+experiment/evidence.py) write and read these tables; none defines one.
+ensure_schema() brings any database up to SCHEMA_VERSION: the migrations
+from its PRAGMA user_version, then every table and index that is missing.
+A reader that may not write (`faults`, `show`: mode=ro) gets overlay()
+instead: empty TEMP stand-ins for what an older file lacks, so queries
+never ask whether a table exists.
+
+Foreign keys are declared (PRAGMA foreign_key_check and readers see how
+rows refer to each other) but not enforced (PRAGMA foreign_keys stays
+off): a fault's rows come from two rings read in their own order (a call
+row may land before its fault row), and ingest must never fail a batch
+over the order rows arrive in.
+
+Adding a table: one Table in TABLES (and its lines in docs/schema.md; the
+test says what is missing). Changing an existing table: bump
+SCHEMA_VERSION and add the migration from the previous version.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from pyctl.bpf import abi
+
+# 1: pyctl/store.py's ensure_schema (runs ... calls), with xids, anchors
+#    and tok_cases created by their own stores as they were first written.
+#    One version number covered two layouts: stacks gained module and
+#    offset (788dee5) without a bump.
+# 2: one schema for every table, foreign keys declared, the experiment
+#    tables, calls' columns in the call record's order.
+SCHEMA_VERSION = 2
+
+
+class SchemaError(Exception):
+    """A database this gpufault cannot bring to its schema (one line)."""
+
+
+@dataclass(frozen=True)
+class Table:
+    """One table: columns as "name TYPE [NOT NULL]", the primary key, the
+    foreign keys as (columns, table, columns) and indexes as (name, columns)."""
+
+    name: str
+    columns: tuple[str, ...]
+    pk: tuple[str, ...] = ()
+    fks: tuple[tuple[tuple[str, ...], str, tuple[str, ...]], ...] = ()
+    indexes: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    @property
+    def column_names(self) -> list[str]:
+        return [c.split()[0] for c in self.columns]
+
+    def create_sql(self, name: str | None = None, *, temp: bool = False) -> str:
+        """CREATE TABLE, under another name for a rebuild; a TEMP stand-in
+        has no keys (nothing is written to it)."""
+        parts = []
+        single = len(self.pk) == 1
+        for c in self.columns:
+            col, rest = c.split(maxsplit=1)
+            key = " PRIMARY KEY" if single and not temp and col == self.pk[0] else ""
+            parts.append(f"{_q(col)} {rest}{key}")
+        if not temp:
+            if len(self.pk) > 1:
+                parts.append(f"PRIMARY KEY ({_qs(self.pk)})")
+            for cols, table, refs in self.fks:
+                parts.append(f"FOREIGN KEY ({_qs(cols)}) REFERENCES {_q(table)} ({_qs(refs)})")
+        where = "TEMP TABLE" if temp else "TABLE"
+        return f"CREATE {where} IF NOT EXISTS {_q(name or self.name)} ({', '.join(parts)})"
+
+    def index_sql(self) -> list[str]:
+        return [
+            f"CREATE INDEX IF NOT EXISTS {_q(n)} ON {_q(self.name)} ({_qs(cols)})"
+            for n, cols in self.indexes
+        ]
+
+
+def _q(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _qs(names: Iterable[str]) -> str:
+    return ", ".join(_q(n) for n in names)
+
+
+def _run(col: str = "run_id") -> tuple[tuple[str, ...], str, tuple[str, ...]]:
+    return ((col,), "runs", ("run_id",))
+
+
+def _fault(col: str = "fault_id") -> tuple[tuple[str, ...], str, tuple[str, ...]]:
+    return ((col,), "faults", ("fault_id",))
+
+
+def _experiment() -> tuple[tuple[str, ...], str, tuple[str, ...]]:
+    return (("experiment_id",), "experiments", ("id",))
+
+
+# ---- calls: derived from the call record (abi.CALL_FIELDS) --------------------
+
+# Record scalars that become something other than a same-named INTEGER
+# column: (column definition, SQL over the record's scalars), or nothing.
+_CALL_DERIVED: dict[str, tuple[tuple[str, str], ...]] = {
+    "ring_len": (),
+    "ring_pgoff": (),
+    "size": (),
+    "cookie": (("spec INTEGER", "{cookie} >> 32"), ("func INTEGER", "{cookie} & 4294967295")),
+    "fault_seq": (
+        ("fault_id TEXT", "CASE WHEN {fault_seq} != 0 THEN '{run}-' || {fault_seq} END"),
+    ),
+}
+
+
+def _call_columns() -> tuple[tuple[str, str], ...]:
+    """(column definition, SQL expression) of every calls column but run_id,
+    in the record's order; {name} in the SQL is that scalar's binding."""
+    out: list[tuple[str, str]] = []
+    for name in abi.CALL_SCALARS:
+        out.extend(_CALL_DERIVED.get(name, ((f"{name} INTEGER", f"{{{name}}}"),)))
+    return tuple(out)
+
+
+CALL_COLUMNS = _call_columns()
+
+
+def call_insert_sql() -> str:
+    """The calls insert for raw ring records, with {run} left for the run id.
+
+    Ring records go straight from struct.iter_unpack to SQLite with no
+    Python per row: each record binds, in order, to the plain `?`s of a
+    one-row SELECT (one per abi.CALL_SCALARS, named after it), and the
+    outer SELECT computes the columns. Not numbered parameters (?3, ?5
+    ...) with a sequence: Python 3.12 warns per binding and row (10x
+    slower: 23k rows/s on the H200 machine) and 3.14 refuses them.
+    """
+    names = {n: f"c_{n}" for n in abi.CALL_SCALARS}
+    cols = ", ".join(["run_id", *(c.split()[0] for c, _ in CALL_COLUMNS)])
+    exprs = ", ".join(["'{run}'", *(sql.format(run="{run}", **names) for _, sql in CALL_COLUMNS)])
+    inner = ", ".join(f"? AS {names[n]}" for n in abi.CALL_SCALARS)
+    # Braces of the run id survive format() above; the caller fills them.
+    return f"INSERT INTO calls ({cols}) SELECT {exprs} FROM (SELECT {inner})"
+
+
+# ---- the tables ------------------------------------------------------------
+
+TABLES: tuple[Table, ...] = (
+    Table(
+        "runs",
+        (
+            "run_id TEXT",
+            "argv TEXT",
+            "kind TEXT",
+            "kernel TEXT",
+            "host TEXT",
+            "mechanism TEXT",
+            "capabilities TEXT",
+            "started REAL",
+            "ended REAL",
+            "status TEXT",
+            "exit_code INTEGER",
+            "stats TEXT",
+        ),
+        pk=("run_id",),
+    ),
+    Table(
+        "specs",
+        ("run_id TEXT", "spec INTEGER", "text TEXT", "json TEXT"),
+        pk=("run_id", "spec"),
+        fks=(_run(),),
+    ),
+    Table(
+        "funcs",
+        (
+            "run_id TEXT",
+            "func INTEGER",
+            "library TEXT",
+            "build_id TEXT",
+            "symbol TEXT",
+            "offset INTEGER",
+            "address INTEGER",
+            "first_insn TEXT",
+        ),
+        pk=("run_id", "func"),
+        fks=(_run(),),
+    ),
+    Table(
+        "faults",
+        (
+            "fault_id TEXT",
+            "run_id TEXT",
+            "seq INTEGER",
+            "spec INTEGER",
+            "func INTEGER",
+            "function TEXT",
+            "library TEXT",
+            "build_id TEXT",
+            "action TEXT",
+            "mechanism TEXT",
+            "retval INTEGER",
+            "call_seq INTEGER",
+            "pid INTEGER",
+            "tid INTEGER",
+            "comm TEXT",
+            "ts_ns INTEGER",
+            "wall REAL",
+            "ret INTEGER",
+            "latency_ns INTEGER",
+            "outcome TEXT",
+        ),
+        pk=("fault_id",),
+        fks=(
+            _run(),
+            (("run_id", "spec"), "specs", ("run_id", "spec")),
+            (("run_id", "func"), "funcs", ("run_id", "func")),
+        ),
+        indexes=(("faults_run", ("run_id",)),),
+    ),
+    Table(
+        "fire_journal",
+        ("run_id TEXT", "batch INTEGER", "n INTEGER", "records BLOB"),
+        pk=("run_id", "batch"),
+        fks=(_run(),),
+    ),
+    Table(
+        "registers",
+        ("fault_id TEXT", "reg TEXT", "value INTEGER"),
+        pk=("fault_id", "reg"),
+        fks=(_fault(),),
+    ),
+    Table(
+        "args",
+        ("fault_id TEXT", "idx INTEGER", "name TEXT", "raw INTEGER", "decoded TEXT"),
+        pk=("fault_id", "idx"),
+        fks=(_fault(),),
+    ),
+    Table(
+        "stacks",
+        (
+            "fault_id TEXT",
+            "depth INTEGER",
+            "address INTEGER",
+            "symbol TEXT",
+            "module TEXT",
+            "offset INTEGER",
+        ),
+        pk=("fault_id", "depth"),
+        fks=(_fault(),),
+    ),
+    Table(
+        "links",
+        (
+            "id INTEGER",
+            "fault_id TEXT",
+            "run_id TEXT",
+            "kind TEXT",
+            "rule TEXT",
+            "ts_ns INTEGER",
+            "pid INTEGER",
+            "tid INTEGER",
+            "detail TEXT",
+        ),
+        pk=("id",),
+        fks=(_fault(), _run()),
+        indexes=(("links_fault", ("fault_id",)),),
+    ),
+    Table(
+        "calls",
+        ("run_id TEXT", *(c for c, _ in CALL_COLUMNS)),
+        fks=(_run(), _fault()),
+        indexes=(("calls_run", ("run_id", "func")),),
+    ),
+    Table(
+        "xids",
+        (
+            "id INTEGER",
+            "fault_id TEXT",
+            "run_id TEXT",
+            "dev TEXT",
+            "error_code INTEGER",
+            "msg TEXT",
+            "ts_ns INTEGER",
+            "pid INTEGER",
+            "tid INTEGER",
+            "rule TEXT",
+        ),
+        pk=("id",),
+        fks=(_fault(), _run()),
+    ),
+    # The kernel module's records: fault_id is the module's text (a
+    # gpufault fault ID, or "kmod-N" for its own), run_id its integer run:
+    # neither refers to a row here, so no foreign keys.
+    Table(
+        "anchors",
+        (
+            "id INTEGER",
+            "fault_id TEXT NOT NULL",
+            "kind TEXT NOT NULL",
+            "run_id INTEGER",
+            "fault_seq INTEGER",
+            "from_context INTEGER",
+            "rec_seq INTEGER",
+            "mono_ns INTEGER",
+            "wall_ns INTEGER",
+            "bdf TEXT",
+            "vendor INTEGER",
+            "device INTEGER",
+            "code INTEGER",
+            "pid INTEGER",
+            "ctx_pid INTEGER",
+            "comm TEXT",
+            "config_ok INTEGER",
+            "config BLOB",
+            "devsta INTEGER",
+            "aer_pos INTEGER",
+            "aer TEXT",
+            "bar0 TEXT",
+        ),
+        pk=("id",),
+        indexes=(("idx_anchors_fault_id", ("fault_id",)),),
+    ),
+    # A tokenizer case's fault_id is its own "<run>-<seq>", not a faults row.
+    Table(
+        "tok_cases",
+        (
+            "fault_id TEXT",
+            "run_id TEXT",
+            "seq INTEGER",
+            "campaign TEXT",
+            "kind TEXT",
+            "input_sha256 TEXT",
+            "input_len INTEGER",
+            "input_bytes INTEGER",
+            "text TEXT",
+            "outcome TEXT",
+            "error TEXT",
+            "latency_ns INTEGER",
+            "details TEXT",
+        ),
+        pk=("fault_id",),
+        fks=(_run(),),
+        indexes=(("tok_cases_run", ("run_id", "campaign")),),
+    ),
+    # The experiment tables: the columns of pyctl/experiment/evidence.py's
+    # EXPERIMENT_DDL (tests/test_schema.py keeps the two equal), with the
+    # foreign keys its rows imply.
+    Table(
+        "experiments",
+        (
+            "id TEXT",
+            "name TEXT",
+            "version INTEGER",
+            "file TEXT",
+            "slo_id TEXT",
+            "started_at REAL",
+            "ended_at REAL",
+            "verdict TEXT",
+            "reason TEXT",
+            "settings TEXT",
+            "host TEXT",
+        ),
+        pk=("id",),
+    ),
+    Table(
+        "experiment_steps",
+        (
+            "experiment_id TEXT",
+            "idx INTEGER",
+            "name TEXT",
+            "template TEXT",
+            "spec TEXT",
+            "run_id TEXT",
+            "planned_start REAL",
+            "planned_duration REAL",
+            "started_at REAL",
+            "ended_at REAL",
+            "fires INTEGER",
+            "status TEXT",
+        ),
+        pk=("experiment_id", "idx"),
+        fks=(_experiment(), _run()),
+        indexes=(("experiment_steps_run", ("run_id",)),),
+    ),
+    Table(
+        "probe_samples",
+        (
+            "experiment_id TEXT",
+            "probe TEXT",
+            "phase TEXT",
+            "at REAL",
+            "ok INTEGER",
+            "value REAL",
+            "detail TEXT",
+        ),
+        fks=(_experiment(),),
+        indexes=(("probe_samples_exp", ("experiment_id",)),),
+    ),
+    Table(
+        "load_windows",
+        (
+            "experiment_id TEXT",
+            "start REAL",
+            "end REAL",
+            "count INTEGER",
+            "p50 REAL",
+            "p95 REAL",
+            "p99 REAL",
+            "error_rate REAL",
+            "throughput REAL",
+            "phase TEXT",
+        ),
+        fks=(_experiment(),),
+        indexes=(("load_windows_exp", ("experiment_id",)),),
+    ),
+    Table(
+        "hypothesis_results",
+        (
+            "experiment_id TEXT",
+            "phase TEXT",
+            "probe TEXT",
+            "ok INTEGER",
+            "value TEXT",
+            "tolerance TEXT",
+            "detail TEXT",
+        ),
+        fks=(_experiment(),),
+    ),
+    Table(
+        "judgements",
+        (
+            "experiment_id TEXT",
+            "metric TEXT",
+            "baseline_n INTEGER",
+            "window_n INTEGER",
+            "p_value REAL",
+            "effect REAL",
+            "worse INTEGER",
+            "reason TEXT",
+        ),
+        fks=(_experiment(),),
+    ),
+    Table(
+        "expectations",
+        (
+            "experiment_id TEXT",
+            "name TEXT",
+            "ok INTEGER",
+            "value REAL",
+            "detail TEXT",
+        ),
+        fks=(_experiment(),),
+    ),
+    Table(
+        "remediations",
+        (
+            "experiment_id TEXT",
+            "command TEXT",
+            "started_at REAL",
+            "ended_at REAL",
+            "rc INTEGER",
+        ),
+        fks=(_experiment(),),
+    ),
+)
+
+BY_NAME: dict[str, Table] = {t.name: t for t in TABLES}
+
+# The tables pyctl/experiment/evidence.py writes: script(EXPERIMENT_TABLES)
+# is the DDL its EXPERIMENT_DDL can become (one definition, here).
+EXPERIMENT_TABLES = (
+    "experiments",
+    "experiment_steps",
+    "probe_samples",
+    "load_windows",
+    "hypothesis_results",
+    "judgements",
+    "expectations",
+    "remediations",
+)
+
+
+def script(names: Iterable[str]) -> str:
+    """CREATE TABLE/INDEX IF NOT EXISTS of the named tables, as one script."""
+    return "".join(
+        f"{s};\n" for n in names for s in (BY_NAME[n].create_sql(), *BY_NAME[n].index_sql())
+    )
+
+
+# ---- inspecting a live database ----------------------------------------------
+
+
+def _conn(db: Any) -> sqlite3.Connection:
+    """A sqlite_utils.Database or a plain connection."""
+    return db.conn if hasattr(db, "conn") else db
+
+
+def user_version(db: Any) -> int:
+    return int(_conn(db).execute("PRAGMA user_version").fetchone()[0])
+
+
+def shape(conn: sqlite3.Connection, name: str, schema: str = "main") -> dict[str, Any]:
+    """What makes two tables the same here: columns (name, type, not null,
+    primary-key position) in order, foreign keys, indexes and their columns."""
+    cols = [
+        (r[1], r[2].upper(), r[3], r[5])
+        for r in conn.execute(f"PRAGMA {schema}.table_info({_q(name)})")
+    ]
+    fks = sorted(
+        (r[2], r[3], r[4], r[1])
+        for r in conn.execute(f"PRAGMA {schema}.foreign_key_list({_q(name)})")
+    )
+    idx = {}
+    for r in conn.execute(f"PRAGMA {schema}.index_list({_q(name)})"):
+        if r[3] == "c":  # made by CREATE INDEX, not a key's own
+            idx[r[1]] = [c[2] for c in conn.execute(f"PRAGMA {schema}.index_info({_q(r[1])})")]
+    return {"columns": cols, "fks": fks, "indexes": idx}
+
+
+def reference() -> sqlite3.Connection:
+    """An in-memory database holding exactly the current schema."""
+    ref = sqlite3.connect(":memory:")
+    for t in TABLES:
+        ref.execute(t.create_sql())
+        for s in t.index_sql():
+            ref.execute(s)
+    return ref
+
+
+def _names(conn: sqlite3.Connection, kind: str, schema: str = "main") -> set[str]:
+    return {
+        r[0]
+        for r in conn.execute(f"SELECT name FROM {schema}.sqlite_master WHERE type = ?", (kind,))
+    }
+
+
+# ---- migrations: MIGRATIONS[v] takes a database from version v to v + 1 --------
+
+
+def _conform(conn: sqlite3.Connection, ref: sqlite3.Connection) -> None:
+    """Rebuild every existing table whose shape is not the current one:
+    create it anew, copy the rows by column name, swap it in (SQLite has
+    no ALTER for keys). A column the new table would lose is refused, never
+    dropped."""
+    have = _names(conn, "table")
+    for t in TABLES:
+        if t.name not in have:
+            continue
+        old, new = shape(conn, t.name), shape(ref, t.name)
+        if old["columns"] == new["columns"] and old["fks"] == new["fks"]:
+            continue
+        cols = [c[0] for c in old["columns"]]
+        lost = [c for c in cols if c not in t.column_names]
+        if lost:
+            raise SchemaError(
+                f"table {t.name}: columns {', '.join(lost)} are not in "
+                f"schema {SCHEMA_VERSION}; refusing to drop them"
+            )
+        tmp = f"_gf_new_{t.name}"
+        conn.execute(f"DROP TABLE IF EXISTS {_q(tmp)}")
+        conn.execute(t.create_sql(tmp))
+        conn.execute(f"INSERT INTO {_q(tmp)} ({_qs(cols)}) SELECT {_qs(cols)} FROM {_q(t.name)}")
+        conn.execute(f"DROP TABLE {_q(t.name)}")
+        conn.execute(f"ALTER TABLE {_q(tmp)} RENAME TO {_q(t.name)}")
+
+
+def _from_0(conn: sqlite3.Connection, ref: sqlite3.Connection) -> None:
+    """0: empty, or tables that a store made on a connection open_db never
+    checked (its tests, the library used alone): they take today's shape."""
+    _conform(conn, ref)
+
+
+def _from_1(conn: sqlite3.Connection, ref: sqlite3.Connection) -> None:
+    """1 -> 2: foreign keys declared, stacks' module/offset where the first
+    layout of version 1 lacked them (NULL: named at show time, as before),
+    calls' columns in the record's order. Each is a rebuild with the rows
+    copied; the missing tables are created after the migrations."""
+    _conform(conn, ref)
+
+
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection, sqlite3.Connection], None]] = {
+    0: _from_0,
+    1: _from_1,
+}
+assert sorted(MIGRATIONS) == list(range(SCHEMA_VERSION)), "a migration per earlier version"
+
+
+def _complete(conn: sqlite3.Connection) -> bool:
+    return (
+        user_version(conn) == SCHEMA_VERSION
+        and {t.name for t in TABLES} <= _names(conn, "table")
+        and {n for t in TABLES for n, _ in t.indexes} <= _names(conn, "index")
+    )
+
+
+def ensure_schema(db: Any) -> None:
+    """Bring the database to SCHEMA_VERSION: migrations from its
+    user_version, then every missing table and index. Idempotent, and
+    writes nothing when all is there already (so it is safe on a read-only
+    connection of a current file). One transaction: a failed migration
+    leaves the file as it was."""
+    conn = _conn(db)
+    if _complete(conn):
+        return
+    version = user_version(conn)
+    if version > SCHEMA_VERSION:
+        raise SchemaError(f"schema {version} is newer than this gpufault's ({SCHEMA_VERSION})")
+    ref = reference()
+    # Our own transaction, rolled back whole on failure; inside a caller's,
+    # a savepoint of it.
+    outer = conn.in_transaction
+    conn.execute("SAVEPOINT gf_schema" if outer else "BEGIN IMMEDIATE")
+    try:
+        for v in range(version, SCHEMA_VERSION):
+            MIGRATIONS[v](conn, ref)
+        for t in TABLES:
+            conn.execute(t.create_sql())
+            for s in t.index_sql():
+                conn.execute(s)
+        conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+    except BaseException:
+        if outer:
+            conn.execute("ROLLBACK TO gf_schema")
+            conn.execute("RELEASE gf_schema")
+        else:
+            conn.rollback()
+        raise
+    finally:
+        ref.close()
+    if outer:
+        conn.execute("RELEASE gf_schema")
+    else:
+        conn.commit()
+
+
+def overlay(db: Any) -> None:
+    """For a connection that may not write (an older file opened mode=ro):
+    a missing table gets an empty TEMP stand-in, a table missing columns a
+    TEMP view adding them as NULL. Unqualified names find temp objects
+    first, so queries read the current schema; the file is not touched."""
+    conn = _conn(db)
+    have = _names(conn, "table")
+    for t in TABLES:
+        if t.name not in have:
+            conn.execute(t.create_sql(temp=True))
+            continue
+        cols = {r[1] for r in conn.execute(f"PRAGMA main.table_info({_q(t.name)})")}
+        if set(t.column_names) <= cols:
+            continue
+        sel = ", ".join(_q(c) if c in cols else f"NULL AS {_q(c)}" for c in t.column_names)
+        conn.execute(
+            f"CREATE TEMP VIEW IF NOT EXISTS {_q(t.name)} AS SELECT {sel} FROM main.{_q(t.name)}"
+        )

@@ -1,0 +1,248 @@
+"""The one evidence schema (pyctl/evidence/schema.py): docs/schema.md lists
+exactly its tables and columns, every earlier version migrates with its
+rows intact, and a reader sees an older file as the current schema
+without converting it. No root, no BPF."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import sqlite3
+import struct
+from pathlib import Path
+
+import pytest
+
+from pyctl import query, store
+from pyctl.bpf import abi
+from pyctl.evidence import schema
+
+REPO = Path(__file__).resolve().parent.parent
+V1_SQL = (Path(__file__).parent / "data" / "schema_v1.sql").read_text()
+# The first layout of version 1 (f8e2143): stacks without module/offset.
+V1_EARLY_SQL = re.sub(
+    r'"symbol" TEXT,\s+"module" TEXT,\s+"offset" INTEGER,', '"symbol" TEXT,', V1_SQL
+)
+
+
+def live(con: sqlite3.Connection) -> dict[str, list[str]]:
+    """Every table and its columns, in order, as SQLite reports them."""
+    names = [
+        r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table' ORDER BY name")
+    ]
+    return {n: [r[1] for r in con.execute(f'PRAGMA table_info("{n}")')] for n in names}
+
+
+def documented() -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    table = None
+    for ln in (REPO / "docs" / "schema.md").read_text().splitlines():
+        if m := re.match(r"## (\w+)\s*$", ln):
+            table = m.group(1)
+            out[table] = []
+        elif (m := re.match(r"- `(\w+)`: \S", ln)) and table:
+            out[table].append(m.group(1))
+    return out
+
+
+def fresh(tmp_path: Path, sql: str = "") -> sqlite3.Connection:
+    con = sqlite3.connect(tmp_path / "gf.db")
+    if sql:
+        con.executescript(sql)
+    return con
+
+
+def test_docs_list_exactly_the_live_tables_and_columns(tmp_path: Path) -> None:
+    con = fresh(tmp_path)
+    schema.ensure_schema(con)
+    assert documented() == live(con)
+    assert schema.user_version(con) == schema.SCHEMA_VERSION
+
+
+def test_ensure_schema_is_idempotent_and_then_writes_nothing(tmp_path: Path) -> None:
+    con = fresh(tmp_path)
+    schema.ensure_schema(con)
+    before = con.total_changes, (tmp_path / "gf.db").read_bytes()
+    schema.ensure_schema(con)
+    assert (con.total_changes, (tmp_path / "gf.db").read_bytes()) == before
+    # And on a read-only connection of a current file: nothing to do, no error.
+    ro = sqlite3.connect(f"file:{tmp_path / 'gf.db'}?mode=ro", uri=True)
+    schema.ensure_schema(ro)
+
+
+def test_foreign_keys_are_declared_where_rows_refer_to_each_other() -> None:
+    ref = schema.reference()
+    fks = {
+        (t.name, r[3], r[2])
+        for t in schema.TABLES
+        for r in ref.execute(f'PRAGMA foreign_key_list("{t.name}")')
+    }
+    for child in ("specs", "funcs", "faults", "links", "calls", "xids", "tok_cases"):
+        assert (child, "run_id", "runs") in fks, child
+    for child in ("registers", "args", "stacks", "links", "calls", "xids"):
+        assert (child, "fault_id", "faults") in fks, child
+    assert ("experiment_steps", "experiment_id", "experiments") in fks
+    assert ("experiment_steps", "run_id", "runs") in fks
+
+
+def _fill_v1(con: sqlite3.Connection) -> dict[str, list[dict]]:
+    """One row in every table of a v1 file, with every column set."""
+    rows: dict[str, list[dict]] = {}
+    sample = {
+        "TEXT": lambda t, c: f"{t}-{c}",
+        "INTEGER": lambda t, c: len(c),
+        "REAL": lambda t, c: len(c) + 0.5,
+        "BLOB": lambda t, c: c.encode(),
+    }
+    for name in live(con):
+        typed = {r[1]: r[2] for r in con.execute(f'PRAGMA table_info("{name}")')}
+        row = {c: sample[t](name, c) for c, t in typed.items()}
+        if name in {"runs", "calls", "specs", "funcs", "faults", "links", "xids", "tok_cases"}:
+            row["run_id"] = "1a2b3c4d"
+        if "fault_id" in row:
+            row["fault_id"] = "1a2b3c4d-1"
+        con.execute(
+            f'INSERT INTO "{name}" ({", ".join(row)}) VALUES ({", ".join("?" * len(row))})',
+            list(row.values()),
+        )
+        rows[name] = [row]
+    con.commit()
+    return rows
+
+
+@pytest.mark.parametrize("sql", [V1_SQL, V1_EARLY_SQL], ids=["v1", "v1-first-layout"])
+def test_version_1_migrates_with_its_rows_intact(tmp_path: Path, sql: str) -> None:
+    con = fresh(tmp_path, sql)
+    assert schema.user_version(con) == 1
+    rows = _fill_v1(con)
+    schema.ensure_schema(con)
+    assert schema.user_version(con) == schema.SCHEMA_VERSION
+    ref = schema.reference()
+    for t in schema.TABLES:
+        assert schema.shape(con, t.name) == schema.shape(ref, t.name), t.name
+    for name, want in rows.items():
+        got = [
+            dict(zip([c[0] for c in cur.description], r, strict=True))
+            for cur in [con.execute(f'SELECT * FROM "{name}"')]
+            for r in cur.fetchall()
+        ]
+        assert len(got) == len(want), name
+        for g, w in zip(got, want, strict=True):
+            assert {k: g[k] for k in w} == w, name
+            # A column the old layout lacked is NULL, nothing else is new.
+            assert all(g[k] is None for k in g if k not in w), name
+
+
+def test_store_made_tables_without_a_version_take_the_current_shape(tmp_path: Path) -> None:
+    # A store used on a connection open_db never checked left user_version 0.
+    con = fresh(
+        tmp_path,
+        'CREATE TABLE "tok_cases" ("fault_id" TEXT PRIMARY KEY, "run_id" TEXT,'
+        " \"seq\" INTEGER); INSERT INTO tok_cases VALUES ('ab-1', 'ab', 1);",
+    )
+    schema.ensure_schema(con)
+    assert con.execute("SELECT fault_id, seq, campaign FROM tok_cases").fetchall() == [
+        ("ab-1", 1, None)
+    ]
+    assert schema.shape(con, "tok_cases") == schema.shape(schema.reference(), "tok_cases")
+
+
+def test_a_migration_that_would_drop_a_column_leaves_the_file_as_it_was(tmp_path: Path) -> None:
+    con = fresh(tmp_path, V1_SQL)
+    con.execute("ALTER TABLE faults ADD COLUMN someone_elses TEXT")
+    con.execute("INSERT INTO runs (run_id) VALUES ('aa')")
+    con.commit()
+    before = (tmp_path / "gf.db").read_bytes()
+    with pytest.raises(schema.SchemaError, match="someone_elses"):
+        schema.ensure_schema(con)
+    assert not con.in_transaction
+    assert schema.user_version(con) == 1
+    assert (tmp_path / "gf.db").read_bytes() == before
+
+
+def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
+    con = fresh(tmp_path, f"PRAGMA user_version={schema.SCHEMA_VERSION + 1};")
+    with pytest.raises(schema.SchemaError, match="newer"):
+        schema.ensure_schema(con)
+
+
+def test_open_db_migrates_a_version_1_file(tmp_path: Path) -> None:
+    con = fresh(tmp_path, V1_SQL)
+    con.execute("INSERT INTO runs (run_id, status) VALUES ('1a2b3c4d', 'done')")
+    con.commit()
+    con.close()
+    db = store.open_db(tmp_path / "gf.db")
+    try:
+        assert schema.user_version(db) == schema.SCHEMA_VERSION
+        assert db.conn.execute("SELECT status FROM runs").fetchall() == [("done",)]
+        assert "experiments" in db.table_names()
+    finally:
+        db.close()
+
+
+def test_a_reader_sees_a_version_1_file_as_the_current_schema_unchanged(tmp_path: Path) -> None:
+    con = fresh(tmp_path, V1_EARLY_SQL)
+    con.executescript(
+        "DROP TABLE anchors; DROP TABLE xids;"  # files older than these stores lack them
+        "INSERT INTO runs (run_id) VALUES ('1a2b3c4d');"
+        "INSERT INTO specs VALUES ('1a2b3c4d', 0, 'fail cuMemAlloc', '{}');"
+        "INSERT INTO faults (fault_id, run_id, seq, spec, function, library, action, mechanism,"
+        " call_seq, pid, tid, comm, wall) VALUES ('1a2b3c4d-1', '1a2b3c4d', 1, 0, 'f', 'l',"
+        " 'fail', 'regs', 1, 2, 3, 'c', 1.0);"
+        "INSERT INTO stacks VALUES ('1a2b3c4d-1', 0, 4096, 'main');"
+    )
+    con.close()
+    path = tmp_path / "gf.db"
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    db = store.open_db(path, readonly=True)
+    try:
+        doc = query.fault_chain(db, "1a2b3c4d-1")
+        assert doc is not None
+        assert doc["anchors"] == [] and doc["xids"] == []
+        assert doc["stack"] == [{"depth": 0, "address": 4096, "symbol": "main"}]
+        assert db.conn.execute("SELECT count(*) FROM experiments").fetchone() == (0,)
+    finally:
+        db.close()
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == digest
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gf.db"]
+
+
+def test_experiment_ddl_has_the_schemas_columns(tmp_path: Path) -> None:
+    # pyctl/experiment/evidence.py writes against its EXPERIMENT_DDL: the
+    # columns (names, types, keys) must be the ones defined here.
+    from pyctl.experiment.evidence import EXPERIMENT_DDL
+
+    theirs = sqlite3.connect(":memory:")
+    theirs.executescript(EXPERIMENT_DDL)
+    ref = schema.reference()
+    names = [r[0] for r in theirs.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+    assert names
+    for n in names:
+        assert schema.shape(theirs, n)["columns"] == schema.shape(ref, n)["columns"], n
+        assert schema.shape(theirs, n)["indexes"] == schema.shape(ref, n)["indexes"], n
+
+
+def test_calls_insert_is_derived_from_the_call_record(tmp_path: Path) -> None:
+    con = fresh(tmp_path)
+    schema.ensure_schema(con)
+    fmt = struct.Struct(abi.CALL_RECORD_FMT)
+    assert len(abi.CALL_SCALARS) == len(fmt.unpack(bytes(fmt.size)))
+    vals = {n: i + 10 for i, n in enumerate(abi.CALL_SCALARS)}
+    vals["cookie"] = abi.cookie(3, 5)
+    vals["fault_seq"] = 9
+    rec = fmt.pack(*(vals[n] for n in abi.CALL_SCALARS))
+    con.executemany(store._CALL_RECORD_SQL.format(run="1a2b3c4d"), list(fmt.iter_unpack(rec)))
+    cur = con.execute("SELECT * FROM calls")
+    row = dict(zip([c[0] for c in cur.description], cur.fetchone(), strict=True))
+    assert row["run_id"] == "1a2b3c4d"
+    assert (row["spec"], row["func"], row["fault_id"]) == (3, 5, "1a2b3c4d-9")
+    for n in ("kind", "ts_ns", "latency_ns", "call_seq", "arg1", "arg6", "ret", "pid", "tid"):
+        assert row[n] == vals[n], n
+
+
+def test_experiment_tables_script_makes_the_schemas_tables() -> None:
+    con = sqlite3.connect(":memory:")
+    con.executescript(schema.script(schema.EXPERIMENT_TABLES))
+    ref = schema.reference()
+    for n in schema.EXPERIMENT_TABLES:
+        assert schema.shape(con, n) == schema.shape(ref, n), n
