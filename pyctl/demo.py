@@ -16,6 +16,7 @@ import click
 
 from pyctl import paths, query, store
 from pyctl.engine import EngineError
+from pyctl.run_options import RunOptions
 from pyctl.runner import Runner, Target
 from pyctl.spec import FaultSpec
 
@@ -39,14 +40,8 @@ def run(db_path: str, *, threads: int = 2, steps: int = 6) -> int:
     cmd = [str(WORKLOAD), "--threads", str(threads), "--steps", str(steps)]
     click.echo(f"demo: {' '.join(cmd)}  (libcuda test double, CPU only)", err=True)
     click.echo(f"demo: arming {spec.describe()}", err=True)
-    r = Runner(
-        [spec],
-        Target(cmd=cmd),
-        db_path=db_path,
-        argv=["gpufault", "demo"],
-        kind="demo",
-        status=False,
-    )
+    opts = RunOptions(db_path=db_path, argv=("gpufault", "demo"), kind="demo", quiet=True)
+    r = Runner([spec], Target(cmd=cmd), opts)
     # The workload must bind to the double: on a GPU host LD_LIBRARY_PATH
     # names the real libcuda, and LD_LIBRARY_PATH wins over the workload's
     # RUNPATH (gpufault demo from the wheel once traced 0 calls there). The

@@ -34,6 +34,9 @@ _USER_ERRORS = (
     ("pyctl.xid", "XidError"),
     ("pyctl.tracefs", "TracefsError"),
     ("pyctl.templates", "TemplateError"),
+    ("pyctl.experiment.files", "ExperimentError"),
+    ("pyctl.experiment.probes", "ProbeError"),
+    ("pyctl.experiment.loadgen", "LoadError"),
     ("pyctl.store", "StoreError"),
     ("pyctl.netchaos", "NetChaosError"),
     ("pyctl.copilot.model", "CopilotError"),
@@ -43,6 +46,8 @@ _USER_ERRORS = (
     ("pyctl.hooks.bitflip", "BitSpecError"),
     ("pyctl.hooks.wmma_flip", "WmmaError"),
     ("pyctl.bpf.libbpf", "BpfError"),
+    ("pyctl.observe", "ObserveError"),
+    ("pyctl.report.data", "ReportError"),
 )
 
 

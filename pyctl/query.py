@@ -32,14 +32,6 @@ def _rows(db: Any, sql: str, params: tuple[Any, ...]) -> list[dict[str, Any]]:
     return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
 
 
-def _table_exists(db: Any, name: str) -> bool:
-    return bool(
-        db.conn.execute(
-            "SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (name,)
-        ).fetchone()
-    )
-
-
 def _late_symbol(r: dict[str, Any]) -> str:
     """Frames left as 'lib+0xoff' at ingest (big libraries are not parsed
     while events stream in) are named now, if the library is still there."""
@@ -80,16 +72,21 @@ def fault_chain(db: Any, fault_id: str) -> dict[str, Any] | None:
     )
     for link in links:
         link["detail"] = json.loads(link["detail"]) if link["detail"] else None
-    anchors: list[dict[str, Any]] = []
-    if _table_exists(db, "anchors"):
-        anchors = _rows(db, "SELECT * FROM anchors WHERE fault_id=?", (fault_id,))
-        for a in anchors:
-            for k, v in list(a.items()):
-                if isinstance(v, bytes):
-                    a[k] = v.hex()
-    xids: list[dict[str, Any]] = []
-    if _table_exists(db, "xids"):
-        xids = _rows(db, "SELECT * FROM xids WHERE fault_id=?", (fault_id,))
+    # Every table is there (store.open_db: created, or overlaid for an
+    # older file opened read-only).
+    anchors = _rows(db, "SELECT * FROM anchors WHERE fault_id=?", (fault_id,))
+    for a in anchors:
+        for k, v in list(a.items()):
+            if isinstance(v, bytes):
+                a[k] = v.hex()
+    xids = _rows(db, "SELECT * FROM xids WHERE fault_id=?", (fault_id,))
+    # The experiment whose step armed this fault's run (gpufault experiment).
+    exp = _rows(
+        db,
+        "SELECT e.id, e.name, e.version, e.verdict, s.idx, s.name AS step FROM experiment_steps s "
+        "JOIN experiments e ON e.id = s.experiment_id WHERE s.run_id=?",
+        (f["run_id"],),
+    )
     return {
         "fault": f,
         "spec": spec[0]["text"] if spec else None,
@@ -99,6 +96,7 @@ def fault_chain(db: Any, fault_id: str) -> dict[str, Any] | None:
         "links": links,
         "anchors": anchors,
         "xids": xids,
+        "experiment": exp[0] if exp else None,
     }
 
 
@@ -121,6 +119,12 @@ def render_chain(doc: dict[str, Any]) -> str:
         f"  call      {f['function']} #{f['call_seq']} in {f['library']}",
         f"  build-id  {f['build_id'] or '-'}",
         f"  thread    pid {f['pid']} tid {f['tid']} ({f['comm']})",
+        *(
+            [f"  experiment {x['id']} {x['name']}@v{x['version']} step {x['idx'] + 1} "
+             f"({x['step']}): {x['verdict']}"]
+            if (x := doc.get("experiment"))
+            else []
+        ),
         _action_line(f),
         f"  returned  {f['ret'] if f['ret'] is not None else '(no return seen)'}"
         + (f" after {f['latency_ns'] / 1000:.1f} us" if f["latency_ns"] else ""),

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pyctl import store
-from pyctl.engine import DEFAULT_MAX_DB_BYTES, Engine, EngineError, StoreWriteError
+from pyctl.engine import Engine, EngineError, StoreWriteError
+from pyctl.run_options import RunOptions
 from pyctl.spec import FaultSpec
 
 
@@ -140,47 +140,47 @@ def _rc_from_status(status: int) -> int:
     return os.WEXITSTATUS(status)
 
 
+def _options(options: RunOptions | None, settings: dict[str, Any]) -> RunOptions:
+    """RunOptions, or its fields by keyword (db_path=..., kind=...) for a
+    caller without one; `status=False` is the old spelling of quiet=True."""
+    if options is not None:
+        if settings:
+            raise TypeError(f"give RunOptions or keywords, not both: {', '.join(settings)}")
+        return options
+    if "status" in settings:
+        settings["quiet"] = not settings.pop("status")
+    return RunOptions(**settings)
+
+
 class Runner:
     def __init__(
         self,
         specs: list[FaultSpec],
         target: Target,
+        options: RunOptions | None = None,
         *,
-        db_path: str | os.PathLike[str],
-        argv: Sequence[str],
-        kind: str,
-        duration: float = 0.0,
-        copilot_signal: int | None = None,
-        status: bool = True,
         echo: Callable[[str], None] | None = None,
-        xids: bool = True,
         on_xid: Callable[[Any], None] | None = None,
-        max_db_bytes: int = DEFAULT_MAX_DB_BYTES,
+        **settings: Any,
     ):
+        self.options = opts = _options(options, settings)
         self.specs = specs
-        self.max_db_bytes = max_db_bytes
+        self.max_db_bytes = opts.max_db_bytes
         self.target = target
-        self.db_path = db_path
-        self.argv = argv
-        self.kind = kind
-        self.duration = duration
-        self.copilot_signal = copilot_signal
-        self.show_status = status and sys.stderr.isatty()
+        self.db_path = opts.db_path
+        self.argv = opts.argv
+        self.kind = opts.kind
+        self.duration = opts.duration
+        self.copilot_signal = opts.copilot_signal
+        self.show_status = opts.status and sys.stderr.isatty()
         self.echo = echo or (lambda s: print(s, file=sys.stderr))
         self.child: subprocess.Popen[bytes] | None = None
         self._control: Any = None  # the ControlSocket `gpufault release` talks to
         self.engine: Engine | None = None
         self.xids: Any = None
-        self.record_xids = xids
+        self.record_xids = opts.xids
         self.on_xid = on_xid
         self._stop = False
-
-    def _prepare_specs(self, pid: int | None, tid: int | None) -> None:
-        for s in self.specs:
-            s.tgid = pid or 0
-            s.tid = tid or 0
-            if self.duration and not s.duration_s:
-                s.duration_s = self.duration
 
     def start(self) -> Engine:
         t = self.target
@@ -197,9 +197,6 @@ class Runner:
             check_target_pid(pid, "--tid")
         if t.cmd:
             check_command(t.cmd)
-        kw: dict[str, Any] = {"max_db_bytes": self.max_db_bytes}
-        if self.copilot_signal:
-            kw["copilot_signal"] = self.copilot_signal
         if t.cmd:
             from pyctl import resolve
 
@@ -212,15 +209,8 @@ class Runner:
                 os.close(w)
                 raise EngineError(f"cannot start {t.cmd[0]}: {e.strerror}") from None
             os.close(r)
-            self._prepare_specs(self.child.pid, None)
             eng = Engine(
-                self.specs,
-                db_path=self.db_path,
-                pid=self.child.pid,
-                argv=self.argv,
-                kind=self.kind,
-                resolve_in_target=False,
-                **kw,
+                self.specs, options=self.options, pid=self.child.pid, resolve_in_target=False
             )
             try:
                 eng.start()
@@ -233,10 +223,7 @@ class Runner:
             os.write(w, b"go\n")
             os.close(w)
         else:
-            self._prepare_specs(pid, t.tid)
-            eng = Engine(
-                self.specs, db_path=self.db_path, pid=pid, argv=self.argv, kind=self.kind, **kw
-            )
+            eng = Engine(self.specs, options=self.options, pid=pid, tid=t.tid)
             eng.start()
         self.engine = eng
         eng.on_notice = self.echo
@@ -359,9 +346,7 @@ class Runner:
             if self.show_status:
                 sys.stderr.write("\n")
         if self.child is not None:
-            if self.child.poll() is None and self._stop:
-                # Ctrl-C ends our watch, not the command: detach, then wait.
-                pass
+            # Ctrl-C ends our watch, not the command: _child_rc detaches, then waits.
             rc = self._child_rc()
         return rc
 
@@ -412,32 +397,16 @@ class Runner:
 def run(
     specs: list[FaultSpec],
     target: Target,
+    options: RunOptions | None = None,
     *,
-    db_path: str | os.PathLike[str] = store.DEFAULT_DB,
-    argv: Sequence[str] = (),
-    kind: str = "inject",
-    duration: float = 0.0,
-    copilot_signal: int | None = None,
     on_start: Callable[[Engine], None] | None = None,
     on_fire: Callable[[dict[str, Any]], None] | None = None,
-    status: bool = True,
-    xids: bool = True,
     on_xid: Callable[[Any], None] | None = None,
-    max_db_bytes: int = DEFAULT_MAX_DB_BYTES,
+    **settings: Any,
 ) -> tuple[int, Engine]:
-    r = Runner(
-        specs,
-        target,
-        db_path=db_path,
-        argv=argv,
-        kind=kind,
-        duration=duration,
-        copilot_signal=copilot_signal,
-        status=status,
-        xids=xids,
-        on_xid=on_xid,
-        max_db_bytes=max_db_bytes,
-    )
+    """Start, loop, finish: one run of `specs` against `target` with the
+    run's settings (`options`, or RunOptions' fields by keyword)."""
+    r = Runner(specs, target, _options(options, settings), on_xid=on_xid)
     # Ctrl-C and SIGTERM end the run cleanly from before it starts until it
     # is closed: on_start prints "Ctrl-C to end" before loop() runs, and a
     # signal there must not skip finish() (the run row would stay

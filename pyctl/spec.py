@@ -9,8 +9,9 @@ from __future__ import annotations
 import re
 import signal as _signal
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, NamedTuple
 
 from pyctl.bpf import abi
 
@@ -44,15 +45,21 @@ _DUR_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(ns|us|ms|s|m|h|d)")
 _DUR_SCALE = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
-def parse_duration(text: str, what: str = "--duration", *, allow_zero: bool = False) -> float:
+def parse_duration(
+    text: str | float, what: str = "--duration", *, allow_zero: bool = False
+) -> float:
     """'30s', '500ms', '2m', '2h', '1m30s', '1h2m3.5s', '1.5' (seconds) -> seconds.
 
-    Zero is refused unless allow_zero (a zero --duration used to mean
-    'forever', a zero --stall a hang: both have their own spelling, omit
-    the option)."""
+    A number (a TOML value) is seconds. Zero is refused unless allow_zero
+    (a zero --duration used to mean 'forever', a zero --stall a hang: both
+    have their own spelling, omit the option)."""
     t = str(text).strip()
     hint = "use e.g. 30s, 500ms, 2m, 1m30s, 2h"
-    if re.fullmatch(r"\d+(?:\.\d*)?|\.\d+", t):
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        total = float(text)
+        if total != total or total < 0:  # nan, or negative: not a length of time
+            raise SpecError(f"{what}: {text!r} is not a duration ({hint})")
+    elif re.fullmatch(r"\d+(?:\.\d*)?|\.\d+", t):
         total = float(t)
     else:
         pos, total, units = 0, 0.0, []
@@ -79,11 +86,13 @@ def check_range(value: int, what: str, lo: int, hi: int) -> int:
     return value
 
 
-def parse_prob(text: str) -> int:
-    """'5%', '0.05', '50000ppm' -> parts per million."""
+def parse_prob(text: str | float) -> int:
+    """'5%', '0.05', '50000ppm' (or the number 0.05) -> parts per million."""
     t = str(text).strip()
     try:
-        if t.endswith("%"):
+        if isinstance(text, (int, float)) and not isinstance(text, bool):
+            v = float(text)
+        elif t.endswith("%"):
             v = float(t[:-1]) / 100
         elif t.endswith("ppm"):
             v = float(t[:-3]) / 1e6
@@ -167,6 +176,99 @@ def parse_corrupt(text: str) -> tuple[int, int, int, int, int]:
     return arg, off, op, mask, ln
 
 
+# The fields of FaultSpec.from_fields: `gpufault inject`'s option names
+# (underscored), which a template's [[fault]] table uses too.
+FIELDS = frozenset({
+    "lib", "fn", "action", "ret", "mode", "signal", "corrupt", "stall", "nth", "every", "after",
+    "max", "prob", "sticky", "when", "window", "trace", "no_stack", "entry_only", "caller",
+})  # fmt: skip
+
+# (catalog library name, code text) -> value; pyctl.catalog.code_value by default.
+CodeLookup = Callable[[str, str], int]
+
+_FLOAT = re.compile(r"\s*[-+]?(\d+\.\d*|\.\d+|\d+(\.\d*)?[eE][-+]?\d+|inf|nan)\s*", re.I)
+
+
+class ReturnCode(NamedTuple):
+    """A --ret value as the CLI read it: `value` for a number, None for a
+    code name, which only the library (--lib) can resolve."""
+
+    value: int | None
+    text: str
+
+
+def parse_code(text: str, what: str = "--ret") -> ReturnCode:
+    """A number (2, -1, 0x10) in one 64-bit register, or a code name left
+    for resolve_code; a float is refused (it is neither)."""
+    try:
+        v = parse_int(text, what)
+    except SpecError:
+        if _FLOAT.fullmatch(str(text)):
+            raise SpecError(
+                f"{what}: {text!r} is not an integer: give an integer (2, -1, 0x10) or a code name"
+            ) from None
+        return ReturnCode(None, str(text).strip())
+    # One 64-bit register: -2**63 .. 2**64-1 (ctypes would wrap the rest).
+    return ReturnCode(check_range(v, what, S64_MIN, U64_MAX), str(text))
+
+
+def catalog_library(lib: str) -> str:
+    """Whose return codes a name means: the catalog's library for what --lib
+    says (a soname, a path or a short name); CUDA's when it is none of them."""
+    import os
+
+    from pyctl import catalog
+    from pyctl.catalog.libraries import library
+
+    name = catalog.lib_for_soname(lib)
+    if name is None:
+        try:
+            name = library(os.path.basename(lib)).name
+        except ValueError:
+            name = "cuda"
+    return name
+
+
+def resolve_code(
+    value: Any, lib: str, *, catalog: CodeLookup | None = None, what: str = "--ret"
+) -> tuple[int | None, str]:
+    """The one lookup of a return value: (value, the text it was given as).
+    A number stays a number; a name is looked up in the catalog of `lib`."""
+    if value is None:
+        return None, ""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value, str(value)
+    code = value if isinstance(value, ReturnCode) else parse_code(str(value), what)
+    if code.value is not None:
+        return code.value, code.text
+    try:
+        lookup: CodeLookup
+        if catalog is None:
+            from pyctl.catalog import code_value as lookup
+        else:
+            lookup = catalog
+        return int(lookup(catalog_library(lib), code.text)), code.text
+    except ImportError:
+        raise SpecError(f"{what}: {code.text!r} is not a number") from None
+    except (ValueError, KeyError) as e:
+        raise SpecError(f"{what}: {e}") from None
+
+
+def _count(v: Any, what: str) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) else parse_int(str(v), what)
+
+
+def _signal_of(v: Any) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) else parse_signal(str(v))
+
+
+def _parsed(v: Any, parse: Callable[[str], Any]) -> Any:
+    """None, an already parsed tuple, or text for `parse`."""
+    if v in (None, ""):
+        return None
+    return tuple(v) if isinstance(v, (tuple, list)) else parse(str(v))
+
+
 @dataclass
 class FaultSpec:
     lib: str
@@ -193,7 +295,57 @@ class FaultSpec:
     tgid: int = 0
     tid: int = 0
     caller: str = ""  # only calls returning into this object (callers.py)
-    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_fields(
+        cls, fields: Mapping[str, Any], *, catalog: CodeLookup | None = None
+    ) -> FaultSpec:
+        """The one spec builder: `gpufault inject`'s options, a template's
+        [[fault]] table and an experiment file's fault all come here.
+
+        `fields` uses the option names (FIELDS: lib, fn, action, ret, signal,
+        max, prob, when, window, stall, no_stack, ...). A value may be text
+        as a user typed it ("5%", "1m30s", "SIGSEGV", "arg2>=200M"), a TOML
+        value (3, 0.05, true) or what the CLI's value types already made of
+        it (pyctl/cli/options.py); all are read by the parsers above, so a
+        spelling means the same everywhere. `catalog` looks up return-code
+        names (default: pyctl.catalog). Returns a validated spec; raises
+        SpecError naming the option."""
+        unknown = set(fields) - FIELDS
+        if unknown:
+            raise SpecError(f"unknown field(s) {', '.join(sorted(unknown))}")
+        f = {k: v for k, v in fields.items() if v is not None}
+        for req in ("lib", "fn"):
+            if not f.get(req):
+                raise SpecError(f"needs {req}")
+        lib = str(f["lib"])
+        fns = [str(f["fn"])] if isinstance(f["fn"], str) else list(dict.fromkeys(map(str, f["fn"])))
+        ret, ret_text = resolve_code(f.get("ret"), lib, catalog=catalog)
+        stall, window = f.get("stall"), f.get("window")
+        spec = cls(
+            lib=lib,
+            fn=fns[0] if len(fns) == 1 else fns,
+            action=str(f.get("action") or "observe"),
+            ret=ret,
+            ret_text=ret_text,
+            mode=str(f.get("mode") or "skip"),
+            signo=_signal_of(f["signal"]) if f.get("signal") else 0,
+            nth=_count(f.get("nth", 0), "--nth"),
+            every=_count(f.get("every", 0), "--every"),
+            after=_count(f.get("after", 0), "--after"),
+            max_fires=_count(f.get("max", 0), "--max"),
+            prob_ppm=parse_prob(f["prob"]) if f.get("prob") not in (None, "", 0) else 0,
+            sticky=bool(f.get("sticky", False)),
+            window_start_s=parse_duration(window, "--window", allow_zero=True) if window else 0.0,
+            pred=_parsed(f.get("when"), parse_predicate),
+            corrupt=_parsed(f.get("corrupt"), parse_corrupt),
+            stall_ms=parse_duration(stall, "--stall") * 1000 if stall not in (None, "") else 0.0,
+            trace=bool(f.get("trace", False)),
+            entry_only=bool(f.get("entry_only", False)),
+            capture_stack=not f.get("no_stack", False),
+            caller=str(f.get("caller") or ""),
+        )
+        return spec.validate()
 
     def validate(self) -> FaultSpec:
         if self.action not in abi.ACTIONS:
@@ -234,10 +386,6 @@ class FaultSpec:
     def fn_text(self) -> str:
         return self.fn if isinstance(self.fn, str) else ",".join(self.fn)
 
-    @property
-    def needs_copilot_always(self) -> bool:
-        return self.action == "stall"
-
     def describe(self) -> str:
         bits = [f"{self.action}"]
         if self.action == "fail":
@@ -267,8 +415,19 @@ class FaultSpec:
         return asdict(self)
 
     def to_bpf(
-        self, *, mech_regs: bool, retprobe: bool, start_mono_ns: int | None = None
+        self,
+        *,
+        mech_regs: bool,
+        retprobe: bool,
+        start_mono_ns: int | None = None,
+        tgid: int = 0,
+        tid: int = 0,
+        duration_s: float = 0.0,
     ) -> abi.Spec:
+        """The packed BPF spec. tgid, tid and duration_s are the run's target
+        and --duration (pyctl/runner.py's RunOptions, through the engine):
+        they apply where the spec sets none of its own, so a run never
+        writes its target into the caller's specs."""
         now = (
             start_mono_ns
             if start_mono_ns is not None
@@ -292,14 +451,14 @@ class FaultSpec:
         s.flags = flags
         r = self.ret or 0
         s.retval = r - 2**64 if r > 2**63 - 1 else r  # the unsigned spelling of a negative
-        s.tgid, s.tid = self.tgid, self.tid
+        s.tgid, s.tid = self.tgid or tgid, self.tid or tid
         s.nth, s.every, s.after, s.max_fires = self.nth, self.every, self.after, self.max_fires
         s.prob_ppm = self.prob_ppm
         s.signo = self.signo
         if self.window_start_s:
             s.window_start_ns = now + int(self.window_start_s * 1e9)
-        if self.duration_s:
-            s.deadline_ns = now + int(self.duration_s * 1e9)
+        if self.duration_s or duration_s:
+            s.deadline_ns = now + int((self.duration_s or duration_s) * 1e9)
         if self.pred:
             s.pred_arg, s.pred_op, s.pred_val = self.pred
         if self.corrupt:

@@ -1,4 +1,4 @@
-"""The click commands of pyctl/hooks_cli.py (registered by the lead)."""
+"""The click commands of pyctl/cli/hooks.py and pyctl/cli/netchaos.py."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from pyctl.hooks_cli import hooks_group, netchaos_group
+from pyctl.cli.hooks import hooks_group
+from pyctl.cli.netchaos import netchaos_group
 
 REPO = Path(__file__).resolve().parent.parent
 

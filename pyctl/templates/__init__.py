@@ -24,22 +24,11 @@ if sys.version_info >= (3, 11):
 else:  # Python 3.10 (Ubuntu 22.04): the same parser as a package
     import tomli as tomllib
 
-from pyctl.spec import (
-    FaultSpec,
-    SpecError,
-    parse_corrupt,
-    parse_duration,
-    parse_int,
-    parse_predicate,
-    parse_prob,
-    parse_signal,
-)
+from pyctl.spec import FIELDS, FaultSpec, SpecError, parse_int
 
 HERE = Path(__file__).resolve().parent
 ENV_DIRS = "GPUFAULT_TEMPLATES"
-FAULT_FIELDS = {"lib", "fn", "action", "ret", "mode", "signal", "corrupt", "stall", "nth",
-                "every", "after", "max", "prob", "sticky", "when", "window", "trace",
-                "no_stack", "entry_only"}
+FAULT_FIELDS = FIELDS  # a [[fault]] table's fields: FaultSpec.from_fields's
 _PLACEHOLDER = re.compile(r"\{(\w+)\}")
 
 
@@ -128,60 +117,11 @@ def _render(v: Any, vals: dict[str, Any]) -> Any:
     return _PLACEHOLDER.sub(lambda mm: str(vals[mm.group(1)]), v)
 
 
-def _catalog_lib(lib: str) -> str:
-    name = os.path.basename(lib).lower()
-    for key in ("cublaslt", "cublas", "cufft", "nccl", "cudart", "cuda"):
-        if key in name:
-            return "cublas" if key == "cublaslt" else key
-    return "cuda"
-
-
-def _ret(value: Any, lib: str) -> tuple[int | None, str]:
-    if value is None:
-        return None, ""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value, str(value)
-    text = str(value)
-    try:
-        return parse_int(text, "ret"), text
-    except SpecError:
-        pass
-    from pyctl import catalog
-
-    return int(catalog.code_value(_catalog_lib(lib), text)), text
-
-
-def _int(v: Any, what: str) -> int:
-    return v if isinstance(v, int) and not isinstance(v, bool) else parse_int(str(v), what)
-
-
 def build_spec(f: dict[str, Any]) -> FaultSpec:
-    """One [[fault]] table (knobs already rendered) -> a validated FaultSpec."""
-    unknown = set(f) - FAULT_FIELDS
-    if unknown:
-        raise SpecError(f"unknown field(s) {', '.join(sorted(unknown))}")
-    for req in ("lib", "fn"):
-        if not f.get(req):
-            raise SpecError(f"needs {req}")
-    lib = str(f["lib"])
-    ret, ret_text = _ret(f.get("ret"), lib)
-    stall = f.get("stall")
-    spec = FaultSpec(
-        lib=lib, fn=str(f["fn"]), action=str(f.get("action", "observe")), ret=ret,
-        ret_text=ret_text, mode=str(f.get("mode", "skip")),
-        signo=parse_signal(str(f["signal"])) if f.get("signal") else 0,
-        nth=_int(f.get("nth", 0), "nth"), every=_int(f.get("every", 0), "every"),
-        after=_int(f.get("after", 0), "after"), max_fires=_int(f.get("max", 0), "max"),
-        prob_ppm=parse_prob(str(f["prob"])) if f.get("prob") not in (None, "", 0) else 0,
-        sticky=bool(f.get("sticky", False)),
-        window_start_s=parse_duration(str(f["window"]), "window") if f.get("window") else 0.0,
-        pred=parse_predicate(str(f["when"])) if f.get("when") else None,
-        corrupt=parse_corrupt(str(f["corrupt"])) if f.get("corrupt") else None,
-        stall_ms=parse_duration(str(stall), "stall") * 1000 if stall not in (None, "") else 0.0,
-        trace=bool(f.get("trace", False)), entry_only=bool(f.get("entry_only", False)),
-        capture_stack=not f.get("no_stack", False),
-    )
-    return spec.validate()
+    """One [[fault]] table (knobs already rendered) -> a validated FaultSpec,
+    through the one spec builder (FaultSpec.from_fields) that `gpufault
+    inject` uses, so a field and its option read the same."""
+    return FaultSpec.from_fields(f)
 
 
 def search_dirs() -> list[Path]:

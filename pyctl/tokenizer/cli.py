@@ -18,6 +18,7 @@ from typing import Any
 
 import click
 
+from pyctl.cli.options import DURATION, db_option
 from pyctl.tokenizer.record import Recorder
 
 TARGET_HELP = (
@@ -30,13 +31,7 @@ def common(f: Callable[..., Any]) -> Callable[..., Any]:
     """Options every campaign takes."""
 
     @click.option("--target", "target_spec", default="hf", show_default=True, help=TARGET_HELP)
-    @click.option(
-        "--db",
-        "db_path",
-        type=click.Path(dir_okay=False, path_type=Path),
-        default=None,
-        help="evidence store (default: the gpufault store)",
-    )
+    @db_option(path_type=Path)  # the same --db as every command (gpufault --db, GPUFAULT_DB)
     @click.option("--no-db", is_flag=True, help="do not store results")
     @click.option("--keep-text", is_flag=True, help="store input text (default: hash + length)")
     @click.option("--json", "as_json", is_flag=True, help="print a JSON summary instead of a table")
@@ -115,7 +110,7 @@ def tokenizer() -> None:
       gpufault tokenizer truncation --target hf --corrupt mask-flip
       gpufault tokenizer fuzz --target http://127.0.0.1:8080/tokenize
       gpufault tokenizer probes
-      gpufault tokenizer observe --pid 1234 --seconds 5
+      gpufault tokenizer observe --pid 1234 --duration 5s
     """
 
 
@@ -202,7 +197,7 @@ def fuzz(
 
 @tokenizer.command()
 @common
-@click.option("--threads", default=8, show_default=True)
+@click.option("--threads", default=8, show_default=True, help="threads sharing the tokenizer")
 @click.option("--calls", default=200, show_default=True, help="calls per thread")
 @click.option(
     "--stall-us",
@@ -490,7 +485,15 @@ def _short(name: str, width: int = 40) -> str:
     multiple=True,
     help="entry-point kinds (default: the encode kinds of each library mapped)",
 )
-@click.option("--seconds", default=5.0, show_default=True)
+@click.option(
+    "--duration",
+    "--seconds",
+    "seconds",
+    type=DURATION,
+    default="5s",
+    show_default=True,
+    help="how long to count: 5s, 1m30s, 10 (--seconds: the old name)",
+)
 def observe(pid: int, kinds: tuple[str, ...], seconds: float) -> None:
     """Probe-only: count encode calls in a running process with tracefs uprobes.
 
@@ -498,7 +501,7 @@ def observe(pid: int, kinds: tuple[str, ...], seconds: float) -> None:
 
     \b
     Example:
-      gpufault tokenizer observe --pid 1234 --seconds 10
+      gpufault tokenizer observe --pid 1234 --duration 10s
     """
     from pyctl.tokenizer import symbols
     from pyctl.tokenizer.uprobe_count import UprobeCounter

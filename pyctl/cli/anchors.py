@@ -12,6 +12,7 @@ from pyctl import store as gf_store
 from pyctl.anchors.device import DEFAULT_PATH, AnchorDevice
 from pyctl.anchors.record import AnchorRecord
 from pyctl.anchors.store import store_records
+from pyctl.cli.options import Duration, db_option
 
 SYS = Path("/sys/module/gpufa")
 
@@ -68,8 +69,13 @@ def status() -> None:
 
 
 @anchors.command()
-@click.option("--db", "db_path", default=None, help="also store records here")
-@click.option("--duration", type=float, default=0.0, help="stop after N seconds (0: Ctrl-C)")
+@db_option(default=False)
+@click.option(
+    "--duration",
+    type=Duration(allow_zero=True),
+    default=0.0,
+    help="stop after this long, e.g. 60s, 1m30s (0 or none: at Ctrl-C)",
+)
 def watch(db_path: str | None, duration: float) -> None:
     """Print (and store) anchor records as they arrive.
 

@@ -1,14 +1,14 @@
-"""click commands for the in-process hooks and network chaos.
+"""`gpufault hooks ...`: the in-process faults (VRAM pressure, Tensor Core
+bit flips, the LD_PRELOAD shim).
 
-The lead registers them with `cli.add_command(hooks_group)` and
-`cli.add_command(netchaos_group)`. The hooks live in `pyctl.hooks`, run
-as child processes in isolated mode (pyctl.paths.module_argv: never from
-the working directory), so `gpufault --help` never needs torch.
+The hooks live in `pyctl.hooks` and run as child processes in isolated
+mode (pyctl.paths.module_argv: never from the working directory), so
+`gpufault --help` never needs torch. Their options are declared here too,
+so that `--help` lists them; the child parses them again.
 """
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +16,7 @@ from pathlib import Path
 import click
 
 from pyctl import paths
+from pyctl.cli.options import DURATION
 
 
 def _hooks_module(name: str, args: list[str]) -> int:
@@ -31,9 +32,17 @@ def hooks_group() -> None:
 
 @hooks_group.command(name="vram-pressure")
 @click.option("--share", type=float, required=True, help="Share of FREE GPU memory, 0..1.")
-@click.option("--duration", type=float, required=True, help="Seconds to hold it.")
-@click.option("--device", type=int, default=0, show_default=True)
-@click.option("--allocator", type=click.Choice(["auto", "cupy", "torch"]), default="auto")
+@click.option(
+    "--duration", type=DURATION, required=True, help="How long to hold it: 30s, 1m30s, 30."
+)
+@click.option("--device", type=int, default=0, show_default=True, help="CUDA device index")
+@click.option(
+    "--allocator",
+    type=click.Choice(["auto", "cupy", "torch"]),
+    default="auto",
+    show_default=True,
+    help="who allocates the memory (auto: cupy, else torch)",
+)
 def vram_pressure(share: float, duration: float, device: int, allocator: str) -> None:
     """Hold a share of free VRAM in a separate process, checked with NVML.
 
@@ -58,21 +67,52 @@ def vram_pressure(share: float, duration: float, device: int, allocator: str) ->
     )
 
 
+# The options of pyctl/hooks/tc_measure.py's parser, for --help: only those
+# given are passed on (its own defaults apply), and anything else after them
+# goes to it untouched, so it, not click, refuses an option it lacks.
+_TC_DTYPES = ["fp32", "bf16", "fp16"]
+_TC_AS = ["fp16", "bf16", "fp32", "int8"]  # pyctl.hooks.bitflip.DTYPES (torch: not imported here)
+
+
 @hooks_group.command(name="tc-measure", context_settings={"ignore_unknown_options": True})
+@click.option("--model-dtype", type=click.Choice(_TC_DTYPES), help="the model's dtype [fp32]")
+@click.option(
+    "--as", "as_dtype", type=click.Choice(_TC_AS), help="flip bits as this dtype [the model's]"
+)
+@click.option("--rate", type=float, help="share of elements flipped per call [1e-3]")
+@click.option("--seed", type=int, help="random seed [0]")
+@click.option("--layers", help="fnmatch over nn.Linear names [*]")
+@click.option("--matmul", is_flag=True, default=None, help="also attention matmul outputs")
+@click.option("--device", help="torch device [cpu]")
+@click.option("--bits", help="comma-separated bit specs [all]")
+@click.option("--json", "as_json", is_flag=True, default=None, help="JSON instead of a table")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def tc_measure(args: tuple[str, ...]) -> None:
+def tc_measure(args: tuple[str, ...], **given: object) -> None:
     """Divergence per flipped bit on a tiny random transformer (table).
 
     \b
     Example:
         gpufault hooks tc-measure --model-dtype fp32 --as fp16 --rate 1e-3 --matmul
     """
-    sys.exit(_hooks_module("tc_measure", list(args)))
+    names = {"as_dtype": "--as", "as_json": "--json"}
+    argv: list[str] = []
+    for key, value in given.items():
+        if value is None or value is False:
+            continue
+        flag = names.get(key, "--" + key.replace("_", "-"))
+        argv += [flag] if value is True else [flag, str(value)]
+    sys.exit(_hooks_module("tc_measure", [*argv, *args]))
 
 
 @hooks_group.command(name="preload-env")
 @click.argument("rules")
-@click.option("--log", "log", default="gfpreload.jsonl", show_default=True)
+@click.option(
+    "--log",
+    "log",
+    default="gfpreload.jsonl",
+    show_default=True,
+    help="where the shim writes one JSON line per fault",
+)
 @click.option(
     "--so",
     "so",
@@ -104,25 +144,3 @@ def preload_env(rules: str, log: str, so: str) -> None:
         ("GPUFAULT_PRELOAD_LOG", str(Path(log).absolute())),
     ):
         click.echo(f"export {k}='{v}'")
-
-
-@click.group(name="netchaos")
-def netchaos_group() -> None:
-    """Delay, loss and partitions between two network namespaces (tc, BPF)."""
-
-
-@netchaos_group.command(name="cleanup")
-@click.option("--all", "all_owners", is_flag=True, help="Also namespaces of live owners.")
-def netchaos_cleanup(all_owners: bool) -> None:
-    """Remove gf* namespaces (and their veths) left by dead processes.
-
-    \b
-    Example:
-        gpufault netchaos cleanup
-    """
-    from pyctl import netchaos
-
-    if os.geteuid() != 0:
-        raise click.ClickException("netchaos cleanup needs root: run it with sudo")
-    for name in netchaos.cleanup(all_owners=all_owners):
-        click.echo(f"removed {name}")

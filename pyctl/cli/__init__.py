@@ -1,0 +1,90 @@
+"""The gpufault command line (click). Thin: every command calls the library.
+
+Layout (docs/cli.md):
+  root.py       the `gpufault` group: --db / GPUFAULT_DB (ctx.obj), --debug
+  options.py    value types (Duration, Size, Probability, Signal, Code) and
+                the option bundles every command shares
+  commands.py   COMMANDS: every command and group, registered explicitly
+  launch.py     starting a run: RunCommand (options -- CMD), run_specs()
+  base.py       UserError, RunFailed, user_errors
+  completion.py shell completion of templates, experiments, fault IDs
+  man.py        the man page, generated from the command tree
+  doctor.py trace.py inject.py show.py demo.py template.py hooks.py
+  netchaos.py anchors.py: one module per command or group (tokenizer and
+  service keep theirs beside their library: pyctl/tokenizer/cli.py,
+  pyctl/service/cli.py)
+
+Errors a user can cause (bad pid, unknown symbol, malformed number, not
+root, unsupported kernel) end in one line on stderr and exit status 2.
+
+`cli` is built on first use (PEP 562 __getattr__ below), not when this
+package is imported: command modules outside it (pyctl/service/cli.py,
+pyctl/tokenizer/cli.py) import pyctl.cli.options, and that import must not
+register them while they are still half-imported.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import click
+
+from pyctl.cli.base import RunFailed, UserError, user_errors
+from pyctl.cli.launch import run_specs, start_notes
+
+_DEBUG = bool(os.environ.get("GPUFAULT_DEBUG"))
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("cli", "COMMANDS"):
+        from pyctl.cli import commands
+
+        return getattr(commands, name)
+    raise AttributeError(f"module 'pyctl.cli' has no attribute {name!r}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The `gpufault` entry point: every command group under one error
+    contract (pyctl/errors.py): exit 2 and one line for what the user or
+    the machine must change, 70 and one line for a bug, 130 for Ctrl-C."""
+    from pyctl import errors
+    from pyctl.cli.commands import cli
+
+    try:
+        rc = cli.main(args=argv, prog_name="gpufault", standalone_mode=False)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except click.exceptions.Abort:
+        click.echo("gpufault: interrupted", err=True)
+        sys.exit(errors.EXIT_INTERRUPTED)
+    except KeyboardInterrupt:
+        click.echo("gpufault: interrupted", err=True)
+        sys.exit(errors.EXIT_INTERRUPTED)
+    except click.UsageError as e:
+        where = e.ctx.command_path if e.ctx is not None else "gpufault"
+        click.echo(f"gpufault: {e.format_message().rstrip('.')}: see {where} --help", err=True)
+        sys.exit(errors.EXIT_USER)
+    except click.ClickException as e:
+        click.echo(f"gpufault: {e.format_message()}", err=True)
+        # Ours carry their status (RunFailed: 3); click's own say 1: make it 2.
+        sys.exit(e.exit_code if isinstance(e, UserError) else errors.EXIT_USER)
+    except errors.user_error_types() as e:
+        if _DEBUG:
+            raise
+        click.echo(f"gpufault: {errors.one_line(e)}", err=True)
+        sys.exit(errors.EXIT_USER)
+    except Exception as e:  # noqa: BLE001 - the one place a bug becomes one line
+        if _DEBUG:
+            raise
+        click.echo(
+            f"gpufault: internal error: {type(e).__name__}: {errors.one_line(e)}: "
+            "run with --debug for the traceback",
+            err=True,
+        )
+        sys.exit(errors.EXIT_INTERNAL)
+    sys.exit(rc if isinstance(rc, int) else 0)
+
+
+__all__ = ["RunFailed", "UserError", "cli", "main", "run_specs", "start_notes", "user_errors"]

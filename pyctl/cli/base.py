@@ -1,0 +1,64 @@
+"""What every command module shares: the error classes and the decorator
+that turns the library's user-facing exceptions into them.
+
+The error contract itself (exit statuses, one line) is pyctl/errors.py;
+pyctl.cli.main applies it to every group.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+
+class UserError(click.ClickException):
+    """One line on stderr, exit 2."""
+
+    exit_code = 2
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"gpufault: {self.format_message()}", err=True)
+
+
+class RunFailed(UserError):
+    """The run started but its evidence could not be written (disk full):
+    faults stopped, run marked failed. One line on stderr, exit 3."""
+
+    exit_code = 3
+
+
+def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn the library's user-facing exceptions into UserError (so that a
+    CliRunner sees exit 2 and one line too, not only pyctl.cli.main)."""
+
+    @functools.wraps(fn)
+    def wrapper(*a: Any, **kw: Any) -> Any:
+        from pyctl import store
+        from pyctl.engine import EngineError, StoreWriteError
+        from pyctl.resolve import ResolveError
+        from pyctl.spec import SpecError
+
+        try:
+            return fn(*a, **kw)
+        except StoreWriteError as e:
+            raise RunFailed(str(e)) from None
+        # The rest (PermissionError, BpfError, ...) reach main, which adds
+        # their hint (pyctl/errors.py: "run as root", "see gpufault doctor").
+        except (store.StoreError, SpecError, EngineError, ResolveError, ValueError) as e:
+            raise UserError(str(e)) from None
+
+    return wrapper
+
+
+def open_existing(db_path: str) -> Any:
+    """Read-only (SQLite mode=ro): faults/show never create, convert, chmod
+    or add tables to the file; a database that is not gpufault's is refused."""
+    from pyctl import store
+
+    try:
+        return store.open_db(db_path, readonly=True)
+    except store.StoreError as e:
+        raise UserError(str(e)) from None

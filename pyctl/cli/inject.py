@@ -1,0 +1,144 @@
+"""`gpufault inject` (arm one fault) and `gpufault release` (let go of the
+threads a stall fault holds)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from pyctl.cli.base import UserError, user_errors
+from pyctl.cli.launch import RunCommand, split_run_params, start
+from pyctl.cli.options import (
+    CODE,
+    DURATION,
+    PROBABILITY,
+    SIGNAL,
+    Duration,
+    bundle,
+    fault_target_options,
+    no_stack_option,
+    run_options,
+)
+from pyctl.spec import FaultSpec
+
+# Each option's destination is its FaultSpec.from_fields field name, so the
+# command hands its fault options over whole (split_run_params), not one by one.
+trigger_options = bundle(
+    click.option("--nth", default="0", help="fire on the Nth matching call only"),
+    click.option("--every", default="0", help="fire on every Nth matching call"),
+    click.option("--after", default="0", help="fire only after N matching calls"),
+    click.option(
+        "--prob", type=PROBABILITY, default=None, help="fire with this probability (5%, 0.05, ppm)"
+    ),
+    click.option("--max", default="0", help="fire at most K times"),
+    click.option("--sticky", is_flag=True, help="once fired, fail every later call"),
+    click.option(
+        "--caller",
+        default=None,
+        metavar="OBJ",
+        help="only calls made from this object: main (the program), a library "
+        "name (libtorch) or path; a libc function's internal calls then do not count",
+    ),
+    click.option(
+        "--when",
+        default=None,
+        help="argument predicate, e.g. 'arg2>=200M' (== != < > <= >= &)",
+    ),
+    click.option(
+        "--window",
+        type=Duration(allow_zero=True),
+        default=None,
+        help="fire only from START after start until --duration, e.g. 5s",
+    ),
+)
+
+action_options = bundle(
+    click.option(
+        "--action",
+        type=click.Choice(["observe", "fail", "signal", "corrupt", "stall"]),
+        default="fail",
+        show_default=True,
+        help="what a matching call gets (each takes its option below)",
+    ),
+    click.option(
+        "--ret", type=CODE, default=None, help="fail: the return value, a number or a code name"
+    ),
+    click.option(
+        "--mode",
+        type=click.Choice(["skip", "after"]),
+        default="skip",
+        show_default=True,
+        help="fail: skip the body, or run it and replace the return value",
+    ),
+    click.option("--signal", type=SIGNAL, default=None, help="signal: SIGSEGV, SIGBUS, ..."),
+    click.option(
+        "--corrupt",
+        default=None,
+        help="corrupt: argN[+OFF][:zero|xor=M|set=V][:LEN], e.g. arg1:zero",
+    ),
+    click.option(
+        "--stall", type=DURATION, default=None, help="stall: how long (20ms); omit for a hang"
+    ),
+    click.option("--trace", is_flag=True, help="also record every call"),
+    no_stack_option,
+)
+
+
+@click.command(cls=RunCommand)
+@fault_target_options
+@action_options
+@trigger_options
+@run_options
+@user_errors
+def inject(**params: Any) -> None:
+    """Inject a fault into a function of a running process (or a command).
+
+    \b
+    Examples:
+      gpufault inject --pid 1234 --lib libcuda --fn cuMemAlloc_v2 \\
+          --action fail --ret CUDA_ERROR_OUT_OF_MEMORY --nth 3
+      gpufault inject --pid 1234 --lib libcuda --fn cuMemAlloc_v2 \\
+          --action fail --ret 2 --when 'arg2>=200M' --after 2 --sticky
+      gpufault inject --pid 1234 --lib libnccl --fn ncclAllReduce \\
+          --action stall --stall 5ms --prob 5% --duration 30s
+      gpufault inject --lib libgftarget --fn gf_alloc --action signal \\
+          --signal SIGSEGV --nth 2 -- ./build/targets/gf_target
+      gpufault inject --pid 1234 --lib libc --fn read --action fail --ret -1 \\
+          --caller main --every 10      # only the program's own read() calls
+    """
+    fields, run = split_run_params(params)
+    start("inject", [FaultSpec.from_fields(fields)], run)
+
+
+@click.command()
+@click.option(
+    "--pid",
+    "ctl_pid",
+    type=int,
+    default=None,
+    help="the gpufault controller's pid (default: every running one)",
+)
+def release(ctl_pid: int | None) -> None:
+    """Release threads held by a stall (hang) fault in running controllers.
+
+    \b
+    Example:
+      gpufault release
+    """
+    from pyctl.control import ControlError
+    from pyctl.control import release as release_all
+
+    try:
+        done, stale = release_all(ctl_pid)
+    except ControlError as e:
+        raise UserError(str(e)) from None
+    if stale:
+        click.echo(f"removed {stale} stale control socket(s) of controllers that died")
+    if not done:
+        who = (
+            f"gpufault controller with pid {ctl_pid}" if ctl_pid else "running gpufault controller"
+        )
+        raise UserError(f"no {who} found: nothing to release")
+    for r in done:
+        click.echo(f"asked controller {r.pid} (run {r.run_id}) to release stalled threads")

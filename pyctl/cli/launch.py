@@ -1,0 +1,286 @@
+"""Starting a run from the command line: shared by trace, inject and
+template run (and, through run_specs(), by any group that arms FaultSpecs).
+
+RunCommand parses `options -- CMD ARGS`; run_specs() checks the target,
+prints the start-up line (bcc style: what, where, "Ctrl-C to end"), runs
+pyctl.runner with one RunOptions and prints the closing summary.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import click
+
+from pyctl.cli.base import UserError
+from pyctl.run_options import DEFAULT_MAX_DB_BYTES, RunOptions
+from pyctl.spec import FaultSpec
+
+
+def command_path(ctx: click.Context) -> str:
+    names = []
+    c: click.Context | None = ctx
+    while c is not None and c.parent is not None:
+        names.append(c.info_name or "")
+        c = c.parent
+    return " ".join(["gpufault", *reversed(names)])
+
+
+class RunCommand(click.Command):
+    """trace / inject: options, then `-- CMD ARGS`.
+
+    Everything after the first `--` is the command, untouched; before it,
+    an unknown option or a stray word is an error (one line, exit 2), never
+    the command to run (`trace -p 1` once ran `-p` as a program)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        args = list(args)
+        tail: list[str] = []
+        if "--" in args:
+            i = args.index("--")
+            args, tail = args[:i], args[i + 1 :]
+        where = command_path(ctx)
+        try:
+            rest = super().parse_args(ctx, args)
+        except click.NoSuchOption as e:
+            close = ""
+            if e.possibilities:
+                close = f" (did you mean {', '.join(sorted(e.possibilities))}?)"
+            raise UserError(
+                f"unknown option {e.option_name}{close}: see `{where} --help`; "
+                "a command to run goes after --"
+            ) from None
+        except click.UsageError as e:
+            msg = e.format_message().rstrip(".")
+            raise UserError(f"{msg[:1].lower()}{msg[1:]}: see `{where} --help`") from None
+        stray = ctx.params.get("cmd") or ()
+        if stray:
+            raise UserError(
+                f"unexpected argument {stray[0]!r}: put the command to run after --, "
+                f"e.g. {where} ... -- {stray[0]} ARGS"
+            )
+        ctx.params["cmd"] = tuple(tail)
+        return rest
+
+
+# The values run_options (and xids_option) give a command: a run's target
+# and settings, never a fault's fields.
+RUN_PARAMS = frozenset(
+    {
+        "pid",
+        "tid",
+        "cmd",
+        "db_path",
+        "max_db_size",
+        "duration",
+        "copilot_signal",
+        "quiet",
+        "xids",
+        "metrics_addr",
+    }
+)
+
+
+def split_run_params(params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A run command's values -> (the fault's fields, the run's)."""
+    run = {k: v for k, v in params.items() if k in RUN_PARAMS}
+    return {k: v for k, v in params.items() if k not in RUN_PARAMS}, run
+
+
+def run_settings(
+    kind: str,
+    *,
+    db_path: str,
+    duration: float | None = None,
+    copilot_signal: int | None = None,
+    quiet: bool = False,
+    xids: bool = True,
+    max_db_size: int | None = None,
+    metrics_addr: str | None = None,
+) -> RunOptions:
+    """The RunOptions of a command line, from run_options' values (already
+    converted by the value types)."""
+    return RunOptions(
+        db_path=db_path,
+        kind=kind,
+        argv=("gpufault", *sys.argv[1:]),
+        duration=duration or 0.0,
+        copilot_signal=copilot_signal,
+        quiet=quiet,
+        xids=xids,
+        max_db_bytes=DEFAULT_MAX_DB_BYTES if max_db_size is None else max_db_size,
+        metrics_addr=metrics_addr,
+    )
+
+
+def start(
+    kind: str,
+    specs: list[FaultSpec],
+    run: dict[str, Any],
+    on_end: Callable[[Any], None] | None = None,
+) -> None:
+    """Run specs with a command's run values (split_run_params' second half)."""
+    run = dict(run)
+    target = {k: run.pop(k, None) for k in ("pid", "tid")}
+    cmd = run.pop("cmd", None) or ()
+    run_specs(specs, run_settings(kind, **run), cmd=cmd, on_end=on_end, **target)
+
+
+def _metrics(options: RunOptions) -> Any:
+    """gpufault's own /metrics for this run (pyctl/observe/metrics.py), or
+    its no-op instance without --metrics-addr."""
+    from pyctl.observe.metrics import Metrics
+
+    m = Metrics.start(options.metrics_addr)
+    if m.enabled:
+        click.echo(f"  metrics: {m.url}", err=True)
+    return m
+
+
+def fire_line(row: dict[str, Any]) -> str:
+    ret = f" -> {row['retval']}" if row.get("retval") is not None else ""
+    return (
+        f"FAULT {row['fault_id']}  {row['function']}  pid {row['pid']} tid {row['tid']} "
+        f"({row['comm']})  call #{row['call_seq']}  {row['action']}{ret} "
+        f"[{row['mechanism']}]"
+    )
+
+
+def _returns_void(function: str) -> bool:
+    """Does the catalog say `function` returns void?"""
+    try:
+        from pyctl import catalog
+
+        info = catalog.lookup(function)
+    except Exception:  # noqa: BLE001 - the catalog is optional
+        return False
+    return info is not None and info.ret_kind.split(":", 1)[-1].strip() == "void"
+
+
+def start_notes(specs: list[FaultSpec], atts: list[Any]) -> list[str]:
+    """Lines printed once the probes are in: what a run will not record or
+    cannot do, so that it does not do so silently."""
+    out = []
+    for i, s in enumerate(specs):
+        if s.action == "observe" and not s.trace:
+            out.append(
+                f"  note: {s.fn_text}: --action observe without --trace records no calls and "
+                "no faults, only the count of matching calls at the end (triggers such as "
+                "--nth do not apply to observe): add --trace to record every call"
+            )
+        if s.action == "fail":
+            void = sorted({a.sym.name for a in atts if a.spec == i and _returns_void(a.sym.name)})
+            if void:
+                out.append(
+                    f"  warning: {', '.join(void)} returns void (catalog), so --ret "
+                    f"{s.ret_text or s.ret} is a value no caller reads: --mode skip only skips "
+                    "the body; for an error the caller sees use --action signal, stall or corrupt"
+                )
+    return out
+
+
+def run_specs(
+    specs: list[FaultSpec],
+    options: RunOptions,
+    *,
+    pid: int | None = None,
+    tid: int | None = None,
+    cmd: Sequence[str] = (),
+    on_end: Callable[[Any], None] | None = None,
+) -> None:
+    """Run `specs` against the target until it ends, Ctrl-C or --duration;
+    with `-- CMD`, exit with the command's status. on_end(engine) runs after
+    the closing line (trace prints its summary there)."""
+    from pyctl.runner import Target, run
+
+    cmd = tuple(cmd)
+    # Input first: a refused command leaves even its own signal mask alone.
+    if pid is None and tid is None and not cmd:
+        raise UserError("give a target: --pid PID, --tid TID or -- CMD ARGS")
+    if (pid is not None or tid is not None) and cmd:
+        raise UserError("use either --pid/--tid or -- CMD, not both")
+    try:
+        from pyctl.copilot import block_sigchld
+
+        # Before any thread starts: only the copilot's tracer may take SIGCHLD.
+        block_sigchld()
+    except ImportError:
+        pass
+
+    metrics = _metrics(options)
+
+    def started(eng: Any) -> None:
+        metrics.set_faults_active(sum(1 for s in specs if s.action != "observe"))
+        who = f"pid {pid}" if pid else (f"tid {tid}" if tid else (" ".join(cmd) or "all processes"))
+        what = "; ".join(s.describe() for s in specs)
+        fns = ", ".join(sorted({a.sym.name for a in eng.atts}))
+        slow = [a.sym.name for a in eng.atts if a.sym.slow]
+        verb = "Tracing" if options.kind == "trace" else "Injecting"
+        click.echo(
+            f"{verb} {what} in {who} [run {eng.run_id}, mechanism {eng.mechanism}] "
+            "... Ctrl-C to end",
+            err=True,
+        )
+        click.echo(f"  probes: {fns}", err=True)
+        if slow:
+            click.echo(f"  slow probe sites (single-stepped): {', '.join(slow)}", err=True)
+        for w in getattr(eng.copilot, "warnings", None) or []:
+            if cmd and "this process's child" in w:
+                continue  # -- CMD: the runner leaves waiting to the copilot, as it says
+            click.echo(f"  warning: {w}", err=True)
+        for line in start_notes(specs, eng.atts):
+            click.echo(line, err=True)
+
+    quiet = options.quiet
+
+    def fired(row: dict[str, Any]) -> None:
+        metrics.on_fire(row)
+        if not quiet:
+            click.echo(fire_line(row), err=True)
+
+    try:
+        rc, eng = run(
+            specs,
+            Target(pid=pid, tid=tid, cmd=cmd),
+            options,
+            on_start=started,
+            on_fire=fired if metrics.enabled or not quiet else None,
+            on_xid=None
+            if quiet
+            else (lambda x: click.echo(f"XID {x.error_code} on {x.dev}: {x.msg}", err=True)),
+        )
+    except BaseException:
+        metrics.close()
+        raise
+    st = eng.stats
+    counts = st.lost or {}
+    lost = counts.get("events_lost", 0) + counts.get("fires_lost", 0)
+    metrics.set_faults_active(0)
+    metrics.set_totals(probe_hits=st.calls, lost=lost)
+    metrics.close()
+    dropped = f", {st.dropped} dropped (--max-db-size)" if st.dropped or eng.capped else ""
+    skipped = counts.get("fires_skipped", 0)
+    # A fire skipped for want of room for its record never touched the call.
+    why = (
+        f", {skipped} fires skipped (their evidence record found the fires ring full, "
+        "so the call ran unchanged)"
+        if skipped
+        else ""
+    )
+    errs = ", ".join(
+        f"{counts[k]} {k.replace('_', ' ')}"
+        for k in ("signal_err", "pending_err", "inflight_err", "corrupt_err")
+        if counts.get(k)
+    )
+    click.echo(
+        f"run {eng.run_id}: {st.calls} matching calls, {st.fires} fires, "
+        f"{st.events} events, {lost} lost{dropped}{why}{', ' + errs if errs else ''}"
+        f" -> {options.db_path}",
+        err=True,
+    )
+    if on_end is not None:
+        on_end(eng)
+    if cmd:
+        sys.exit(rc)
