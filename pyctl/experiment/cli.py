@@ -1,0 +1,408 @@
+"""`gpufault experiment list|show|validate|run|results`: chaos experiments
+with SLO verdicts (docs/experiments.md).
+
+Exit status of `run`: 0 pass, 1 fail, 2 error or bad input (one line, nothing
+armed), 3 aborted (a guard probe, Ctrl-C or SIGTERM).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+import click
+
+from pyctl.cli.base import UserError
+from pyctl.cli.options import Duration, db_option, metrics_addr_option, set_option
+from pyctl.experiment import files as F
+
+
+def _user_error(msg: str) -> click.ClickException:
+    return UserError(msg)
+
+
+def _load(name: str, sets: dict[str, str]) -> F.Experiment:
+    try:
+        return F.load(name, sets)
+    except F.ExperimentError as e:
+        raise _user_error(str(e)) from None
+
+
+@click.group("experiment")
+def experiment() -> None:
+    """Chaos experiments: faults against a live service, with an SLO verdict.
+
+    \b
+    Examples:
+      gpufault experiment list
+      gpufault experiment show tokenizer-stall --set stall=80ms
+      gpufault experiment run control --db /tmp/exp.db
+      gpufault experiment results x1a2b3c4d --db /tmp/exp.db
+    """
+
+
+@experiment.command("list")
+def list_() -> None:
+    """List experiments: name, version, title (GPUFAULT_EXPERIMENTS dirs first).
+
+    \b
+    Example:
+      gpufault experiment list
+    """
+    for name, path in sorted(F.all_names().items()):
+        try:
+            e = F.load_file(path)
+            click.echo(f"{name:24} v{e.version:<3} {len(e.steps)} step(s)  {e.title}")
+        except F.ExperimentError as err:
+            click.echo(f"{name:24} INVALID  {err}")
+
+
+def describe(e: F.Experiment) -> list[str]:
+    """The file's meaning in words."""
+    out = [f"{e.ident}  {e.path}", e.title]
+    if e.description:
+        out += ["", e.description]
+    if e.slo_id:
+        out.append(f"\nSLO: {e.slo_id}")
+    if e.knobs:
+        out.append("\nknobs (--set KNOB=VALUE):")
+        for k in e.knobs.values():
+            mark = "" if e.values[k.name] == k.default else f"  (default {k.default!r})"
+            out.append(f"  {k.name:16} {e.values[k.name]!r:16} {k.help}{mark}")
+    t = e.target
+    if t.service is not None:
+        who = (
+            f"starts `gpufault service --device {t.service['device']}"
+            + (" " + " ".join(t.service["args"]) if t.service["args"] else "")
+            + "`"
+        )
+    elif t.command:
+        who = f"starts `{' '.join(t.command)}` (ready: /{t.ready}/)"
+    else:
+        who = f"pid {t.pid}"
+    out.append(f"\ntarget: {who}" + (f", url {t.url}" if t.url else ""))
+    if e.load is not None:
+        L = e.load
+        out.append(
+            f"load: {L.rate:g} requests/s open loop, POST {L.path} prompt "
+            f"{L.prompt!r} max_tokens {L.max_tokens}, timeout {L.timeout:g}s"
+        )
+    st = e.steady
+    hyp = [
+        f"{n} {b}"
+        for n, b in (
+            ("p50", st.p50),
+            ("p95", st.p95),
+            ("p99", st.p99),
+            ("error_rate", st.error_rate),
+            ("throughput", st.min_throughput),
+        )
+        if b is not None
+    ]
+    out.append(
+        f"\nphases: warmup {e.warmup:g}s, baseline {e.baseline:g}s, method "
+        f"{e.method_window:g}s, recovery {e.recovery:g}s"
+    )
+    out.append("steady state (before, during, after):")
+    if hyp:
+        out.append(
+            f"  load: {', '.join(hyp)} in at least {st.quorum:.0%} of each phase's 1 s windows"
+        )
+    if st.judge is not None:
+        out.append(
+            f"  latency of the fault window not worse than the baseline "
+            f"(Mann-Whitney U, alpha {st.judge.alpha:g}, min effect "
+            f"{st.judge.min_effect:g} Cliff's delta)"
+        )
+    for n in st.probes:
+        out.append(f"  probe {n}: {_probe_words(e.probes[n])}")
+    others = [n for n in e.probes if n not in st.probes]
+    for n in others:
+        out.append(f"probe {n}: {_probe_words(e.probes[n])}")
+    out.append("\nmethod:" if e.steps else "\nmethod: no fault (a control experiment)")
+    for s in e.steps:
+        who = f" thread {s.thread}" if s.thread else ""
+        src = (
+            f"template {s.template}" + (f" --set {s.sets}" if s.sets else "")
+            if s.template
+            else "inline fault"
+        )
+        out.append(f"  {s.idx + 1}. at +{s.start:g}s for {s.duration:g}s{who}: {s.name} ({src})")
+        for sp in s.specs:
+            out.append(f"       {sp.describe()}")
+    for a in e.aborts:
+        out.append(
+            f"abort: when probe {a.probe} fails {a.after_failures} time(s) in a row, "
+            "stop every fault at once"
+        )
+    ex = e.expect
+    if ex.alert_probe:
+        out.append(
+            f"expect alert_fired: probe {ex.alert_probe} ok within "
+            f"{ex.alert_within:g}s of the first fire"
+        )
+    if ex.degradation_probe:
+        out.append(
+            f"expect degradation_worked: probe {ex.degradation_probe} ok while a fault is active"
+        )
+    if ex.recovered_within is not None:
+        by = f"probe {ex.recovery_probe}" if ex.recovery_probe else "the load hypothesis"
+        out.append(
+            f"expect recovered_within {ex.recovered_within:g}s: {by} holds for "
+            f"{ex.recovery_hold:g}s from then on"
+        )
+    for rb in e.rollbacks:
+        out.append(f"rollback (always): {' '.join(rb.command)}")
+    if e.remediation is not None:
+        out.append(f"remediation on breach: {' '.join(e.remediation.command)}")
+    return out
+
+
+def _probe_words(t: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in t.items())
+
+
+@experiment.command()
+@click.argument("name")
+@set_option("show with these knob values")
+def show(name: str, sets: dict[str, str]) -> None:
+    """Show what an experiment does, in words, with knob values after --set.
+
+    \b
+    Example:
+      gpufault experiment show cuda-oom-degrade --set duration=10s
+    """
+    click.echo("\n".join(describe(_load(name, sets))))
+
+
+@experiment.command()
+@click.argument("name")
+@set_option("validate with these knob values")
+def validate(name: str, sets: dict[str, str]) -> None:
+    """Check an experiment file (keys, types, templates, faults, probes).
+
+    \b
+    Example:
+      gpufault experiment validate ./my-experiment.toml
+    """
+    e = _load(name, sets)
+    click.echo(f"{e.path}: ok ({e.ident}, {len(e.steps)} step(s), {len(e.probes)} probe(s))")
+
+
+@experiment.command()
+@click.argument("name")
+@set_option("override a knob")
+@db_option()
+@click.option("--json", "as_json", is_flag=True, help="print the result as JSON at the end")
+@metrics_addr_option
+@click.option(
+    "--metrics-linger",
+    type=Duration(allow_zero=True),
+    default="5s",
+    show_default=True,
+    help="with --metrics-addr: at the end, wait at most this long for one more scrape",
+)
+def run(
+    name: str,
+    sets: dict[str, str],
+    db_path: str,
+    as_json: bool,
+    metrics_addr: str | None,
+    metrics_linger: float,
+) -> None:
+    """Run an experiment: baseline, method, recovery, verdict.
+
+    Exit status: 0 pass, 1 fail, 2 error or bad input, 3 aborted.
+
+    \b
+    Examples:
+      gpufault experiment run control --db /tmp/exp.db
+      gpufault experiment run tokenizer-stall --set stall=80ms
+    """
+    from pyctl import store
+    from pyctl.experiment import runner
+
+    e = _load(name, sets)
+    db = str(db_path)
+    echo = (lambda s: click.echo(s, err=True)) if as_json else click.echo
+    linger = metrics_linger
+    metrics = None
+    if metrics_addr:
+        # Before anything starts: a port in use is exit 2 with nothing run.
+        from pyctl.observe import ObserveError
+        from pyctl.observe.metrics import Metrics
+
+        try:
+            metrics = Metrics.start(metrics_addr, experiment=e.name, slo_id=e.slo_id)
+        except ObserveError as err:
+            raise _user_error(str(err)) from None
+        echo(f"metrics: {metrics.url}")
+    try:
+        out = runner.run(e, db, echo=echo, metrics=metrics)
+    except (F.ExperimentError, store.StoreError) as err:
+        raise _user_error(str(err)) from None
+    finally:
+        if metrics is not None:
+            metrics.close(final_scrape_s=linger)  # Prometheus reads the verdict first
+    v = out.verdict
+    line = (
+        f"verdict {v.verdict.upper()}: {v.reason}  [experiment {out.experiment_id}, "
+        f"{out.ended_at - out.started_at:.1f}s; evidence in {db}: gpufault experiment "
+        f"results {out.experiment_id} --db {db}]"
+    )
+    if as_json:
+        click.echo(line, err=True)
+        click.echo(
+            json.dumps(
+                {
+                    "experiment_id": out.experiment_id,
+                    "verdict": v.verdict,
+                    "reason": v.reason,
+                    "exit_code": out.exit_code,
+                    "db": db,
+                    "started_at": out.started_at,
+                    "ended_at": out.ended_at,
+                    "abort_at": out.abort_at,
+                    "steps": [
+                        {
+                            "idx": s.step.idx,
+                            "name": s.step.name,
+                            "status": s.status,
+                            "run_id": s.fault.run_id if s.fault else None,
+                            "fires": len(s.fires),
+                        }
+                        for s in out.steps
+                    ],
+                }
+            )
+        )
+    else:
+        click.echo(line)
+    sys.exit(out.exit_code)
+
+
+@experiment.command()
+@click.argument("experiment_id", required=False)
+@db_option()
+@click.option("--json", "as_json", is_flag=True, help="the evidence as JSON")
+def results(experiment_id: str | None, db_path: str | None, as_json: bool) -> None:
+    """An experiment's evidence: steps with their fault ids, hypotheses,
+    judgements, expectations, verdict. Without ID: the experiments, newest first.
+
+    \b
+    Examples:
+      gpufault experiment results --db /tmp/exp.db
+      gpufault experiment results x1a2b3c4d --db /tmp/exp.db
+    """
+    from pyctl import store
+    from pyctl.experiment import evidence as E
+
+    db_file = db_path or str(store.DEFAULT_DB)
+    try:
+        db = store.open_db(db_file, readonly=True)
+    except store.StoreError as err:
+        raise _user_error(str(err)) from None
+    if experiment_id is None:
+        rows = E.experiments(db)
+        if as_json:
+            click.echo(json.dumps(rows, indent=2))
+        for r in [] if as_json else rows:
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["started_at"] or 0))
+            click.echo(
+                f"{r['id']}  {when}  {r['name']}@v{r['version']}  "
+                f"{(r['verdict'] or '').upper():8} {r['reason']}"
+            )
+        return
+    doc = E.results(db, experiment_id)
+    if doc is None:
+        raise _user_error(
+            f"no experiment {experiment_id} in {db_file}: list them with "
+            "`gpufault experiment results`"
+        )
+    if as_json:
+        click.echo(json.dumps(doc, indent=2, default=str))
+        return
+    click.echo("\n".join(render_results(doc)))
+
+
+def _short(name: str | None, width: int = 48) -> str:
+    """A (Rust-mangled) function name cut to a width; `gpufault show` has it whole."""
+    name = name or "-"
+    return name if len(name) <= width else name[: width - 3] + "..."
+
+
+def render_results(doc: dict[str, Any]) -> list[str]:
+    e = doc["experiment"]
+    t0 = e["started_at"] or 0.0
+
+    def rel(t: float | None) -> str:
+        return "-" if t is None else f"+{t - t0:.2f}s"
+
+    out = [
+        f"experiment {e['id']}  {e['name']}@v{e['version']}  {e['file']}",
+        f"  verdict   {(e['verdict'] or '').upper()}: {e['reason']}",
+        f"  ran       {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(t0))} for "
+        f"{(e['ended_at'] or t0) - t0:.1f}s on {e['host']}"
+        + (f", SLO {e['slo_id']}" if e["slo_id"] else ""),
+    ]
+    out.append("  steps" if doc["steps"] else "  steps     none (control)")
+    for s in doc["steps"]:
+        out.append(
+            f"    {s['idx'] + 1}. {s['name']} [{s['template'] or 'inline'}] "
+            f"{s['status']}: run {s['run_id'] or '-'}, planned {rel(s['planned_start'])} "
+            f"for {s['planned_duration']:g}s, armed {rel(s['started_at'])}, ended "
+            f"{rel(s['ended_at'])}, {s['fires']} fire(s)"
+        )
+        for f in s["faults"][:10]:
+            out.append(
+                f"         fault {f['fault_id']}  {_short(f['function'])} {f['action']} "
+                f"tid {f['tid']} ({f['comm']}) {rel(f['wall'])}  "
+                f"-> gpufault show {f['fault_id']}"
+            )
+        if len(s["faults"]) > 10:
+            out.append(
+                f"         ... {len(s['faults']) - 10} more: gpufault faults --run {s['run_id']}"
+            )
+    if doc["hypothesis_results"]:
+        out.append("  hypothesis")
+        for h in doc["hypothesis_results"]:
+            out.append(
+                f"    {h['phase']:7} {h['probe']:18} {'ok ' if h['ok'] else 'NO '} "
+                f"{h['value']} (want {h['tolerance'] or '-'})  {h['detail']}"
+            )
+    for j in doc["judgements"]:
+        out.append(
+            f"  judge     {j['metric']}: {'WORSE' if j['worse'] else 'not worse'} "
+            f"(p={j['p_value']:.3g}, effect {j['effect']:.2f}, n {j['baseline_n']} vs "
+            f"{j['window_n']}) {j['reason']}"
+        )
+    for x in doc["expectations"]:
+        out.append(f"  expect    {x['name']:20} {'ok' if x['ok'] else 'NOT MET'}  {x['detail']}")
+    for r in doc["remediations"]:
+        took = f"{r['ended_at'] - r['started_at']:.2f}s" if r["ended_at"] else "timed out"
+        out.append(
+            f"  remedy    {r['command']}: at {rel(r['started_at'])}, took {took}, rc {r['rc']}"
+        )
+    for w in doc["load_windows"]:
+        p99 = f"{w['worst_p99'] * 1000:.1f}ms" if w["worst_p99"] is not None else "-"
+        out.append(
+            f"  load      {w['phase']:8} {w['windows']} windows, {w['requests']} "
+            f"requests, worst 1 s p99 {p99}"
+        )
+    return out
+
+
+__all__ = ["experiment", "describe", "render_results"]
+
+
+def _add_report() -> None:
+    """`gpufault experiment report ID...`: the HTML/Markdown report
+    (pyctl/report), a command of this group owned by that package."""
+    from pyctl.report.cli import report
+
+    experiment.add_command(report)
+
+
+_add_report()

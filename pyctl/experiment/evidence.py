@@ -1,0 +1,305 @@
+"""An experiment's evidence, in the same SQLite file as its faults' runs.
+
+The experiment row is written when the run starts (verdict "running"), so
+a runner that dies leaves an honest trace; everything else is written at
+the end in one transaction with the verdict. Faults are linked through
+experiment_steps.run_id = runs.run_id (fault ids are "<run_id>-<seq>").
+
+EXPERIMENT_DDL is the schema other tools (report, exporter) are written
+against; the schema owner folds it into the one versioned schema later.
+Times are Unix seconds (time.time()).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import secrets
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyctl import store
+
+EXPERIMENT_DDL = """
+CREATE TABLE IF NOT EXISTS experiments (
+    id TEXT PRIMARY KEY, name TEXT, version INTEGER, file TEXT, slo_id TEXT,
+    started_at REAL, ended_at REAL, verdict TEXT, reason TEXT,
+    settings TEXT /* JSON: knobs after --set, the file's expanded content */, host TEXT);
+CREATE TABLE IF NOT EXISTS experiment_steps (
+    experiment_id TEXT REFERENCES experiments(id), idx INTEGER, name TEXT, template TEXT,
+    spec TEXT /* JSON */, run_id TEXT, planned_start REAL, planned_duration REAL,
+    started_at REAL, ended_at REAL, fires INTEGER, status TEXT,
+    PRIMARY KEY (experiment_id, idx));
+CREATE TABLE IF NOT EXISTS probe_samples (
+    experiment_id TEXT, probe TEXT, phase TEXT /* baseline|fault|recovery|after */, at REAL,
+    ok INTEGER, value REAL, detail TEXT);
+CREATE TABLE IF NOT EXISTS load_windows (
+    experiment_id TEXT, start REAL, end REAL, count INTEGER, p50 REAL, p95 REAL, p99 REAL,
+    error_rate REAL, throughput REAL, phase TEXT);
+CREATE TABLE IF NOT EXISTS hypothesis_results (
+    experiment_id TEXT, phase TEXT /* before|during|after */, probe TEXT, ok INTEGER,
+    value TEXT, tolerance TEXT, detail TEXT);
+CREATE TABLE IF NOT EXISTS judgements (
+    experiment_id TEXT, metric TEXT, baseline_n INTEGER, window_n INTEGER, p_value REAL,
+    effect REAL, worse INTEGER, reason TEXT);
+CREATE TABLE IF NOT EXISTS expectations (
+    experiment_id TEXT, name TEXT, ok INTEGER, value REAL, detail TEXT);
+CREATE TABLE IF NOT EXISTS remediations (
+    experiment_id TEXT, command TEXT, started_at REAL, ended_at REAL, rc INTEGER);
+CREATE INDEX IF NOT EXISTS experiment_steps_run ON experiment_steps(run_id);
+CREATE INDEX IF NOT EXISTS probe_samples_exp ON probe_samples(experiment_id);
+CREATE INDEX IF NOT EXISTS load_windows_exp ON load_windows(experiment_id);
+"""
+
+
+def new_id() -> str:
+    """Short and printable like run ids; the x keeps it apart from them."""
+    return "x" + secrets.token_hex(4)
+
+
+def _real(v: Any) -> float | None:
+    """A REAL column: NaN (an empty window's percentile) is stored as NULL."""
+    if v is None or isinstance(v, bool):
+        return None if v is None else float(v)
+    if isinstance(v, (int, float)):
+        return None if math.isnan(v) else float(v)
+    return None
+
+
+@dataclass
+class Record:
+    """Everything an experiment writes at its end."""
+
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    probe_samples: list[tuple[str, str, float, bool, Any, str]] = field(default_factory=list)
+    load_windows: list[tuple[Any, str]] = field(default_factory=list)  # (WindowStats, phase)
+    hypotheses: list[tuple[str, str, bool, str, str, str]] = field(default_factory=list)
+    judgements: list[tuple[str, Any]] = field(default_factory=list)  # (metric, Judgement)
+    expectations: list[tuple[str, bool, float | None, str]] = field(default_factory=list)
+    remediations: list[tuple[str, float, float | None, int | None]] = field(default_factory=list)
+
+
+class Evidence:
+    """The experiment's connection to the evidence db (pyctl.store.open_db:
+    the same checks as every writer: no symlink, gpufault's or new, 0600)."""
+
+    def __init__(self, db_path: str | os.PathLike[str]) -> None:
+        self.path = str(db_path)
+        self.db = store.open_db(db_path)
+        self.created = bool(getattr(self.db, "gf_created", False))  # a new file
+        with self.db.conn:
+            self.db.conn.executescript(EXPERIMENT_DDL)
+        self.id = ""
+
+    def start(self, exp: Any, host: str) -> str:
+        self.id = new_id()
+        settings = {"knobs": exp.values, "file": exp.expanded}
+        with self.db.conn:
+            self.db.conn.execute(
+                "INSERT INTO experiments (id, name, version, file, slo_id, started_at, "
+                "verdict, reason, settings, host) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                (
+                    self.id,
+                    exp.name,
+                    exp.version,
+                    str(exp.path),
+                    exp.slo_id,
+                    time.time(),
+                    "running",
+                    "running (a row left so means the runner died)",
+                    json.dumps(settings, sort_keys=True, default=str),
+                    host,
+                ),
+            )
+        return self.id
+
+    def finish(self, verdict: str, reason: str, rec: Record) -> None:
+        """All rows and the verdict in one transaction."""
+        x = self.id
+        c = self.db.conn
+        with c:
+            c.executemany(
+                "INSERT OR REPLACE INTO experiment_steps (experiment_id, idx, name, template, "
+                "spec, run_id, planned_start, planned_duration, started_at, ended_at, fires, "
+                "status) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                [
+                    (
+                        x,
+                        s["idx"],
+                        s["name"],
+                        s["template"],
+                        json.dumps(s["spec"], default=str),
+                        s["run_id"],
+                        s["planned_start"],
+                        s["planned_duration"],
+                        s["started_at"],
+                        s["ended_at"],
+                        s["fires"],
+                        s["status"],
+                    )
+                    for s in rec.steps
+                ],
+            )
+            c.executemany(
+                "INSERT INTO probe_samples VALUES (?,?,?,?,?,?,?)",
+                [
+                    (x, probe, phase, at, int(ok), _real(value), detail)
+                    for probe, phase, at, ok, value, detail in rec.probe_samples
+                ],
+            )
+            c.executemany(
+                "INSERT INTO load_windows VALUES (?,?,?,?,?,?,?,?,?,?)",
+                [
+                    (
+                        x,
+                        w.start,
+                        w.end,
+                        w.count,
+                        _real(w.p50),
+                        _real(w.p95),
+                        _real(w.p99),
+                        _real(w.error_rate),
+                        _real(w.throughput),
+                        phase,
+                    )
+                    for w, phase in rec.load_windows
+                ],
+            )
+            c.executemany(
+                "INSERT INTO hypothesis_results VALUES (?,?,?,?,?,?,?)",
+                [(x, *h[:2], int(h[2]), *h[3:]) for h in rec.hypotheses],
+            )
+            c.executemany(
+                "INSERT INTO judgements VALUES (?,?,?,?,?,?,?,?)",
+                [
+                    (
+                        x,
+                        metric,
+                        j.baseline_n,
+                        j.window_n,
+                        _real(j.p_value),
+                        _real(j.effect),
+                        int(j.worse),
+                        j.reason,
+                    )
+                    for metric, j in rec.judgements
+                ],
+            )
+            c.executemany(
+                "INSERT INTO expectations VALUES (?,?,?,?,?)",
+                [(x, n, int(ok), _real(v), d) for n, ok, v, d in rec.expectations],
+            )
+            c.executemany(
+                "INSERT INTO remediations VALUES (?,?,?,?,?)", [(x, *r) for r in rec.remediations]
+            )
+            c.execute(
+                "UPDATE experiments SET ended_at=?, verdict=?, reason=? WHERE id=?",
+                (time.time(), verdict, reason, x),
+            )
+
+    def close(self) -> None:
+        self.db.close()
+
+
+# ---- reading (experiment results, gpufault show) ----------------------------------------
+
+
+def _rows(db: Any, sql: str, params: Iterable[Any]) -> list[dict[str, Any]]:
+    cur = db.conn.execute(sql, tuple(params))
+    cols = [d[0] for d in cur.description]
+    return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
+
+
+def has_tables(db: Any) -> bool:
+    return bool(
+        db.conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type='table' AND name='experiments'"
+        ).fetchone()
+    )
+
+
+def results(db: Any, exp_id: str) -> dict[str, Any] | None:
+    """One experiment's evidence, as `gpufault experiment results --json` prints it."""
+    if not has_tables(db):
+        return None
+    ex = _rows(db, "SELECT * FROM experiments WHERE id=?", (exp_id,))
+    if not ex:
+        return None
+    e = ex[0]
+    e["settings"] = json.loads(e["settings"]) if e["settings"] else None
+    steps = _rows(
+        db, "SELECT * FROM experiment_steps WHERE experiment_id=? ORDER BY idx", (exp_id,)
+    )
+    for s in steps:
+        s["spec"] = json.loads(s["spec"]) if s["spec"] else None
+        s["faults"] = (
+            _rows(
+                db,
+                "SELECT fault_id, function, action, wall, pid, tid, comm FROM faults "
+                "WHERE run_id=? ORDER BY seq",
+                (s["run_id"],),
+            )
+            if s["run_id"]
+            else []
+        )
+    q = "SELECT * FROM {} WHERE experiment_id=?"
+    out: dict[str, Any] = {"experiment": e, "steps": steps}
+    for t in ("hypothesis_results", "judgements", "expectations", "remediations"):
+        out[t] = [
+            {k: v for k, v in r.items() if k != "experiment_id"}
+            for r in _rows(db, q.format(t), (exp_id,))
+        ]
+    out["load_windows"] = _rows(
+        db,
+        "SELECT phase, count(*) AS windows, sum(count) AS requests, "
+        "max(p99) AS worst_p99 FROM load_windows "
+        "WHERE experiment_id=? GROUP BY phase",
+        (exp_id,),
+    )
+    out["probe_samples"] = _rows(
+        db,
+        "SELECT probe, phase, count(*) AS samples, sum(ok) AS ok "
+        "FROM probe_samples WHERE experiment_id=? "
+        "GROUP BY probe, phase",
+        (exp_id,),
+    )
+    return out
+
+
+def experiments(db: Any, limit: int = 50) -> list[dict[str, Any]]:
+    if not has_tables(db):
+        return []
+    return _rows(
+        db,
+        "SELECT id, name, version, started_at, ended_at, verdict, reason "
+        "FROM experiments ORDER BY started_at DESC LIMIT ?",
+        (limit,),
+    )
+
+
+def experiment_of_run(db: Any, run_id: str) -> dict[str, Any] | None:
+    """The experiment (and step) a fault's run belongs to, for `gpufault show`."""
+    if not has_tables(db):
+        return None
+    rows = _rows(
+        db,
+        "SELECT e.id, e.name, e.version, e.verdict, s.idx, s.name AS step "
+        "FROM experiment_steps s JOIN experiments e ON e.id = s.experiment_id "
+        "WHERE s.run_id=?",
+        (run_id,),
+    )
+    return rows[0] if rows else None
+
+
+__all__ = [
+    "EXPERIMENT_DDL",
+    "Evidence",
+    "Record",
+    "results",
+    "experiments",
+    "experiment_of_run",
+    "new_id",
+]

@@ -1,0 +1,520 @@
+"""Open-loop HTTP load: requests at a fixed rate, each timed from when it was due.
+
+Why open loop: a closed-loop client (send, wait for the answer, send the
+next) stops sending while the server stalls, so a 1 s stall shows in one
+sample instead of in the 200 requests that should have gone out meanwhile
+(coordinated omission; the wrk2 and vegeta model). Here one scheduler
+thread emits request i at t0 + i/rate, an absolute deadline (a late
+wake-up does not shift the requests after it), into a queue that a pool
+of worker threads with keep-alive connections serves. A request's latency
+is done - due: the time it waited for a free connection, or for the
+scheduler to wake up, counts, so a stall of the server shows in the
+latency of every request due during it even when the generator could not
+send them (all connections busy).
+
+    load = OpenLoopLoad("http://127.0.0.1:8000", rate=200)
+    load.start(); ...; load.stop()
+    window_stats(load.samples(), t_fault, t_fault + 10)   # p50/p95/p99, error rate
+
+Stdlib only (sockets, threads; a small HTTP/1.1 client that reads the
+kernel's arrival time of each answer, below). Times in Samples are time.time()
+values derived from time.monotonic() (one offset taken at start), so
+latencies are immune to wall-clock steps and comparable with other
+time.time() stamps of the experiment.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import queue
+import socket
+import threading
+import time
+from bisect import bisect_left
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+_clock = time.monotonic
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One request."""
+
+    due: float  # time.time() when it should have been sent (open loop)
+    done: float  # when its answer (or error) arrived
+    latency: float  # done - due, seconds (coordinated-omission free)
+    status: int  # HTTP status, 0 for a connection error / timeout
+    error: str  # "" or a short kind: "timeout", "conn", "http-503"
+    sent: float = 0.0  # when it was handed to the socket; 0.0 if never sent
+
+    @property
+    def lag(self) -> float:
+        """Schedule lag: sent - due (scheduler wake-up + wait for a free
+        connection); 0.0 for a request that was never sent."""
+        return self.sent - self.due if self.sent else 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.error
+
+
+class LoadError(ValueError):
+    """Bad arguments for the load generator; str() is one line saying what to do."""
+
+
+class OpenLoopLoad:
+    """Requests at `rate` per second until stop(); see the module docstring.
+
+    `url` is the service's base URL (`path` is appended) or, when it has a
+    path of its own, the full endpoint (then `path` is ignored). The body
+    is the OpenAI completion request {"prompt", "max_tokens"} for POST, or
+    `body` when given. `timeout` bounds each request from its due time:
+    one not answered by due + timeout is an error "timeout" (also one that
+    waited that long for a free connection: a real client gives up too, and
+    it keeps a dead server from building an endless backlog).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        rate: float,
+        *,
+        prompt: str = "hello",
+        max_tokens: int = 4,
+        timeout: float = 5.0,
+        path: str = "/v1/completions",
+        concurrency: int = 64,
+        method: str = "POST",
+        body: bytes | None = None,
+        headers: dict[str, str] | None = None,
+        duration: float | None = None,
+    ) -> None:
+        if not (isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0):
+            raise LoadError(f"load rate {rate!r} must be a positive number of requests/s")
+        if not (isinstance(timeout, (int, float)) and timeout > 0):
+            raise LoadError(f"load timeout {timeout!r} must be a positive number of seconds")
+        if not (isinstance(concurrency, int) and concurrency >= 1):
+            raise LoadError(f"load concurrency {concurrency!r} must be an integer >= 1")
+        u = urlsplit(url)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise LoadError(
+                f"load url {url!r} is not an http(s) URL (use e.g. http://127.0.0.1:8000)"
+            )
+        self.url = url
+        self.rate = float(rate)
+        self.timeout = float(timeout)
+        self.concurrency = concurrency
+        self.duration = duration
+        self.method = method.upper()
+        self._https = u.scheme == "https"
+        self._host = u.hostname
+        try:
+            self._port = u.port or (443 if self._https else 80)
+        except ValueError as e:
+            raise LoadError(f"load url {url!r}: {e} (use e.g. http://127.0.0.1:8000)") from None
+        own = u.path if u.path not in ("", "/") else ""
+        self._path = (own or path) + (f"?{u.query}" if u.query else "")
+        if body is None and self.method == "POST":
+            body = json.dumps({"prompt": prompt, "max_tokens": max_tokens}).encode()
+        self._body = body
+        hdrs = {"Host": u.netloc, "User-Agent": "gpufault-loadgen", "Connection": "keep-alive"}
+        if body is not None:
+            hdrs.update({"Content-Type": "application/json", "Content-Length": str(len(body))})
+        hdrs.update(headers or {})
+        # The same bytes every time: built once, sent with one sendall().
+        head = f"{self.method} {self._path} HTTP/1.1\r\n" + "".join(
+            f"{k}: {v}\r\n" for k, v in hdrs.items()
+        )
+        self._request = head.encode("latin-1") + b"\r\n" + (body or b"")
+        self._q: queue.SimpleQueue[float | None] = queue.SimpleQueue()
+        self._samples: list[Sample] = []
+        self._lock = threading.Lock()
+        self._counts: Counter[str] = Counter()
+        self._sched_lag: list[float] = []  # scheduler wake-up - due, per request
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._sched: threading.Thread | None = None
+        self._mono0 = self._wall0 = 0.0
+        self._in_flight = 0
+
+    # ---- control -------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._sched is not None:
+            raise RuntimeError("OpenLoopLoad.start() called twice")
+        self._wall0, self._mono0 = time.time(), _clock()
+        for i in range(self.concurrency):
+            t = threading.Thread(target=self._worker, name=f"gf-load-{i}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        # The first request is due a little after the workers exist, not at
+        # once: their start-up would otherwise be charged to request 0.
+        self._t0 = _clock() + 0.005
+        self._sched = threading.Thread(target=self._schedule, name="gf-load-sched", daemon=True)
+        self._sched.start()
+
+    def stop(self) -> None:
+        """Stop sending new requests; wait for the ones already due.
+
+        Those still queued (every connection was busy) are sent or, past
+        their deadline, recorded as timeouts, so this returns within about
+        `timeout`: each request's deadline is its due time + timeout, and
+        none falls due after this call."""
+        if self._sched is None:
+            return
+        self._stop.set()
+        self._sched.join()
+        for _ in self._threads:
+            self._q.put(None)  # FIFO: behind every queued request
+        deadline = _clock() + self.timeout + 1.0
+        for t in self._threads:
+            t.join(max(0.0, deadline - _clock()))
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """With `duration`: wait until the scheduler has emitted its last
+        request (then call stop()); True if it has."""
+        if self._sched is None:
+            return False
+        self._sched.join(timeout)
+        return not self._sched.is_alive()
+
+    def __enter__(self) -> OpenLoopLoad:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ---- results -------------------------------------------------------------
+
+    def samples(self, since: float = 0, until: float = float("inf")) -> list[Sample]:
+        """Finished requests with since <= due < until, by due time."""
+        with self._lock:
+            out = [s for s in self._samples if since <= s.due < until]
+        out.sort(key=lambda s: s.due)
+        return out
+
+    def counts(self) -> dict[str, Any]:
+        """Counters: scheduled, sent, answered (an HTTP status came back), ok,
+        errors by kind, in flight, backlog, and the schedule lag (the
+        scheduler's wake-up after each due time, which is what the GIL and
+        the timer cost: p50/p99/max in ms)."""
+        with self._lock:
+            c = dict(self._counts)
+            lags = sorted(self._sched_lag)
+            in_flight = self._in_flight
+        errors = {k[4:]: v for k, v in c.items() if k.startswith("err:")}
+        return {
+            "scheduled": c.get("scheduled", 0),
+            "sent": c.get("sent", 0),
+            "answered": c.get("answered", 0),
+            "ok": c.get("ok", 0),
+            "errors": errors,
+            "in_flight": in_flight,
+            "backlog": self._q.qsize(),
+            "sched_lag_ms": {
+                "p50": _q(lags, 0.50) * 1e3 if lags else None,
+                "p99": _q(lags, 0.99) * 1e3 if lags else None,
+                "max": lags[-1] * 1e3 if lags else None,
+            },
+        }
+
+    # ---- threads -------------------------------------------------------------
+
+    def _wall(self, mono: float) -> float:
+        return self._wall0 + (mono - self._mono0)
+
+    def _schedule(self) -> None:
+        period = 1.0 / self.rate
+        end = self._t0 + self.duration if self.duration is not None else math.inf
+        i = 0
+        while True:
+            due = self._t0 + i * period  # absolute: drift does not accumulate
+            if due >= end:
+                return
+            now = _clock()
+            if due > now:
+                if self._stop.wait(due - now):  # an interruptible sleep
+                    return
+                now = _clock()
+            elif self._stop.is_set():
+                return
+            # Behind schedule (a GC pause, a busy core): emit at once, with
+            # the original due time, so the delay counts in the latency.
+            with self._lock:
+                self._sched_lag.append(now - due)
+                self._counts["scheduled"] += 1
+            self._q.put(due)
+            i += 1
+
+    def _record(self, due: float, done: float, status: int, error: str, sent: float) -> None:
+        s = Sample(
+            due=self._wall(due),
+            done=self._wall(done),
+            latency=done - due,
+            status=status,
+            error=error,
+            sent=self._wall(sent) if sent else 0.0,
+        )
+        with self._lock:
+            self._samples.append(s)
+            if status:
+                self._counts["answered"] += 1
+            if error:
+                self._counts["err:" + error] += 1
+            else:
+                self._counts["ok"] += 1
+
+    def _worker(self) -> None:
+        conn: _Conn | None = None
+        try:
+            while True:
+                due = self._q.get()
+                if due is None:
+                    return
+                conn = self._one(due, conn)
+        finally:
+            if conn is not None:
+                conn.close()
+
+    def _one(self, due: float, conn: _Conn | None) -> _Conn | None:
+        deadline = due + self.timeout
+        status, error, sent, done = 0, "", 0.0, 0.0
+        for attempt in (0, 1):
+            left = deadline - _clock()
+            if left <= 0:
+                error = "timeout"
+                break
+            reused = conn is not None
+            try:
+                if conn is None:
+                    conn = _Conn(self._host, self._port, left, self._https)
+                if not sent:
+                    sent = _clock()
+                    with self._lock:
+                        self._counts["sent"] += 1
+                        self._in_flight += 1
+                status, close, done = conn.exchange(self._request, deadline)
+                error = "" if 200 <= status < 300 else f"http-{status}"
+                if close:
+                    conn.close()
+                    conn = None
+                break
+            except TimeoutError:
+                error = "timeout"
+            except _Stale:
+                error = "conn"
+                if attempt == 0 and reused:
+                    # A keep-alive connection the server closed while it was
+                    # idle fails on first use: reconnect once, as urllib3 does.
+                    conn.close()  # type: ignore[union-attr]
+                    conn = None
+                    continue
+            except (OSError, ValueError):
+                error = "conn"
+            if conn is not None:
+                conn.close()
+                conn = None
+            break
+        if not done:
+            done = _clock()
+        if sent:
+            with self._lock:
+                self._in_flight -= 1
+        self._record(due, done, status, error, sent)
+        return conn
+
+
+# ---- a minimal HTTP/1.1 client ---------------------------------------------------
+#
+# Not http.client: the answer's arrival is read from the kernel (SO_TIMESTAMPNS:
+# when the last segment of the answer reached this host's socket), not from
+# when this thread got the CPU and the GIL to look at it. On a 2-core machine
+# shared with the service, that wake-up is milliseconds at the p99, which
+# would be charged to the server. The send side stays as measured from the
+# due time: a generator that sends late must show it, not hide it.
+
+_SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux asm-generic value
+_TS_SPACE = socket.CMSG_SPACE(16)  # struct timespec
+
+
+class _Stale(ConnectionError):
+    """The server closed the connection before any byte of the answer."""
+
+
+class _Conn:
+    """One keep-alive connection; exchange() sends a request, reads its answer."""
+
+    def __init__(self, host: str, port: int, timeout: float, https: bool) -> None:
+        self.sock = socket.create_connection((host, port), timeout=timeout)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.kernel_ts = not https  # an SSL socket has no recvmsg
+        if https:
+            import ssl
+
+            self.sock = ssl.create_default_context().wrap_socket(self.sock, server_hostname=host)
+        else:
+            try:
+                self.sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+            except OSError:
+                self.kernel_ts = False
+        self.buf = b""  # bytes read past the last answer
+        self.at = 0.0
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def _recv(self, deadline: float) -> bytes:
+        """Some bytes; self.at = when they arrived (monotonic clock)."""
+        left = deadline - _clock()
+        if left <= 0:
+            raise TimeoutError
+        self.sock.settimeout(left)
+        if not self.kernel_ts:
+            data = self.sock.recv(65536)
+            self.at = _clock()
+            return data
+        data, anc, _flags, _addr = self.sock.recvmsg(65536, _TS_SPACE)
+        now_m, now_w = _clock(), time.time()
+        self.at = now_m
+        for level, kind, raw in anc:
+            if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(raw) >= 16:
+                sec = int.from_bytes(raw[:8], "little")
+                nsec = int.from_bytes(raw[8:16], "little")
+                at = now_m - (now_w - (sec + nsec * 1e-9))  # realtime stamp -> monotonic
+                if now_m - 1.0 < at <= now_m:  # sane (a clock step would not be)
+                    self.at = at
+        return data
+
+    def _line(self, deadline: float) -> bytes:
+        while b"\r\n" not in self.buf:
+            self._more(deadline)
+        line, _, self.buf = self.buf.partition(b"\r\n")
+        return line
+
+    def _more(self, deadline: float) -> None:
+        data = self._recv(deadline)
+        if not data:
+            raise ConnectionError("the server closed the connection inside an answer")
+        self.buf += data
+
+    def exchange(self, request: bytes, deadline: float) -> tuple[int, bool, float]:
+        """(status, whether the server closes the connection, arrival time)."""
+        if self.buf:
+            raise ValueError("bytes the server sent unasked")
+        try:
+            self.sock.sendall(request)
+            data = self._recv(deadline)
+        except (BrokenPipeError, ConnectionResetError):
+            raise _Stale from None
+        if not data:
+            raise _Stale
+        self.buf = data
+        while True:  # skip 1xx interim answers
+            status_line = self._line(deadline).decode("latin-1")
+            parts = status_line.split(" ", 2)
+            if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
+                raise ValueError(f"not an HTTP answer: {status_line[:40]!r}")
+            status = int(parts[1])
+            hdr: dict[str, str] = {}
+            while line := self._line(deadline):
+                k, _, v = line.decode("latin-1").partition(":")
+                hdr[k.strip().lower()] = v.strip()
+            if not 100 <= status < 200:
+                break
+        close = hdr.get("connection", "").lower() == "close" or parts[0] == "HTTP/1.0"
+        if "content-length" in hdr:
+            n = int(hdr["content-length"])
+            while len(self.buf) < n:
+                self._more(deadline)
+            self.buf = self.buf[n:]
+        elif "chunked" in hdr.get("transfer-encoding", "").lower():
+            while size := int(self._line(deadline).split(b";")[0], 16):
+                while len(self.buf) < size + 2:  # the chunk and its CRLF
+                    self._more(deadline)
+                self.buf = self.buf[size + 2 :]
+            while self._line(deadline):  # trailers end with an empty line
+                pass
+        else:  # the body runs to the end of the connection
+            close = True
+            while self._recv(deadline):
+                pass
+            self.buf = b""
+        return status, close, self.at
+
+
+# ---- windows -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WindowStats:
+    """Requests due in [start, end). Percentiles (seconds) are over every
+    request, errors included (the time each caller waited for an answer of
+    any kind, as vegeta reports it; a timeout counts with its full wait), NaN
+    for an empty window. error_rate: errors / count (NaN when empty).
+    throughput: successful (2xx) answers per second of the window."""
+
+    start: float
+    end: float
+    count: int
+    p50: float
+    p95: float
+    p99: float
+    error_rate: float
+    throughput: float
+
+
+def _q(xs: Sequence[float], q: float) -> float:
+    """Quantile of sorted xs, linear interpolation between closest ranks
+    (numpy's default), so numbers compare with numpy/pandas output."""
+    if not xs:
+        return math.nan
+    h = (len(xs) - 1) * q
+    lo = math.floor(h)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (h - lo) * (xs[hi] - xs[lo])
+
+
+def window_stats(samples: Sequence[Sample], start: float, end: float) -> WindowStats:
+    return _stats([s for s in samples if start <= s.due < end], start, end)
+
+
+def _stats(sel: Sequence[Sample], start: float, end: float) -> WindowStats:
+    lat = sorted(s.latency for s in sel)
+    n = len(sel)
+    errs = sum(1 for s in sel if s.error)
+    width = end - start
+    return WindowStats(
+        start=start,
+        end=end,
+        count=n,
+        p50=_q(lat, 0.50),
+        p95=_q(lat, 0.95),
+        p99=_q(lat, 0.99),
+        error_rate=errs / n if n else math.nan,
+        throughput=(n - errs) / width if width > 0 else math.nan,
+    )
+
+
+def windows(samples: Sequence[Sample], start: float, end: float, width: float) -> list[WindowStats]:
+    """Consecutive windows of `width` seconds from start; the last one ends
+    at `end` (shorter if the span is not a multiple of width)."""
+    if not width > 0:
+        raise LoadError(f"window width {width!r} must be positive")
+    srt = sorted(samples, key=lambda s: s.due)
+    dues = [s.due for s in srt]
+    out: list[WindowStats] = []
+    k = 0
+    while True:
+        a = start + k * width  # multiples, not repeated sums: no drift
+        if a >= end - 1e-9:
+            break
+        b = min(start + (k + 1) * width, end)
+        out.append(_stats(srt[bisect_left(dues, a) : bisect_left(dues, b)], a, b))
+        k += 1
+    return out

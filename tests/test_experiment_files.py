@@ -1,0 +1,458 @@
+"""Experiment files, verdicts, evidence and the CLI, without a service (anyone).
+
+The end-to-end runs against the real service are in test_experiment_run.py.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from pyctl.experiment import evidence as E
+from pyctl.experiment import files as F
+from pyctl.experiment.cli import experiment
+from pyctl.experiment.host import LocalFaultHost, StepRequest, inject_args
+from pyctl.experiment.verdict import Findings, decide
+from pyctl.spec import FaultSpec
+
+SHIPPED = ["control", "tokenizer-stall", "cuda-oom-degrade", "worker-hang-abort"]
+
+GOOD = """
+name = "mine"
+version = 2
+title = "a test experiment"
+[knobs.stall]
+default = "20ms"
+help = "stall"
+[target]
+url = "http://127.0.0.1:9"
+pid = 4242
+[load]
+rate = 5
+[steady_state]
+p99 = "<= 100ms"
+[[method]]
+fault = { lib = "tokenizers", fn = "tok:hf-encode", action = "stall", stall = "{stall}", every = 5 }
+duration = "3s"
+[[method]]
+template = "cuda-oom-sticky"
+set = { after = 4 }
+duration = "2s"
+parallel = true
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "mine.toml") -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_experiments_load(name: str) -> None:
+    e = F.load(name)
+    assert e.name == name and e.version >= 1 and e.title
+    assert e.path.parent == F.SHIPPED
+    if name == "control":
+        assert not e.steps
+    else:
+        assert e.steps and all(s.specs for s in e.steps)
+
+
+def test_good_file_steps_offsets_knobs_and_sets(tmp_path: Path) -> None:
+    e = F.load(str(write(tmp_path, GOOD)), {"stall": "30ms"})
+    a, b = e.steps
+    assert a.template is None and a.fault is not None and a.fault["stall"] == "30ms"
+    assert a.specs[0].stall_ms == 30 and a.specs[0].every == 5
+    assert (a.start, a.duration) == (0.0, 3.0)
+    assert b.template == "cuda-oom-sticky@v1" and b.sets == {"after": "4"}
+    assert b.start == 0.0  # parallel: with the step before
+    assert b.specs[0].after == 4 and b.specs[0].sticky
+    assert e.method_window == 3.0 and e.values == {"stall": "30ms"}
+    assert e.expanded["method"][0]["fault"]["stall"] == "30ms"
+
+
+def test_sequence_is_the_default(tmp_path: Path) -> None:
+    e = F.load(str(write(tmp_path, GOOD.replace("parallel = true", ""))))
+    assert [(s.start, s.duration) for s in e.steps] == [(0.0, 3.0), (3.0, 2.0)]
+    assert e.method_window == 5.0
+
+
+@pytest.mark.parametrize(
+    ("edit", "key", "what"),
+    [
+        (("rate = 5", "rate = 5\nburst = 3"), "load.burst", "unknown key"),
+        (("[target]", "colour = 'red'\n[target]"), "colour", "unknown key"),
+        (("rate = 5", 'rate = "fast"'), "load.rate", "expected a number"),
+        (("version = 2", 'version = "2"'), "version", "expected an integer"),
+        (('duration = "3s"', "duration = true"), "method[1].duration", "expected a duration"),
+        (('duration = "3s"', 'duration = "3 parsecs"'), "method[1].duration", "not a duration"),
+        (('"cuda-oom-sticky"', '"no-such-template"'), "method[2].template", "no template"),
+        (("every = 5", "every = 5, colour = 1"), "method[1].fault.colour", "unknown field"),
+        (('p99 = "<= 100ms"', 'p99 = "about 100ms"'), "steady_state.p99", "not a comparison"),
+        (('"{stall}"', '"{stal}"'), "method", "neither a knob"),
+        (("pid = 4242", "pid = 4242\ncommand = ['x']"), "target", "keep one"),
+    ],
+)
+def test_bad_files_are_one_line_naming_file_and_key(
+    tmp_path: Path, edit: tuple[str, str], key: str, what: str
+) -> None:
+    assert edit[0] in GOOD
+    p = write(tmp_path, GOOD.replace(edit[0], edit[1], 1))
+    with pytest.raises(F.ExperimentError) as ei:
+        F.load(str(p))
+    msg = str(ei.value)
+    assert "\n" not in msg and msg.startswith(f"{p}: ") and key in msg and what in msg, msg
+
+
+def test_unknown_knob_in_set_and_wrong_type(tmp_path: Path) -> None:
+    p = write(tmp_path, GOOD)
+    with pytest.raises(F.ExperimentError, match=r"--set nope: no such knob"):
+        F.load(str(p), {"nope": "1"})
+    with pytest.raises(F.ExperimentError, match=r"stall"):
+        F.load(str(p), {"stall": "0ms"})  # the fault refuses a zero stall
+
+
+def test_probe_errors_name_the_key(tmp_path: Path) -> None:
+    text = GOOD + '\n[probes.h]\nkind = "http"\nurl = "{url}/health"\ncolour = 1\n'
+    with pytest.raises(F.ExperimentError) as ei:
+        F.load(str(write(tmp_path, text)))
+    assert "probes.h" in str(ei.value) and "colour" in str(ei.value)
+    # An abort guard must be sampled while the faults run.
+    text = (
+        GOOD + '\n[probes.h]\nkind = "http"\nmode = "sot"\nurl = "{url}/health"\n'
+        '[[abort]]\nprobe = "h"\n'
+    )
+    with pytest.raises(F.ExperimentError, match=r"abort\[1\]\.probe: .*continuous"):
+        F.load(str(write(tmp_path, text)))
+
+
+def test_name_lookup_and_env_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    d = tmp_path / "exps"
+    d.mkdir()
+    (d / "control.toml").write_text(GOOD.replace('name = "mine"', 'name = "control"'))
+    monkeypatch.setenv("GPUFAULT_EXPERIMENTS", str(d))
+    assert F.load("control").path == d / "control.toml"  # the env dir wins
+    with pytest.raises(F.ExperimentError, match="version: is 2, not 1"):
+        F.load("control@v1")
+    with pytest.raises(F.ExperimentError, match="no experiment 'nope'"):
+        F.load("nope")
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        {
+            "lib": "tokenizers",
+            "fn": "tok:hf-encode",
+            "action": "stall",
+            "stall": "50ms",
+            "prob": "20%",
+        },
+        {"lib": "libcuda", "fn": "cuCtxSynchronize", "action": "stall", "nth": 1},
+        {
+            "lib": "libcuda",
+            "fn": "cuMemAlloc_v2",
+            "action": "fail",
+            "ret": "CUDA_ERROR_OUT_OF_MEMORY",
+            "after": 2,
+            "sticky": True,
+            "when": "arg2>=1M",
+        },
+        {
+            "lib": "libc",
+            "fn": ["read", "write"],
+            "action": "signal",
+            "signal": "SIGSEGV",
+            "every": 7,
+            "max": 2,
+            "caller": "main",
+            "window": "1s",
+        },
+    ],
+)
+def test_inline_fault_gives_the_same_spec_as_its_inject_options(
+    fault: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The recorded spec (from the table) is the one the child arms (from
+    its `gpufault inject` options): both through FaultSpec.from_fields."""
+    import importlib
+
+    import pyctl.cli.inject as mod
+
+    # Where inject hands its specs to the engine (the CLI package is young:
+    # the first module that has run_specs).
+    where = next(
+        (m for m in (importlib.import_module("pyctl.cli.launch"), mod) if hasattr(m, "run_specs")),
+        None,
+    )
+    assert where is not None, "run_specs moved out of pyctl.cli.launch: update this test"
+    got: list[FaultSpec] = []
+    monkeypatch.setattr(where, "run_specs", lambda specs, *a, **kw: got.extend(specs))
+    r = CliRunner().invoke(mod.inject, [*inject_args(fault), "--pid", "1234"])
+    assert r.exit_code == 0, r.output
+    assert got == [FaultSpec.from_fields(dict(fault))]
+
+
+def test_child_argv_for_template_and_inline_steps(tmp_path: Path) -> None:
+    h = LocalFaultHost(str(tmp_path / "gf.db"))
+    spec = FaultSpec.from_fields({"lib": "libcuda", "fn": "cuMemAlloc_v2"})
+    t = StepRequest(0, "oom", "cuda-oom-sticky@v1", {"after": "3"}, None, [spec], 6.0, 99)
+    assert h.argv(t) == [
+        "template",
+        "run",
+        "cuda-oom-sticky@v1",
+        "--set",
+        "after=3",
+        "--pid",
+        "99",
+        "--db",
+        str(tmp_path / "gf.db"),
+        "--duration",
+        "6s",
+        "-q",
+    ]
+    i = StepRequest(
+        1,
+        "hang",
+        None,
+        {},
+        {"lib": "libcuda", "fn": "cuCtxSynchronize", "action": "stall", "nth": 1},
+        [spec],
+        30.0,
+        99,
+        100,
+    )
+    assert h.argv(i)[:9] == [
+        "inject",
+        "--lib",
+        "libcuda",
+        "--fn",
+        "cuCtxSynchronize",
+        "--action",
+        "stall",
+        "--nth",
+        "1",
+    ]
+    assert h.argv(i)[9:11] == ["--tid", "100"]
+
+
+def test_verdict_order() -> None:
+    assert decide(Findings()).verdict == "pass"
+    assert decide(Findings(failures=["p99"])).exit_code == 1
+    assert decide(Findings(abort="guard", failures=["p99"])).verdict == "aborted"
+    v = decide(Findings(errors=["step 1 never fired"], abort="guard", failures=["x"]))
+    assert (v.verdict, v.exit_code, v.reason) == ("error", 2, "step 1 never fired")
+
+
+def test_evidence_rows_in_one_transaction(tmp_path: Path) -> None:
+    from pyctl.experiment.loadgen import WindowStats
+    from pyctl.experiment.stats import Judgement
+
+    e = F.load("control")
+    ev = E.Evidence(tmp_path / "gf.db")
+    xid = ev.start(e, "local:test")
+    assert xid.startswith("x") and len(xid) == 9 and xid.isalnum()
+    c = sqlite3.connect(tmp_path / "gf.db")
+    assert c.execute("SELECT verdict FROM experiments").fetchall() == [("running",)]
+    rec = E.Record()
+    rec.load_windows.append(
+        (
+            WindowStats(1.0, 2.0, 0, float("nan"), float("nan"), float("nan"), float("nan"), 0.0),
+            "baseline",
+        )
+    )
+    rec.judgements.append(("latency", Judgement(False, 0.5, 0.0, 10, 10, "same")))
+    rec.expectations.append(("recovered_within", True, 0.5, "ok"))
+    rec.hypotheses.append(("before", "load.p99", True, "1.0ms", "<= 2ms", "n"))
+    ev.finish("pass", "fine", rec)
+    ev.close()
+    assert c.execute("SELECT verdict, reason FROM experiments").fetchall() == [("pass", "fine")]
+    assert c.execute("SELECT count, p99 FROM load_windows").fetchall() == [(0, None)]
+    settings = json.loads(c.execute("SELECT settings FROM experiments").fetchone()[0])
+    assert settings["knobs"] == e.values and settings["file"]["name"] == "control"
+    for table, cols in E_TABLES.items():
+        got = [r[1] for r in c.execute(f"PRAGMA table_info({table})")]
+        assert got == cols, table
+    c.close()
+
+
+E_TABLES = {
+    "experiments": [
+        "id",
+        "name",
+        "version",
+        "file",
+        "slo_id",
+        "started_at",
+        "ended_at",
+        "verdict",
+        "reason",
+        "settings",
+        "host",
+    ],
+    "experiment_steps": [
+        "experiment_id",
+        "idx",
+        "name",
+        "template",
+        "spec",
+        "run_id",
+        "planned_start",
+        "planned_duration",
+        "started_at",
+        "ended_at",
+        "fires",
+        "status",
+    ],
+    "probe_samples": ["experiment_id", "probe", "phase", "at", "ok", "value", "detail"],
+    "load_windows": [
+        "experiment_id",
+        "start",
+        "end",
+        "count",
+        "p50",
+        "p95",
+        "p99",
+        "error_rate",
+        "throughput",
+        "phase",
+    ],
+    "hypothesis_results": ["experiment_id", "phase", "probe", "ok", "value", "tolerance", "detail"],
+    "judgements": [
+        "experiment_id",
+        "metric",
+        "baseline_n",
+        "window_n",
+        "p_value",
+        "effect",
+        "worse",
+        "reason",
+    ],
+    "expectations": ["experiment_id", "name", "ok", "value", "detail"],
+    "remediations": ["experiment_id", "command", "started_at", "ended_at", "rc"],
+}
+
+
+def test_ddl_constant_has_the_agreed_columns(tmp_path: Path) -> None:
+    c = sqlite3.connect(":memory:")
+    c.executescript(E.EXPERIMENT_DDL)
+    for table, cols in E_TABLES.items():
+        assert [r[1] for r in c.execute(f"PRAGMA table_info({table})")] == cols, table
+
+
+def test_cli_list_show_validate(tmp_path: Path) -> None:
+    r = CliRunner().invoke(experiment, ["list"])
+    assert r.exit_code == 0 and all(n in r.output for n in SHIPPED), r.output
+    r = CliRunner().invoke(experiment, ["show", "tokenizer-stall", "--set", "stall=80ms"])
+    assert r.exit_code == 0, r.output
+    assert "'80ms'" in r.output and "(default '50ms')" in r.output
+    assert "stall 80ms" in r.output and "prob=20%" in r.output  # the spec, in words
+    r = CliRunner().invoke(experiment, ["validate", str(write(tmp_path, GOOD))])
+    assert r.exit_code == 0 and ": ok (mine@v2, 2 step(s)" in r.output, r.output
+
+
+def test_cli_bad_file_exits_2_one_line_and_writes_nothing(tmp_path: Path) -> None:
+    p = write(tmp_path, GOOD.replace("rate = 5", "rate = 5\nburst = 3"))
+    db = tmp_path / "gf.db"
+    for cmd in (["validate", str(p)], ["run", str(p), "--db", str(db)]):
+        r = CliRunner().invoke(experiment, cmd)
+        assert r.exit_code == 2, r.output
+        lines = [ln for ln in r.output.splitlines() if ln.strip()]
+        assert len(lines) == 1 and "load.burst" in lines[0] and str(p) in lines[0], r.output
+    assert not db.exists()
+
+
+def test_gpufault_main_exits_2_for_an_experiment_error(tmp_path: Path) -> None:
+    """ExperimentError is one of the user errors of the one error contract."""
+    from pyctl import errors
+
+    assert F.ExperimentError in errors.user_error_types()
+
+
+def test_shipped_files_are_package_data() -> None:
+    """The wheel carries pyctl/experiments/*.toml, as it does the templates."""
+    import sys
+
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:
+        import tomli as tomllib
+    conf = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())
+    assert "experiments/*.toml" in conf["tool"]["setuptools"]["package-data"]["pyctl"]
+
+
+def test_cli_refused_db_is_checked_before_the_target_starts(tmp_path: Path) -> None:
+    """--db goes through store.open_db first: a symlink is refused (exit 2)
+    before any service is started."""
+    import time
+
+    link = tmp_path / "gf.db"
+    link.symlink_to(tmp_path / "elsewhere.db")
+    t = time.monotonic()
+    r = CliRunner().invoke(experiment, ["run", "control", "--db", str(link)])
+    assert r.exit_code == 2 and "symbolic link" in r.output, r.output
+    assert time.monotonic() - t < 3  # the service (3-5 s to start) never ran
+    assert not (tmp_path / "elsewhere.db").exists()
+
+
+def test_runner_reports_phase_faults_active_and_verdict_to_metrics(tmp_path: Path) -> None:
+    """The --metrics-addr wiring (docs/observability.md): set_phase at each
+    phase, set_faults_active as steps arm and end."""
+    from pyctl.experiment.runner import Run
+
+    calls: list[tuple[str, object]] = []
+
+    class FakeMetrics:
+        def set_phase(self, phase: str) -> None:
+            calls.append(("phase", phase))
+
+        def set_faults_active(self, n: int) -> None:
+            calls.append(("active", n))
+
+    r = Run(F.load("control"), str(tmp_path / "gf.db"), metrics=FakeMetrics())
+    r._set_phase("baseline")
+    r._active(+1)
+    r._set_phase("fault")
+    r._active(-1)
+    assert calls == [("phase", "baseline"), ("active", 1), ("phase", "fault"), ("active", 0)]
+
+
+def test_cli_metrics_addr_in_use_exits_2_before_anything(tmp_path: Path) -> None:
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    try:
+        port = s.getsockname()[1]
+        r = CliRunner().invoke(
+            experiment,
+            [
+                "run",
+                "control",
+                "--db",
+                str(tmp_path / "gf.db"),
+                "--metrics-addr",
+                f"127.0.0.1:{port}",
+            ],
+        )
+    finally:
+        s.close()
+    assert r.exit_code == 2 and "metrics" in r.output.lower(), r.output
+    assert not (tmp_path / "gf.db").exists()
+
+
+def test_cli_faults_without_root_exit_2_before_anything(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    r = CliRunner().invoke(experiment, ["run", "tokenizer-stall", "--db", str(tmp_path / "g.db")])
+    assert r.exit_code == 2 and "method: its faults need root" in r.output, r.output
+    assert not (tmp_path / "g.db").exists()
