@@ -1,0 +1,88 @@
+"""`gpufault experiment report ID... -o FILE.html [--markdown FILE.md]`.
+
+The lead attaches `report` under the `experiment` group
+(`experiment.add_command(report)`); it opens the store read-only, like
+`faults` and `show`, and writes each file whole (renamed into place).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+from pyctl import store
+from pyctl.report import ReportError
+from pyctl.report import html as html_report
+from pyctl.report import markdown as md_report
+from pyctl.report.data import load
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as e:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise ReportError(f"{path}: {e.strerror or e}; pick another -o/--markdown path") from None
+
+
+@click.command("report")
+@click.argument("experiment_ids", metavar="ID...", nargs=-1, required=True)
+@click.option(
+    "-o",
+    "--output",
+    "output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="the HTML file to write (self-contained)",
+)
+@click.option(
+    "--markdown",
+    "markdown",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="also write a Markdown version here",
+)
+@click.option("--title", default=None, help="the report's title")
+@click.option(
+    "--db",
+    "db_path",
+    type=click.Path(dir_okay=False),
+    envvar="GPUFAULT_DB",
+    default=str(store.DEFAULT_DB),
+    show_default=True,
+    help="evidence database",
+)
+def report(
+    experiment_ids: tuple[str, ...],
+    output: Path,
+    markdown: Path | None,
+    title: str | None,
+    db_path: str,
+) -> None:
+    """Write a report of one or more experiments: per experiment a timeline
+    (latency, errors, fault windows, fault IDs, Xids, anchors), the
+    hypothesis before/during/after, the statistics, the recovery time and
+    each fault's evidence chain; across them the verification matrix."""
+    for p in (output, markdown):
+        if p is not None and not p.parent.is_dir():
+            raise ReportError(f"{p.parent}: no such directory; create it or pick another path")
+    db = store.open_db(db_path, readonly=True)
+    try:
+        datas = [load(db, i) for i in dict.fromkeys(experiment_ids)]
+    finally:
+        db.close()
+    _write(output, html_report.render_datas(datas, title))
+    if markdown is not None:
+        _write(markdown, md_report.render_datas(datas, title))
+    verdicts = ", ".join(f"{d.name} {d.exp.get('verdict') or '?'}" for d in datas)
+    click.echo(
+        f"report of {len(datas)} experiment(s) ({verdicts}): {output}"
+        + (f" and {markdown}" if markdown else "")
+    )

@@ -1,0 +1,112 @@
+"""What the HTML and the Markdown report share: cell texts, the matrix."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from pyctl.demangle import demangle
+from pyctl.observe.names import fire_code, short_function
+from pyctl.report.data import ExperimentData
+
+MATRIX_COLUMNS = (
+    ("alert_fired", "alert fired"),
+    ("degradation_worked", "degradation worked"),
+    ("recovered_within", "recovered within N"),
+)
+
+
+def utc(t: float | None) -> str:
+    if t is None:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z"
+
+
+def rel(t: float | None, t0: float) -> str:
+    return "-" if t is None else f"+{t - t0:.2f} s"
+
+
+def secs(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f} s" if v < 10 else f"{v:.1f} s"
+
+
+@dataclass(frozen=True)
+class Cell:
+    state: str  # pass | fail | unset
+    text: str
+    title: str
+
+
+def matrix_cell(d: ExperimentData, name: str) -> Cell:
+    e = d.expectations.get(name)
+    if e is None:
+        return Cell("unset", "not asserted", "the experiment does not assert this")
+    ok = e.get("ok")
+    state = "unset" if ok is None else "pass" if ok else "fail"
+    v = e.get("value")
+    detail = e.get("detail") or ""
+    if name == "recovered_within":
+        lim = d.recovery_limit_s()
+        lim_t = f" (N = {lim:g} s)" if lim is not None else ""
+        text = f"{secs(v)}{lim_t}" if v is not None else f"never{lim_t}"
+    elif name == "alert_fired":
+        text = f"after {secs(v)}" if v is not None else ("yes" if ok else "no")
+    else:
+        # The runner stores the share of degradation-probe samples that were ok.
+        share = f" ({100 * v:.0f} % of samples)" if isinstance(v, int | float) else ""
+        text = ("yes" if ok else "no" if ok is not None else "-") + share
+    return Cell(state, text, detail)
+
+
+def code_of(f: dict[str, Any]) -> str:
+    return fire_code(f)
+
+
+def function_of(f: dict[str, Any]) -> tuple[str, str]:
+    """(short name to show, full demangled name for the tooltip)."""
+    name = str(f.get("function") or "?")
+    return short_function(name), demangle(name)
+
+
+def spec_text(st: dict[str, Any], limit: int = 160) -> str:
+    """What a step injects: the runner's `describe` lines of its spec (the
+    text `gpufault inject` prints), after the template's name if any."""
+    raw = st.get("spec")
+    desc = ""
+    if raw:
+        try:
+            d = json.loads(raw)
+        except ValueError:
+            d = raw
+        if isinstance(d, dict) and d.get("describe"):
+            desc = "; ".join(str(x) for x in d["describe"])
+        elif isinstance(d, dict):
+            f: dict[str, Any] = d["fault"] if isinstance(d.get("fault"), dict) else d
+            desc = " ".join(f"{k}={v}" for k, v in f.items() if v not in (None, "", {}, []))
+        else:
+            desc = str(d)
+    text = ": ".join(x for x in (st.get("template") or "", desc) if x) or "-"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def hypothesis_grid(d: ExperimentData) -> list[tuple[str, str, dict[str, dict[str, Any]]]]:
+    """[(probe, tolerance, {phase: row})] in first-seen order."""
+    out: dict[str, tuple[str, dict[str, dict[str, Any]]]] = {}
+    for r in d.hypothesis:
+        tol, phases = out.setdefault(r["probe"], (r.get("tolerance") or "", {}))
+        phases[r.get("phase") or ""] = r
+    return [(p, tol, ph) for p, (tol, ph) in out.items()]
+
+
+def linked(chain: dict[str, Any]) -> list[str]:
+    """What followed a fault, one short line each (Xids, anchors, links)."""
+    out = []
+    for x in chain.get("xids") or []:
+        out.append(f"Xid {x.get('error_code')} on {x.get('dev')}: {x.get('msg')} [{x.get('rule')}]")
+    for a in chain.get("anchors") or []:
+        out.append(f"anchor {a.get('kind')} {a.get('bdf')} [record {a.get('rec_seq')}]")
+    for ln in chain.get("links") or []:
+        out.append(f"{ln.get('kind')} {json.dumps(ln.get('detail'))} [{ln.get('rule')}]")
+    return out

@@ -1,0 +1,82 @@
+"""`gpufault inject --metrics-addr`: the run's own /metrics, scraped while
+it runs, counts exactly the faults the target saw (real BPF, real target)."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+from gftarget import LIB, REPO, TARGET, Target
+from prometheus_client.parser import text_string_to_metric_families
+
+pytestmark = [pytest.mark.root]
+
+if not TARGET.exists():  # pragma: no cover - the Makefile builds it first
+    pytest.skip("build/targets/gf_target missing: run make build", allow_module_level=True)
+
+
+def _scrape(url: str) -> dict[tuple[str, tuple], float]:
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
+
+
+def test_inject_serves_its_fires_while_it_runs(tmp_path: Path) -> None:
+    t = Target()
+    ctl = subprocess.Popen(
+        [sys.executable, "-m", "pyctl", "inject", "--pid", str(t.pid), "--lib", str(LIB),
+         "--fn", "gf_victim", "--action", "fail", "--ret", "-7", "--every", "3",
+         "--no-stack", "--db", str(tmp_path / "gf.db"), "--metrics-addr", "127.0.0.1:0"],
+        stderr=subprocess.PIPE, text=True, cwd=REPO,
+    )
+    assert ctl.stderr is not None
+    url = None
+    try:
+        while "Ctrl-C to end" not in (ln := ctl.stderr.readline()):
+            assert ln, f"inject ended early: {ctl.wait()}"
+            if m := re.search(r"metrics: (http://\S+)", ln):
+                url = m.group(1)
+        assert url, "no metrics line before the start-up line"
+        rows = t.victim(300)
+        failed = sum(1 for r in rows if r[3] == -7)
+        # Each fire is counted before its FAULT line is printed: await the
+        # lines, then one scrape must show them all.
+        seen = 0
+        while seen < failed:
+            ln = ctl.stderr.readline()
+            assert ln, f"inject ended early: {ctl.wait()}"
+            seen += ln.startswith("FAULT ")
+        got = _scrape(url)
+        fired = sum(v for (n, _), v in got.items() if n == "gpufault_faults_fired_total")
+        assert fired == failed == 100, (fired, failed)
+        key = ("gpufault_faults_active", ())
+        assert got[key] == 1.0
+        labels = [dict(lb) for (n, lb) in got if n == "gpufault_faults_fired_total"]
+        assert labels == [{"code": "-7", "experiment": "", "function": "gf_victim",
+                           "slo_id": ""}], labels
+    finally:
+        ctl.send_signal(signal.SIGINT)
+        _, err = ctl.communicate(timeout=60)
+        t.close()
+    assert ctl.returncode == 0, err
+    with pytest.raises(OSError):  # closed with the run: nothing left listening
+        urllib.request.urlopen(url, timeout=2)
+
+
+def test_bad_metrics_addr_is_one_line_and_arms_nothing(tmp_path: Path) -> None:
+    p = subprocess.run(
+        [sys.executable, "-m", "pyctl", "trace", "--pid", "1", "--lib", str(LIB),
+         "--fn", "gf_victim", "--db", str(tmp_path / "gf.db"), "--metrics-addr", "nope"],
+        capture_output=True, text=True, cwd=REPO, timeout=60,
+    )
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.count("\n") == 1 and "--metrics-addr" in p.stderr, p.stderr
+    assert not (tmp_path / "gf.db").exists()
