@@ -27,6 +27,8 @@ DETACH_THREADS = 64
 # libbpf 1.1 (Debian 12) has no uprobe_multi API: raw.bpf(BPF_LINK_CREATE).
 BPF_TRACE_UPROBE_MULTI = 48
 BPF_F_UPROBE_MULTI_RETURN = 1
+# 6.12+: one program at entry and at return, with a per-call cookie.
+BPF_TRACE_UPROBE_SESSION = 57
 
 
 class BpfError(OSError):
@@ -277,10 +279,13 @@ class Object:
         offsets: list[int],
         cookies: list[int],
         retprobe: bool,
+        attach_type: int = BPF_TRACE_UPROBE_MULTI,
     ) -> int:
         """One uprobe_multi link for many offsets of one file (the program
-        must be loaded with BPF_TRACE_UPROBE_MULTI). pid <= 0: every process.
-        Returns the link fd; detach_all() closes it."""
+        must be loaded with the same attach_type: BPF_TRACE_UPROBE_MULTI, or
+        BPF_TRACE_UPROBE_SESSION for a program that runs at entry and
+        return). pid <= 0: every process. Returns the link fd; detach_all()
+        closes it."""
         import struct
 
         fd = self._lib.bpf_program__fd(self.program(prog))
@@ -300,7 +305,7 @@ class Object:
             0,
             fd,
             0,
-            BPF_TRACE_UPROBE_MULTI,
+            attach_type,
             0,
             C.addressof(cpath),
             C.addressof(offs),
