@@ -26,11 +26,15 @@ READY = re.compile(r"serving on (http://\S+)")
 
 class ServiceProc:
     def __init__(
-        self, *args: str, env: dict[str, str] | None = None, start_timeout: float = 90.0
+        self,
+        *args: str,
+        env: dict[str, str] | None = None,
+        start_timeout: float = 90.0,
+        prefix: tuple[str, ...] = (),  # e.g. ("ip", "netns", "exec", NS): the command's wrapper
     ) -> None:
         env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pyctl.service", "--port", "0", *args],
+            [*prefix, sys.executable, "-m", "pyctl.service", "--port", "0", *args],
             cwd=REPO,
             env=env,
             stdin=subprocess.DEVNULL,

@@ -23,6 +23,11 @@ Modules, one job each:
     app        Service: wires the parts, answers requests, health
     server     the HTTP front end (stdlib ThreadingHTTPServer)
     cli        the click command `service`
+  two ranks (`--ranks 2`, docs/service.md "Two ranks"):
+    tp         tensor-parallel shards of TinyCausalLM (all_reduce per block half)
+    dist       the process group's generations, collectives, DIST_* errors
+    ranks      rank 0: the Service with the TP primary, heartbeat, re-formation
+    follower   rank 1: its shard, its /metrics, following rank 0's broadcasts
 """
 
 from __future__ import annotations

@@ -85,12 +85,17 @@ class Worker:
         queue_size: int,
         on_start: Callable[[], None] | None = None,
         on_expired: Callable[[Pending], None] | None = None,
+        on_idle: Callable[[], None] | None = None,
     ) -> None:
         self.run_batch = run_batch
         self.max_batch, self.batch_wait_s = max_batch, batch_wait_s
         self.q: queue.Queue[Pending] = queue.Queue(maxsize=queue_size)
         self.on_start = on_start
         self.on_expired = on_expired
+        # Called in the worker thread after an idle wait (at most every
+        # IDLE_WAKE_S): two ranks send their heartbeat collective from here,
+        # the one thread that issues collectives (their order must match).
+        self.on_idle = on_idle
         self.last_progress = time.monotonic()
         self.busy_since: float | None = None
         self.tid: int | None = None
@@ -150,6 +155,8 @@ class Worker:
             self.beat()
             batch = self._collect()
             if not batch:
+                if self.on_idle is not None:
+                    self.on_idle()
                 continue
             self.busy_since = time.monotonic()
             try:

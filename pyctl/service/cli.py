@@ -18,27 +18,8 @@ from typing import Any
 
 import click
 
-from pyctl.service.config import DEGRADE_MODES, DEVICES, ServiceConfig
-
-
-class Duration(click.ParamType):
-    """A duration the way every gpufault option spells it (500ms, 2s, 1.5)."""
-
-    name = "DURATION"
-
-    def __init__(self, allow_zero: bool = False) -> None:
-        self.allow_zero = allow_zero
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None):
-        if isinstance(value, float):
-            return value
-        from pyctl.spec import SpecError, parse_duration
-
-        what = f"--{param.name.replace('_', '-')}" if param is not None and param.name else "value"
-        try:
-            return parse_duration(str(value), what, allow_zero=self.allow_zero)
-        except SpecError as e:
-            self.fail(str(e).split(": ", 1)[-1], param, ctx)
+from pyctl.cli.options import Duration  # the one duration type of every command
+from pyctl.service.config import DEGRADE_MODES, DEVICES, DIST_BACKENDS, ServiceConfig
 
 
 def _write_ready(path: Path, info: dict[str, Any]) -> None:
@@ -163,6 +144,66 @@ def _write_ready(path: Path, info: dict[str, Any]) -> None:
     type=click.Path(dir_okay=False, path_type=Path),
     help="write {url, pid, worker_tid, ...} here once serving (removed on exit)",
 )
+@click.option(
+    "--ranks",
+    type=int,
+    default=1,
+    show_default=True,
+    help="2: a tensor-parallel primary model over two processes (torch.distributed)",
+)
+@click.option(
+    "--rank",
+    type=int,
+    default=0,
+    show_default=True,
+    help="with --ranks 2: 0 serves HTTP; 1 follows rank 0 (start it by hand with "
+    "--no-spawn-peer on rank 0)",
+)
+@click.option(
+    "--dist-backend",
+    type=click.Choice(DIST_BACKENDS),
+    default="gloo",
+    show_default=True,
+    help="gloo on the CPU; nccl with --device cuda on two GPUs (rank r on cuda:r)",
+)
+@click.option(
+    "--dist-timeout",
+    type=Duration(),
+    default="10s",
+    show_default=True,
+    help="a collective or group formation longer than this fails (DIST_TIMEOUT)",
+)
+@click.option(
+    "--master-addr",
+    default="127.0.0.1",
+    show_default=True,
+    help="address of rank 0's rendezvous store (rank 0 listens there)",
+)
+@click.option(
+    "--master-port",
+    type=int,
+    default=0,
+    show_default=True,
+    help="port of the rendezvous store; 0 on rank 0 picks a free one (printed)",
+)
+@click.option(
+    "--dist-iface",
+    help="network interface this rank's collectives use (GLOO_SOCKET_IFNAME / "
+    "NCCL_SOCKET_IFNAME), e.g. a veth end in a network namespace",
+)
+@click.option(
+    "--spawn-peer/--no-spawn-peer",
+    default=True,
+    show_default=True,
+    help="rank 0 starts rank 1 itself, or waits for one started by hand",
+)
+@click.option(
+    "--metrics-port",
+    type=int,
+    default=0,
+    show_default=True,
+    help="rank 1: port of its own /metrics (0 picks one, announced in rank 0's ready file)",
+)
 def service(
     host: str,
     port: int,
@@ -186,6 +227,15 @@ def service(
     hang_after: float,
     double_bytes_per_token: int,
     ready_file: Path | None,
+    ranks: int,
+    rank: int,
+    dist_backend: str,
+    dist_timeout: float,
+    master_addr: str,
+    master_port: int,
+    dist_iface: str | None,
+    spawn_peer: bool,
+    metrics_port: int,
 ) -> None:
     """Run the reference inference service that experiments target.
 
@@ -199,6 +249,7 @@ def service(
     Examples:
       gpufault service --port 0 --ready-file /tmp/svc.json
       gpufault service --device cpu-double --breaker-errors 3 --port 8000
+      gpufault service --ranks 2 --port 0      # rank 1 too, gloo, tensor-parallel
       curl -s localhost:8000/v1/completions -d '{"prompt": "hi", "max_tokens": 8}'
       gpufault inject --pid "$(jq .pid /tmp/svc.json)" \\
           --lib pyctl/data/doubles/libcuda.so.1 --fn cuMemAlloc_v2 \\
@@ -228,12 +279,39 @@ def service(
         hang_after_s=hang_after,
         double_bytes_per_token=double_bytes_per_token,
         ready_file=str(ready_file) if ready_file else None,
+        ranks=ranks,
+        rank=rank,
+        dist_backend=dist_backend,
+        dist_timeout_s=dist_timeout,
+        master_addr=master_addr,
+        master_port=master_port,
+        dist_iface=dist_iface,
+        spawn_peer=spawn_peer,
+        metrics_port=metrics_port,
     )
     try:
         cfg.check()
     except ValueError as e:
         raise click.UsageError(str(e)) from None
+    if cfg.ranks == 2:
+        # c10d logs a warning for every bounded store wait (how both ranks
+        # poll for rank 1 / the next generation): keep stderr readable.
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    if cfg.ranks == 2 and cfg.rank == 1:
+        _run_follower(cfg)
+        return
     run(cfg)
+
+
+def _run_follower(cfg: ServiceConfig) -> None:
+    try:
+        from pyctl.service.follower import run_follower
+    except ImportError as e:
+        raise click.ClickException(f"the service needs torch ({e}): pip install torch") from None
+    try:
+        run_follower(cfg)
+    except (RuntimeError, OSError) as e:
+        raise click.ClickException(f"rank 1 did not start: {str(e).splitlines()[0]}") from None
 
 
 def run(cfg: ServiceConfig) -> None:
@@ -249,10 +327,19 @@ def run(cfg: ServiceConfig) -> None:
         ) from None
 
     try:
-        svc = Service(cfg)
+        if cfg.ranks == 2:
+            from pyctl.service.ranks import RankZeroService
+
+            svc: Service = RankZeroService(cfg)
+        else:
+            svc = Service(cfg)
+    except (RuntimeError, OSError, TimeoutError) as e:
+        raise click.ClickException(f"service did not start: {str(e).splitlines()[0]}") from None
+    try:
         svc.start()
     except (RuntimeError, OSError, TimeoutError) as e:
-        raise click.ClickException(f"service did not start: {e}") from None
+        svc.stop()  # a spawned rank 1 too
+        raise click.ClickException(f"service did not start: {str(e).splitlines()[0]}") from None
     try:
         httpd = ServiceHTTPServer((cfg.host, cfg.port), svc)
     except OSError as e:
@@ -279,13 +366,20 @@ def run(cfg: ServiceConfig) -> None:
         "device": cfg.device,
         "libcuda_test_double": svc.backend.double,
     }
+    ranks_info = getattr(svc, "ranks_info", None)
+    if ranks_info is not None:
+        info["ranks"] = ranks_info(url)
     try:
         if ready is not None:
             _write_ready(ready, info)
         double = " (libcuda TEST DOUBLE)" if svc.backend.double else ""
         print(
             f"serving on {url} pid {os.getpid()} device {cfg.device}{double} "
-            f"worker {svc.worker.thread.name} tid {svc.worker.tid}",
+            f"worker {svc.worker.thread.name} tid {svc.worker.tid}"
+            + "".join(
+                f" rank {r['rank']} pid {r['pid']} tid {r['worker_tid']}"
+                for r in info.get("ranks", [])[1:]
+            ),
             file=sys.stderr,
             flush=True,
         )

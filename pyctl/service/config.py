@@ -17,6 +17,10 @@ DEVICES = ("cpu", "cuda", "cpu-double")
 # What the breaker does while open: answer from the 1-layer fallback model
 # (marked "degraded": true) or refuse with 503.
 DEGRADE_MODES = ("fallback", "reject")
+# --ranks 2: torch.distributed between two processes (tensor-parallel
+# primary model). gloo runs on the CPU (and is what runs in CI); nccl needs
+# --device cuda and two GPUs (rank r on cuda:r).
+DIST_BACKENDS = ("gloo", "nccl")
 
 
 @dataclass
@@ -52,6 +56,16 @@ class ServiceConfig:
     # with the double's cuMemAlloc_v2); 0 = d_model * 4 * model_layers * 4
     double_bytes_per_token: int = 0
     ready_file: str | None = None
+    # two ranks (docs/service.md, "Two ranks"): 1 keeps the one-process service
+    ranks: int = 1
+    rank: int = 0  # 1: this process is the follower rank (no HTTP front end)
+    dist_backend: str = "gloo"
+    dist_timeout_s: float = 10.0  # a collective (or group formation) longer than this fails
+    master_addr: str = "127.0.0.1"  # where rank 0's rendezvous store listens
+    master_port: int = 0  # 0: rank 0 picks a free one and prints it
+    dist_iface: str | None = None  # GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME for this rank
+    spawn_peer: bool = True  # rank 0 starts rank 1 itself (off: it is started by hand)
+    metrics_port: int = 0  # rank 1's /metrics port (0: a free one, announced to rank 0)
 
     def check(self) -> ServiceConfig:
         """Raises ValueError naming the setting and what to do."""
@@ -94,7 +108,36 @@ class ServiceConfig:
         need(self.breaker_cooldown_s >= 0, "--breaker-cooldown must not be negative")
         need(self.hang_after_s > 0, "--hang-after must be positive")
         need(self.double_bytes_per_token >= 0, "--double-bytes-per-token must not be negative")
+        if self.ranks != 1:
+            self._check_ranks(need)
         return self
+
+    def _check_ranks(self, need) -> None:  # type: ignore[no-untyped-def]
+        need(self.ranks == 2, f"--ranks {self.ranks}: give 1 or 2")
+        need(self.rank in (0, 1), f"--rank {self.rank}: give 0 or 1")
+        need(
+            self.dist_backend in DIST_BACKENDS,
+            f"--dist-backend {self.dist_backend}: choose one of {', '.join(DIST_BACKENDS)}",
+        )
+        if self.dist_backend == "nccl":
+            need(self.device == "cuda", "--dist-backend nccl needs --device cuda (two GPUs)")
+        else:
+            need(
+                self.device != "cuda",
+                "--dist-backend gloo runs on the CPU: use --device cpu (or nccl with cuda)",
+            )
+        need(self.dist_timeout_s > 0, "--dist-timeout must be positive")
+        need(0 <= self.master_port <= 65535, "--master-port: give 0..65535 (0 picks one)")
+        need(
+            self.rank == 0 or self.master_port != 0,
+            "--rank 1 needs --master-port (rank 0 prints it: 'rendezvous on ADDR:PORT')",
+        )
+        need(0 <= self.metrics_port <= 65535, "--metrics-port: give 0..65535")
+        need(
+            self.n_heads % self.ranks == 0,
+            f"--heads {self.n_heads} must be a multiple of --ranks {self.ranks} "
+            "(attention heads are split across ranks)",
+        )
 
     @property
     def bytes_per_token(self) -> int:

@@ -33,8 +33,13 @@ def generate(
     banned: Sequence[int] = (),
     device: str | torch.device = "cpu",
     on_step: Callable[[int], None] | None = None,
+    sync_next: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> list[list[int]]:
-    """The generated ids of each request (exactly max_tokens each)."""
+    """The generated ids of each request (exactly max_tokens each).
+
+    sync_next (two ranks): called with each step's chosen tokens (B,), it
+    returns the tokens every rank continues with: rank 0 broadcasts its
+    own, so rank 1 never samples on its own (pyctl/service/ranks.py)."""
     if not reqs:
         return []
     steps = max(r.max_tokens for r in reqs)
@@ -63,6 +68,8 @@ def generate(
                 if t > 0:
                     p = torch.softmax(logits[i] / t, dim=-1).cpu()
                     nxt[i] = int(torch.multinomial(p, 1, generator=gens[i]).item())
+            if sync_next is not None:
+                nxt = sync_next(nxt)
             for i, tok in enumerate(nxt.tolist()):
                 if step < reqs[i].max_tokens:
                     out[i].append(tok)

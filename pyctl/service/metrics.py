@@ -155,3 +155,103 @@ class ServiceMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+# A collective on this tiny model takes tens of microseconds; a stall or a
+# timeout takes milliseconds to seconds.
+COLLECTIVE_BUCKETS = (
+    0.00005,
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
+
+
+class DistMetrics:
+    """The two-rank metrics, the same on both ranks (each on its own endpoint)."""
+
+    def __init__(self, registry: CollectorRegistry, *, rank: int, world: int, backend: str) -> None:
+        r = registry
+        self.rank_info = Info("gf_service_rank", "This process's rank in the service", registry=r)
+        self.rank_info.info({"rank": str(rank), "world_size": str(world), "backend": backend})
+        self.collectives = Counter(
+            "gf_service_dist_collectives_total",
+            "Collectives this rank completed, by operation",
+            ["op"],
+            registry=r,
+        )
+        self.collective_latency = Histogram(
+            "gf_service_dist_collective_duration_seconds",
+            "Time this rank spent in one collective (issue to completion), by operation",
+            ["op"],
+            buckets=COLLECTIVE_BUCKETS,
+            registry=r,
+        )
+        self.errors = Counter(
+            "gf_service_dist_errors_total",
+            "Failed collectives and group formations, by code (DIST_TIMEOUT, DIST_ERROR)",
+            ["code"],
+            registry=r,
+        )
+        self.group_up = Gauge(
+            "gf_service_dist_group_up", "1 while this rank's process group works", registry=r
+        )
+        self.generation = Gauge(
+            "gf_service_dist_group_generation",
+            "How many times the process group was formed (1 at start; +1 per re-formation)",
+            registry=r,
+        )
+        for op in ("all_reduce", "broadcast"):
+            self.collectives.labels(op=op)
+        for code in ("DIST_TIMEOUT", "DIST_ERROR"):
+            self.errors.labels(code=code)
+
+
+class FollowerMetrics:
+    """Rank 1's own /metrics: it serves no requests, so only its worker,
+    its batches and its collectives."""
+
+    def __init__(self, *, world: int, backend: str, device: str) -> None:
+        r = self.registry = CollectorRegistry()
+        ProcessCollector(registry=r)
+        self.dist = DistMetrics(r, rank=1, world=world, backend=backend)
+        self.batch_latency = Histogram(
+            "gf_service_batch_duration_seconds",
+            "Time to decode one batch, by model",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tokens = Counter(
+            "gf_service_tokens_generated_total",
+            "Tokens generated (rate() gives tokens/s), by the model that made them",
+            ["model"],
+            registry=r,
+        )
+        self.worker_alive = Gauge(
+            "gf_service_worker_alive", "1 while the worker thread runs", registry=r
+        )
+        self.worker_age = Gauge(
+            "gf_service_worker_last_progress_age_seconds",
+            "Seconds since the worker last made progress (grows while it hangs)",
+            registry=r,
+        )
+        self.device = device
+        self.tokens.labels(model="primary")
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
