@@ -1,6 +1,6 @@
 # gpufault task runner. `make help` lists the targets.
 .DELETE_ON_ERROR:
-.PHONY: help setup deps build wheel test test-unit test-host vmtest vm-kernels kmod kmod-deps kmod-check demo bench lint clean device-bundle
+.PHONY: help setup deps build wheel man test test-unit test-host vmtest vm-kernels kmod kmod-deps kmod-check demo demo-experiment bench lint clean device-bundle
 
 PYTHON ?= python3
 CLANG ?= clang
@@ -28,7 +28,9 @@ help:
 	@echo "make build        compile bpf/*.bpf.c to CO-RE objects in $(DATA)/, the test doubles,"
 	@echo "                  the LD_PRELOAD shim, and copy libbpf/libelf, all into $(DATA)/"
 	@echo "make wheel        build + the platform wheel (everything inside) into dist/"
+	@echo "make man          gpufault(1) from the commands into $(OUT)/man/ (man -l to read)"
 	@echo "make demo         inject faults into the libcuda CPU double's workload, show evidence"
+	@echo "make demo-experiment  one chaos experiment end to end (root, < 1 min): verdict + evidence"
 	@echo "make test         unit + host (root, real BPF) + vm (qemu/TCG) tests"
 	@echo "make bench        benchmarks, results to docs/benchmarks.md"
 	@echo "make vm-kernels   fetch Debian bookworm 6.1 / sid 7.2 test kernels into $(OUT)/vm/"
@@ -46,7 +48,7 @@ TARGETS := $(OUT)/targets/gf_target $(OUT)/targets/libgftarget.so $(OUT)/targets
 build: $(BPF_OBJS) $(DOUBLES) $(TARGETS) $(PRELOAD) $(LIBS)
 
 # The shim goes into the package; its own libcuda test double stays in build/.
-$(PRELOAD): $(wildcard pyctl/hooks/preload/*.c pyctl/hooks/preload/double/*.c pyctl/hooks/preload/Makefile)
+$(PRELOAD): $(wildcard pyctl/hooks/preload/*.c doubles/preload/*.c pyctl/hooks/preload/Makefile)
 	$(Q)$(MAKE) -s -C pyctl/hooks/preload OUT=$(abspath $(DATA)/preload) \
 		DOUBLE_OUT=$(abspath $(OUT)/hooks/double)
 
@@ -56,6 +58,10 @@ $(LIBS): tools/bundle-libs.sh
 # py3-none-linux_x86_64 (setup.py): one wheel for Python 3.10+.
 wheel: build
 	$(PYTHON) -m build --wheel --outdir dist
+
+# gpufault(1), generated from the click commands (pyctl/cli/man.py).
+man:
+	$(Q)$(PYTHON) -m pyctl.cli.man -o $(OUT)/man/gpufault.1
 
 # Test targets: probed by the host tests; frame pointers, no CET, so each
 # function starts with `push %rbp` (a probe the kernel emulates); -O0 for
@@ -111,6 +117,17 @@ kmod-check:
 
 demo: build
 	$(PYTHON) -m pyctl demo --db $(OUT)/demo.db
+
+# A chaos experiment (docs/experiments.md): sticky OOM from the libcuda test
+# double against the reference service; prints the verdict line (exit 0 =
+# pass) and the evidence (`experiment results`). GF_EXPERIMENT picks another.
+GF_EXPERIMENT ?= cuda-oom-degrade
+GF_EXP_CLI := $(PYTHON) -m pyctl experiment
+demo-experiment: build
+	$(Q)rm -f $(OUT)/demo-experiment.db $(OUT)/demo-experiment.db-wal $(OUT)/demo-experiment.db-shm
+	$(Q)$(GF_EXP_CLI) run $(GF_EXPERIMENT) --db $(OUT)/demo-experiment.db; rc=$$?; \
+	  $(GF_EXP_CLI) results --db $(OUT)/demo-experiment.db | head -1 | cut -d' ' -f1 | \
+	  xargs -r -I{} $(GF_EXP_CLI) results {} --db $(OUT)/demo-experiment.db; exit $$rc
 
 bench: build
 	$(PYTHON) bench/run_all.py

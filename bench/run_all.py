@@ -21,6 +21,8 @@ RUNS = [
     ("tokenizer-bpf.json", ["bench_tokenizer_bpf.py"]),
     ("detach-host.json", ["bench_detach.py"]),
     ("fires-host.json", ["bench_fires.py"]),
+    ("loadgen-host.json", ["bench_loadgen.py"]),
+    ("aggregate-host.json", ["bench_aggregate.py"]),
 ]
 
 

@@ -6,7 +6,8 @@ export DEBIAN_FRONTEND=noninteractive
 # known-answer tests, as a forensics user would install it.
 APT_PKGS=(clang llvm libbpf-dev libbpf1 bpftool libelf-dev zlib1g-dev make gcc gcc-12 g++ libc6-dbg gdb
 	binutils qemu-system-x86 busybox-static cpio xz-utils zstd kmod sqlite3 strace
-	util-linux iproute2 dwarves sparse)
+	util-linux iproute2 dwarves sparse bpftrace
+	prometheus chromium)
 missing=()
 for p in "${APT_PKGS[@]}"; do
 	dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -15,6 +16,14 @@ if ((${#missing[@]})); then
 	apt-get update -qq
 	apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
+# prometheus: the observability tests start their own server; the Debian
+# units (started by the packages where init allows; node-exporter comes as
+# a recommendation) must not run beside them.
+for unit in prometheus prometheus-node-exporter; do
+	if command -v systemctl >/dev/null && systemctl is-enabled "$unit" >/dev/null 2>&1; then
+		systemctl disable --now "$unit" >/dev/null 2>&1 || true
+	fi
+done
 python3 -m pip install -q -e '.[dev]'
 # The CPU build of torch for the Tensor-Core perturbation hook's tests (a
 # local file on these machines; pip takes it from there).
