@@ -52,6 +52,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.append(str(REPO))  # an installed gpufault (the wheel) wins, else this checkout
 sys.path.insert(0, str(REPO / "tests"))
 
+from bench_tokenizer_bpf import lib_path  # noqa: E402 - the tokenizers' extension modules
 from gftarget import LIB, Target  # noqa: E402
 
 from pyctl import paths, resolve  # noqa: E402
@@ -274,16 +275,6 @@ WORKER = textwrap.dedent("""
 """)
 
 KIND = {"hf": "tok:hf-encode", "tiktoken": "tok:tiktoken-encode-ordinary"}
-
-
-def lib_path(lib: str) -> str:
-    if lib == "hf":
-        import tokenizers
-
-        return str(Path(tokenizers.__file__).parent / "tokenizers.abi3.so")
-    import tiktoken._tiktoken as t
-
-    return t.__file__
 
 
 def tokenizer_overhead() -> dict:

@@ -60,7 +60,7 @@ def one(stack: bool, db: Path) -> dict:
             span, n = eng.fires.take_span(512)
             if not n:
                 break
-            eng._journal_fires(span, n)
+            eng.evidence.journal_fires(span, n)
             stored += n
         t_store = time.perf_counter() - t0
         # Stage 2, when the rings are quiet: journal -> faults, registers,

@@ -23,6 +23,7 @@ RUNS = [
     ("fires-host.json", ["bench_fires.py"]),
     ("loadgen-host.json", ["bench_loadgen.py"]),
     ("aggregate-host.json", ["bench_aggregate.py"]),
+    ("attach-host.json", ["bench_attach.py"]),
 ]
 
 

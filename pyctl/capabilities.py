@@ -6,6 +6,7 @@ Used by `gpufault doctor` and by the engine to choose the fail mechanism.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -64,6 +65,29 @@ class Check:
     required_for: list[str] = field(default_factory=list)
 
 
+def _boot_cached(name: str, trial: Callable[[], bool]) -> bool:
+    """trial(), remembered for this boot of this kernel (pyctl/diskcache.py):
+    each trial loads a BPF object (and uprobe_multi attaches and detaches a
+    link), tens of ms that every `trace --pid` paid before its probes were
+    live. Keyed also by the trial object's identity: a rebuilt object is
+    tried again. Only root's results are kept (a refusal as another user
+    says nothing about the kernel)."""
+    from pyctl import diskcache
+
+    try:
+        st = REGS_PROBE_OBJ.stat()
+        key = f"{name}:{st.st_size}:{st.st_mtime_ns}"
+    except OSError:
+        return trial()
+    hit = diskcache.load_caps().get(key)
+    if isinstance(hit, bool):
+        return hit
+    ok = trial()
+    if os.geteuid() == 0:
+        diskcache.store_cap(key, ok)
+    return ok
+
+
 def _trial_load(prog: str) -> bool:
     from pyctl.bpf.libbpf import BpfError, Object
 
@@ -85,14 +109,14 @@ def _trial_load(prog: str) -> bool:
 @lru_cache(maxsize=1)
 def regs_writable() -> bool:
     """True when the verifier accepts a uprobe program that writes pt_regs."""
-    return _trial_load("gf_regs_probe")
+    return _boot_cached("regs_writable", lambda: _trial_load("gf_regs_probe"))
 
 
 @lru_cache(maxsize=1)
 def user_writable() -> bool:
     """True when BPF may write user memory (bpf_probe_write_user); kernel
     lockdown (integrity) forbids it, and corrupt then uses the copilot."""
-    return _trial_load("gf_write_probe")
+    return _boot_cached("user_writable", lambda: _trial_load("gf_write_probe"))
 
 
 @lru_cache(maxsize=1)
@@ -103,12 +127,15 @@ def uprobe_multi() -> bool:
     for the kernel's RCU grace periods once instead of once per site (~200 ms
     each on 6.18). GPUFAULT_NO_UPROBE_MULTI=1 turns it off (the per-site
     path, as on older kernels)."""
-    import ctypes
-    import os
-    import threading
-
     if os.environ.get("GPUFAULT_NO_UPROBE_MULTI"):
         return False
+    return _boot_cached("uprobe_multi", _uprobe_multi_trial)
+
+
+def _uprobe_multi_trial() -> bool:
+    import ctypes
+    import threading
+
     from pyctl import resolve
     from pyctl.bpf.libbpf import BPF_TRACE_UPROBE_MULTI, BpfError, Object, map_lookup
 

@@ -48,6 +48,8 @@ _USER_ERRORS = (
     ("pyctl.bpf.libbpf", "BpfError"),
     ("pyctl.observe", "ObserveError"),
     ("pyctl.report.data", "ReportError"),
+    ("pyctl.summary", "SummaryError"),
+    ("pyctl.aggregate", "AggregateError"),
 )
 
 

@@ -419,6 +419,66 @@ class Link:
         self._lock = threading.Lock()
         self._closed = False
         self._opened = False
+        self._owner = True  # False: attach()ed to another process's link
+
+    @property
+    def name(self) -> str:
+        """The link's name, as `gpufault netchaos link` prints it."""
+        return self.a.ifname[:-1]
+
+    @classmethod
+    def attach(cls, name: str | None = None) -> Link:
+        """The live link `name` (gf<6 hex>, from `gpufault netchaos link`) of
+        another process, to impair until close(): close() then removes what
+        this object installed (its qdisc, its drop filter), never the
+        namespaces. name None: the only link there is."""
+        if os.geteuid() != 0:
+            raise NetChaosError("netchaos needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN): run as root")
+        from pyroute2 import IPRoute, netns
+
+        links: dict[str, dict[str, str]] = {}
+        for ns in netns.listnetns():
+            m = _NAME_RE.match(ns)
+            if m and _pid_alive(int(m.group(1), 16)):
+                links.setdefault(f"gf{m.group(2)}", {})[m.group(3)] = ns
+        links = {k: v for k, v in links.items() if set(v) == {"a", "b"}}
+        if name is None:
+            if len(links) != 1:
+                if not links:
+                    raise NetChaosError("no netchaos link: start one with `gpufault netchaos link`")
+                raise NetChaosError(f"{len(links)} links ({', '.join(sorted(links))}): pass --link")
+            name = next(iter(links))
+        name = name if name.startswith("gf") else f"gf{name}"
+        if name not in links:
+            raise NetChaosError(
+                f"no netchaos link {name} (live: {', '.join(sorted(links)) or 'none'}):"
+                " start one with `gpufault netchaos link`"
+            )
+        self = cls.__new__(cls)
+        self._lock, self._closed, self._opened, self._owner = threading.Lock(), False, True, False
+        ends = []
+        for side in ("a", "b"):
+            end = _End(links[name][side], f"{name}{side}", "")
+            with IPRoute(netns=end.ns) as ipr:
+                found = ipr.link_lookup(ifname=end.ifname)
+                if not found:
+                    raise NetChaosError(f"link {name} has no {end.ifname}: it is being torn down")
+                end.index = found[0]
+                for a in ipr.get_addr(index=end.index, family=socket.AF_INET):
+                    end.addr = a.get_attr("IFA_ADDRESS")
+                # One impairment at a time per direction: a second would
+                # replace the first's qdisc and undo it at its own end.
+                for q in ipr.get_qdiscs(index=end.index):
+                    kind = q.get_attr("TCA_KIND")
+                    if kind in ("netem", "tbf", "clsact"):
+                        raise NetChaosError(
+                            f"link {name} already has an impairment ({kind} on {end.ifname}):"
+                            " wait for it to end, or stop it"
+                        )
+            ends.append(end)
+        self.a, self.b = ends
+        atexit.register(self.close)
+        return self
 
     # -- lifecycle
     def __enter__(self) -> Link:
@@ -459,6 +519,10 @@ class Link:
             if self._closed or not self._opened:
                 return
             self._closed = True
+        if not self._owner:
+            self._undo()
+            atexit.unregister(self.close)
+            return
 
         for end in (self.a, self.b):
             if end.drop is not None:
@@ -467,6 +531,28 @@ class Link:
             with contextlib.suppress(FileNotFoundError, OSError):
                 _remove_netns(end.ns)
         atexit.unregister(self.close)
+
+    def _undo(self) -> None:
+        """Remove what this object installed on an attached link (the owner
+        may have torn the namespaces down already: nothing left to undo)."""
+        from pyroute2 import IPRoute
+        from pyroute2.netlink.exceptions import NetlinkError
+
+        for end in (self.a, self.b):
+            try:
+                with IPRoute(netns=end.ns) as ipr:
+                    if end.drop is not None:
+                        with contextlib.suppress(NetlinkError):
+                            ipr.tc("del", "clsact", end.index)
+                    if end.root is not None:
+                        with contextlib.suppress(NetlinkError):
+                            ipr.tc("del", index=end.index, handle="1:", root=True)
+            except (OSError, NetlinkError):
+                pass
+            if end.drop is not None:
+                end.drop.close()
+                end.drop = None
+            end.root = None
 
     # -- impairments
     def _ends(self, direction: str) -> list[_End]:

@@ -9,12 +9,29 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from pyctl import words
 from pyctl.bpf.abi import u64
 
 
-def faults(db: Any, *, run_id: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
-    where = "WHERE f.run_id = ?" if run_id else ""
-    params: list[Any] = [run_id] if run_id else []
+def faults(
+    db: Any,
+    *,
+    run_id: str | None = None,
+    limit: int = 50,
+    function: str | None = None,
+    since: float | None = None,
+) -> list[dict[str, Any]]:
+    """Fired faults, newest first: of one run, of functions matching a glob
+    (SQLite GLOB: case-sensitive, as symbol names are), fired at or after
+    Unix time `since`."""
+    conds: list[str] = []
+    params: list[Any] = []
+    for cond, value in (("f.run_id = ?", run_id), ("f.function GLOB ?", function),
+                        ("f.wall >= ?", since)):  # fmt: skip
+        if value is not None and value != "":
+            conds.append(cond)
+            params.append(value)
+    where = ("WHERE " + " AND ".join(conds)) if conds else ""
     sql = (
         "SELECT f.fault_id, f.run_id, f.function, f.library, f.action, f.mechanism, f.retval, "
         "f.ret, f.latency_ns, f.call_seq, f.pid, f.tid, f.comm, f.wall, "
@@ -43,11 +60,31 @@ def _late_symbol(r: dict[str, Any]) -> str:
     return name_in(r["module"], r["offset"]) or sym
 
 
+def latest_fault(db: Any) -> str | None:
+    """The newest fault's ID (`show latest`)."""
+    row = db.conn.execute(
+        "SELECT fault_id FROM faults ORDER BY wall DESC, seq DESC LIMIT 1"
+    ).fetchone()
+    return None if row is None else str(row[0])
+
+
+def run_fault_ids(db: Any, run_id: str) -> list[str] | None:
+    """Every fault of a run in fire order (`show RUN`); None: no such run."""
+    if db.conn.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone() is None:
+        return None
+    rows = db.conn.execute("SELECT fault_id FROM faults WHERE run_id = ? ORDER BY seq", (run_id,))
+    return [str(r[0]) for r in rows]
+
+
 def fault_chain(db: Any, fault_id: str) -> dict[str, Any] | None:
     rows = _rows(db, "SELECT * FROM faults WHERE fault_id = ?", (fault_id,))
     if not rows:
         return None
     f = rows[0]
+    if f.get("function"):  # rows written before names were stored demangled
+        from pyctl.demangle import demangle
+
+        f["function"] = demangle(f["function"])
     if f.get("outcome"):
         f["outcome"] = json.loads(f["outcome"])
     spec = _rows(
@@ -70,8 +107,17 @@ def fault_chain(db: Any, fault_id: str) -> dict[str, Any] | None:
         "SELECT kind, rule, ts_ns, pid, tid, detail FROM links WHERE fault_id=? ORDER BY ts_ns",
         (fault_id,),
     )
+    names = {
+        r["func"]: r
+        for r in _rows(db, "SELECT func, symbol, library FROM funcs WHERE run_id=?", (f["run_id"],))
+    }
     for link in links:
         link["detail"] = json.loads(link["detail"]) if link["detail"] else None
+        # The next error return names its function (detail.func indexes funcs).
+        d = link["detail"]
+        if link["kind"] == "error-return" and isinstance(d, dict) and d.get("func") in names:
+            link["function"] = names[d["func"]]["symbol"]
+            link["library"] = names[d["func"]]["library"]
     # Every table is there (store.open_db: created, or overlaid for an
     # older file opened read-only).
     anchors = _rows(db, "SELECT * FROM anchors WHERE fault_id=?", (fault_id,))
@@ -87,9 +133,18 @@ def fault_chain(db: Any, fault_id: str) -> dict[str, Any] | None:
         "JOIN experiments e ON e.id = s.experiment_id WHERE s.run_id=?",
         (f["run_id"],),
     )
+    from pyctl.evidence import layers
+
+    try:
+        spec_json = json.loads(spec[0]["json"]) if spec and spec[0]["json"] else None
+    except ValueError:
+        spec_json = None
     return {
         "fault": f,
         "spec": spec[0]["text"] if spec else None,
+        "spec_json": spec_json,
+        # A tokenizer finding's case (tok_cases, same fault ID), else None.
+        "case": layers.tok_case(db, fault_id),
         "registers": regs,
         "args": args,
         "stack": stack,
@@ -109,16 +164,25 @@ def _action_line(f: dict[str, Any]) -> str:
     if o.get("injected") is False:
         why = (o.get("copilot") or {}).get("error") or o.get("corrupt_error") or o.get("error")
         return line + ", NOT injected" + (f": {why}" if why else "")
-    return line + (f", injected {f['retval']}" if f["retval"] is not None else "")
+    if f["retval"] is None:
+        return line
+    return line + f", injected {words.code_name(f['function'], f['library'], f['retval'])}"
 
 
 def render_chain(doc: dict[str, Any]) -> str:
     f = doc["fault"]
+    from pyctl.evidence import layers
+
+    if f.get("mechanism") in layers.LAYER_MECHANISMS:
+        # Tokenizer, hook and netchaos faults: no library call, registers
+        # or stack; their parameters and outcome, in words.
+        return layers.render(doc)
     out = [
         f"fault {f['fault_id']}  ({doc['spec']})",
         f"  call      {f['function']} #{f['call_seq']} in {f['library']}",
         f"  build-id  {f['build_id'] or '-'}",
         f"  thread    pid {f['pid']} tid {f['tid']} ({f['comm']})",
+        f"  time      {words.wall_time(f.get('wall'), '%Y-%m-%d %H:%M:%S.%f')[:23]}",
         *(
             [f"  experiment {x['id']} {x['name']}@v{x['version']} step {x['idx'] + 1} "
              f"({x['step']}): {x['verdict']}"]
@@ -126,15 +190,21 @@ def render_chain(doc: dict[str, Any]) -> str:
             else []
         ),
         _action_line(f),
-        f"  returned  {f['ret'] if f['ret'] is not None else '(no return seen)'}"
-        + (f" after {f['latency_ns'] / 1000:.1f} us" if f["latency_ns"] else ""),
+        "  returned  "
+        + (
+            words.code_name(f["function"], f["library"], f["ret"])
+            if f["ret"] is not None
+            else "(no return seen)"
+        )
+        + (f" after {words.duration_ns(f['latency_ns'])}" if f["latency_ns"] else ""),
     ]
-    if f.get("outcome"):
-        out.append(f"  outcome   {json.dumps(f['outcome'])}")
+    for i, phrase in enumerate(words.outcome_words(f, doc.get("spec_json"))):
+        out.append(f"  {'outcome' if i == 0 else '':9} {phrase}")
     if doc["args"]:
         out.append("  args")
         for a in doc["args"]:
-            out.append(f"    {a['name']:12} {a['decoded']}")
+            shown = a["decoded"] if a["decoded"] is not None else words.hexaddr(a["raw"])
+            out.append(f"    {a['name']:12} {shown}")
     if doc["registers"]:
         regs = doc["registers"]
         names = [
@@ -175,12 +245,12 @@ def render_chain(doc: dict[str, Any]) -> str:
         else "  nothing linked to it (yet)"
     )
     for link in doc["links"]:
-        out.append(f"    {link['kind']:8} {json.dumps(link['detail'])}  [rule: {link['rule']}]")
+        out.append(f"    {link['kind']:8} {words.link_words(link, f)}  [rule: {link['rule']}]")
     for x in doc["xids"]:
         out.append(
             f"    xid      {x.get('error_code')} on {x.get('dev')}: {x.get('msg')}  "
             f"[rule: {x.get('rule')}]"
         )
     for a in doc["anchors"]:
-        out.append(f"    anchor   {a.get('kind')} {a.get('bdf')}  [record {a.get('seq')}]")
+        out.append(f"    anchor   {a.get('kind')} {a.get('bdf')}  [record {a.get('rec_seq')}]")
     return "\n".join(out)

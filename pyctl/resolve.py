@@ -20,9 +20,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+# pyelftools' ELFFile is imported where a file is parsed: the import alone
+# costs ~70 ms, and with the table in the disk cache (pyctl/diskcache.py) a
+# `trace --pid` never parses one. Its exception module is cheap.
 from elftools.common.exceptions import ELFError
-from elftools.elf.elffile import ELFFile
-from elftools.elf.sections import SymbolTableSection
 
 
 class ResolveError(Exception):
@@ -130,6 +131,8 @@ def add_search_dirs_for_program(program: str) -> None:
     """Let name lookups see where a program we are about to start would load
     its libraries from: its RUNPATH/RPATH ($ORIGIN expanded)."""
     import shutil
+
+    from elftools.elf.elffile import ELFFile
 
     path = program if "/" in program else shutil.which(program)
     if not path or not os.path.isfile(path):
@@ -353,11 +356,39 @@ def _elf_symbols(path: str) -> ElfInfo:
     key = _file_key(path)
     info = _ELF_CACHE.get(key)
     if info is None:
-        info = _ELF_CACHE[key] = _read_elf(path)
+        info = _ELF_CACHE[key] = _cached_read_elf(path)
+    PARSED_PATHS[path] = None
+    return info
+
+
+# Every path whose symbols were read (the probed libraries, as opened: maybe
+# through /proc/PID/root): pyctl/symbolize.py reads their function tables
+# while the target lives, for a target that dies right after its fault.
+PARSED_PATHS: dict[str, None] = {}
+
+
+def _cached_read_elf(path: str) -> ElfInfo:
+    """_read_elf through the disk cache, keyed by build-id: one build's
+    symbols never change, so no mtime or path is part of the key (the
+    same libcuda reached through /proc/PID/root and as its host path is
+    one entry). A file without a build-id is parsed every time."""
+    from pyctl import diskcache
+
+    bid = diskcache.build_id_of(path)
+    if bid:
+        hit = diskcache.load_obj("symtab", f"{bid}-sites")
+        if isinstance(hit, tuple) and len(hit) == 3 and hit[2] == bid:
+            return hit
+    info = _read_elf(path)
+    if bid and info[2] == bid:
+        diskcache.store_obj("symtab", f"{bid}-sites", info)
     return info
 
 
 def _read_elf(path: str) -> ElfInfo:
+    from elftools.elf.elffile import ELFFile
+    from elftools.elf.sections import SymbolTableSection
+
     syms: dict[str, tuple[int, int]] = {}
     with open(path, "rb") as f:
         try:

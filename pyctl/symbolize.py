@@ -6,6 +6,7 @@ ingest time, while the process (usually) still lives."""
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 from pyctl import resolve, symtab
@@ -18,6 +19,7 @@ class Symbolizer:
         # path -> load base, learnt from fires at known probe sites; used when
         # the process died before its maps could be read.
         self.known: dict[str, int] = {}
+        self._display: dict[str, str] = {}  # known path -> path as the target sees it
         # addr -> (name, location): fires repeat the same call sites, and a
         # name costs a table lookup and a demangle. Cleared when the maps
         # change (a library unloaded and another loaded in its place).
@@ -25,15 +27,41 @@ class Symbolizer:
         self._memo_gen = symtab.generation
         self._offered: list[tuple[int, int, int, str]] | None = None
         self.refresh()
+        self._pin_tables()
 
-    def learn_base(self, path: str, base: int) -> None:
+    def _pin_tables(self) -> None:
+        """Read the function tables of this process's probed libraries now,
+        while it lives: one that dies right after its fault (a SIGSEGV)
+        takes /proc/PID/root with it, and its fire's stack is read after.
+        symtab keeps what it read by path. Cheap tables (small, or in the
+        disk cache) are read here; big uncached ones on a thread, so
+        attaching does not wait seconds for libcuda's."""
+        mine = f"/proc/{self.pid}/"
+        paths = [p for p in resolve.PARSED_PATHS if p.startswith(mine) or
+                 not p.startswith("/proc/")]  # fmt: skip
+        slow = []
+        for p in paths:
+            if symtab.cheap(p):
+                _try_load(p)
+            else:
+                slow.append(p)
+        if slow:
+            threading.Thread(target=_load_all, args=(slow,), daemon=True,
+                             name="gf-symtab").start()  # fmt: skip
+
+    def learn_base(self, path: str, base: int, display: str | None = None) -> None:
         self.known[path] = base
+        if display:
+            self._display[path] = display
 
-    def _from_known(self, addr: int) -> str | None:
+    def _from_known(self, addr: int) -> tuple[str, tuple[str, int]] | None:
+        """(name, (library as the target sees it, offset)) from a base learnt
+        at a probe site: for a frame outside the maps we hold (the process
+        died before a library it loaded since could be seen in them)."""
         for path, base in self.known.items():
             rel = addr - base
             if rel >= 0 and (name := symtab.name_at(path, rel)):
-                return name
+                return name, (self._display.get(path, path), rel)
         return None
 
     def refresh(self) -> bool:
@@ -88,17 +116,21 @@ class Symbolizer:
             return hit
         loc = self.locate(addr)
         name = self.symbolize(addr, parse=False)
+        if loc is None and (known := self._from_known(addr)) is not None:
+            name, loc = known
         self._memo[addr] = (name, loc)
         return name, loc
 
     def symbolize(self, addr: int, *, parse: bool = True) -> str:
         """'lib!symbol+0xoff'. parse=False only uses symbol tables already
-        read (the probed libraries): reading a big library's .symtab (torch's
-        take tens of seconds) must not stall the ring consumer; such frames
-        stay 'lib+0xoff' and `gpufault show` resolves them later."""
+        read (the probed libraries) or cheap to read (symtab.cheap: small,
+        or in the disk cache): reading a big library's .symtab (torch's take
+        seconds) must not stall the ring consumer; such frames stay
+        'lib+0xoff' and `gpufault show` resolves them later."""
         loc = self.locate(addr)
         if loc is None:
-            return self._from_known(addr) or f"{addr:#x}"
+            known = self._from_known(addr)
+            return known[0] if known else f"{addr:#x}"
         path, rel = loc
         name = name_in(path, rel, self.pid, parse=parse)
         return name or f"{os.path.basename(path)}+{rel:#x}"
@@ -128,9 +160,23 @@ def name_in(path: str, rel: int, pid: int | None = None, *, parse: bool = True) 
     tables must not stall the ring consumer."""
     for root in ([f"/proc/{pid}/root"] if pid else []) + [""]:
         real = root + path
-        if not os.path.exists(real):
+        # Read while the process lived: named even though it is gone.
+        pinned = symtab.is_loaded(real)
+        if not pinned and not os.path.exists(real):
             continue
-        if not parse and not (resolve.is_parsed(real) or symtab.is_loaded(real)):
+        if not parse and not (pinned or resolve.is_parsed(real) or symtab.cheap(real)):
             return None
         return symtab.name_at(path, rel, root)
     return None
+
+
+def _load_all(paths: list[str]) -> None:
+    for p in paths:
+        _try_load(p)
+
+
+def _try_load(path: str) -> None:
+    try:
+        symtab.load(path)
+    except Exception:  # noqa: BLE001 - unreadable or not ELF: frames stay lib+0xoff
+        pass

@@ -33,10 +33,15 @@ import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+if TYPE_CHECKING:
+    from elftools.elf.elffile import ELFFile
+    from elftools.elf.sections import SymbolTableSection
+
+# ELFFile and the section classes are imported where a file is parsed:
+# ~70 ms, paid only on a disk-cache miss (pyctl/diskcache.py).
 from elftools.common.exceptions import ELFError
-from elftools.elf.elffile import ELFFile
-from elftools.elf.sections import NoteSection, SymbolTableSection
 
 DEBUG_ROOT = "/usr/lib/debug"
 _FUNC_TYPES = ("STT_FUNC", "STT_GNU_IFUNC", "STT_LOOS")  # LOOS: how pyelftools names IFUNC
@@ -73,6 +78,13 @@ class Table:
 
 
 _CACHE: dict[tuple[int, int, float], Table] = {}
+# The last table read through each path: a process that dies right after
+# its fault takes /proc/PID/root with it, so its libraries can no longer
+# be stat'ed by that path; what was read while it lived still names them.
+_BY_REAL: dict[str, Table] = {}
+# Parsing this much ELF on the ring consumer's thread is a few ms; bigger
+# files (libcuda, torch's: seconds) are left to `show` unless cached.
+CHEAP_BYTES = 16 << 20
 # Bumped whenever a table is read: a frame left unnamed may have a name now.
 generation = 0
 
@@ -86,10 +98,28 @@ def is_loaded(path: str) -> bool:
     try:
         return _key(path) in _CACHE
     except OSError:
+        return path in _BY_REAL
+
+
+def cheap(path: str) -> bool:
+    """Is reading path's table quick: read already, in the disk cache, or
+    a small file? (What the ring consumer may parse without stalling.)"""
+    if is_loaded(path):
+        return True
+    try:
+        if os.stat(path).st_size <= CHEAP_BYTES:
+            return True
+    except OSError:
         return False
+    from pyctl import diskcache
+
+    bid = diskcache.build_id_of(path)
+    return bool(bid) and diskcache.has("symtab", f"{bid}-names")
 
 
 def _funcs(elf: ELFFile) -> list[tuple[int, int, str, int]]:
+    from elftools.elf.sections import SymbolTableSection
+
     out = []
     for secname in (".symtab", ".dynsym"):
         sec = elf.get_section_by_name(secname)
@@ -136,6 +166,8 @@ def _raw_funcs(elf: ELFFile, sec: SymbolTableSection) -> list[tuple[int, int, st
 
 
 def _build_id(elf: ELFFile) -> str:
+    from elftools.elf.sections import NoteSection
+
     for sec in elf.iter_sections():
         if isinstance(sec, NoteSection):
             for note in sec.iter_notes():
@@ -165,10 +197,53 @@ def load(path: str, root: str = "") -> Table:
     """The function table of path (as the target sees it; root: the
     target's /proc/PID/root for a container). Raises OSError/ELFError."""
     real = root + path if root else path
-    key = _key(real)
+    try:
+        key = _key(real)
+    except OSError:
+        pinned = _BY_REAL.get(real)
+        if pinned is None:
+            raise
+        return pinned
     t = _CACHE.get(key)
     if t is not None:
+        _BY_REAL[real] = t
         return t
+    t = _from_disk(path, root, real)
+    if t is None:
+        t = _parse(path, root, real)
+    _CACHE[key] = _BY_REAL[real] = t
+    global generation
+    generation += 1
+    return t
+
+
+def _existing_debug(path: str, build_id: str, link: str, root: str) -> list[str]:
+    """The debug-file candidates that exist now, as the target sees them:
+    part of a cached table's validity (libc6-dbg installed since adds names)."""
+    cands = _debug_candidates(path, build_id, link, root)
+    return [c[len(root) :] for c in cands if os.path.isfile(c)]
+
+
+def _from_disk(path: str, root: str, real: str) -> Table | None:
+    """The table of this build from the disk cache, if its debug files are
+    the ones present when it was made. Keyed by build-id: the same bytes at
+    another path (or through another /proc/PID/root) are one entry."""
+    from pyctl import diskcache
+
+    bid = diskcache.build_id_of(real)
+    hit = diskcache.load_obj("symtab", f"{bid}-names") if bid else None
+    if not (isinstance(hit, tuple) and len(hit) == 3 and isinstance(hit[0], Table)):
+        return None
+    cached, link, debug = hit
+    if cached.build_id != bid or _existing_debug(path, bid, link, root) != debug:
+        return None
+    return Table(path, bid, list(cached.sources), cached.starts, cached.ends, cached.names,
+                 cached.first_load, cached.others)  # fmt: skip
+
+
+def _parse(path: str, root: str, real: str) -> Table:
+    from elftools.elf.elffile import ELFFile
+
     t = Table(path)
     entries: list[tuple[int, int, str, int]] = []
     with open(real, "rb") as f:
@@ -231,9 +306,11 @@ def load(path: str, root: str = "") -> Table:
         t.starts.append(start)
         t.ends.append(end if end > start else start + 1)  # size 0: its first byte only
         t.names.append(name)
-    _CACHE[key] = t
-    global generation
-    generation += 1
+    if t.build_id:
+        from pyctl import diskcache
+
+        debug = _existing_debug(path, t.build_id, link, root)
+        diskcache.store_obj("symtab", f"{t.build_id}-names", (t, link, debug))
     return t
 
 

@@ -22,6 +22,17 @@ if "GPUFAULT_RUN_DIR" not in os.environ:
     os.environ["GPUFAULT_RUN_DIR"] = _run_dir
     atexit.register(shutil.rmtree, _run_dir, True)
 
+# The symbol-table and capability cache (pyctl/diskcache.py) too: tests
+# leave nothing in /var/cache/gpufault.
+if "GPUFAULT_CACHE_DIR" not in os.environ:
+    import atexit
+    import shutil
+    import tempfile
+
+    _cache_dir = tempfile.mkdtemp(prefix="gf-test-run-cache-")
+    os.environ["GPUFAULT_CACHE_DIR"] = _cache_dir
+    atexit.register(shutil.rmtree, _cache_dir, True)
+
 
 def is_root() -> bool:
     return os.geteuid() == 0
@@ -100,7 +111,7 @@ def _ours_outside_tmp() -> set[str]:
                     and not n.startswith(("gf-test-run-", "gf-vm-"))}
         except OSError:
             pass
-    for p in ("/var/lib/gpufault",):
+    for p in ("/var/lib/gpufault", "/var/cache/gpufault"):
         if os.path.exists(p):
             out.add(p)
     try:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import ctypes as C
 import re
 import shutil
-import subprocess
 from pathlib import Path
 
+import c_header
 import pytest
 
 from pyctl.bpf import abi
@@ -16,34 +16,9 @@ from pyctl.bpf import abi
 REPO = Path(__file__).resolve().parent.parent
 
 
-def c_layout(tmp_path: Path) -> dict[str, int]:
-    lines = [
-        "#include <stdio.h>",
-        "#include <stddef.h>",
-        "#include <linux/types.h>",
-        '#include "gpufault.h"',
-        "int main(void) {",
-    ]
-    for cname, py in abi.MIRRORS.items():
-        lines.append(f'printf("{cname} %zu\\n", sizeof(struct {cname}));')
-        for f in py._fields_:
-            lines.append(f'printf("{cname}.{f[0]} %zu\\n", offsetof(struct {cname}, {f[0]}));')
-    lines.append("return 0; }")
-    src = tmp_path / "layout.c"
-    src.write_text("\n".join(lines))
-    exe = tmp_path / "layout"
-    subprocess.run(["cc", "-I", str(REPO / "bpf"), "-o", str(exe), str(src)], check=True)
-    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
-    return {k: int(v) for k, v in (ln.split() for ln in out.splitlines())}
-
-
 @pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
 def test_mirrors_match_header(tmp_path: Path) -> None:
-    c = c_layout(tmp_path)
-    for cname, py in abi.MIRRORS.items():
-        assert C.sizeof(py) == c[cname], cname
-        for f in py._fields_:
-            assert getattr(py, f[0]).offset == c[f"{cname}.{f[0]}"], f"{cname}.{f[0]}"
+    c_header.assert_mirrors(c_header.layout(tmp_path, "gpufault.h", abi.MIRRORS), abi.MIRRORS)
 
 
 def test_call_record_format_matches_event() -> None:
@@ -102,19 +77,6 @@ def header_constants() -> list[str]:
     return names
 
 
-def c_values(tmp_path: Path, exprs: list[str]) -> dict[str, int]:
-    lines = ["#include <stdio.h>", "#include <linux/types.h>", '#include "gpufault.h"',
-             "int main(void) {"]
-    lines += [f'printf("%s %lld\\n", "{e}", (long long)({e}));' for e in exprs]
-    lines.append("return 0; }")
-    src = tmp_path / "values.c"
-    src.write_text("\n".join(lines))
-    exe = tmp_path / "values"
-    subprocess.run(["cc", "-I", str(REPO / "bpf"), "-o", str(exe), str(src)], check=True)
-    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
-    return {k: int(v) for k, v in (ln.rsplit(" ", 1) for ln in out.splitlines())}
-
-
 def python_value(name: str) -> int:
     """The Python side of a header constant: abi's attribute of the same
     name without GF_, or the table entry that stands for it."""
@@ -158,7 +120,7 @@ def test_every_header_constant_matches_python(tmp_path: Path) -> None:
 
     names = header_constants()
     assert len(names) > 40, names
-    c = c_values(tmp_path, names)
+    c = c_header.values(tmp_path, "gpufault.h", names)
     for n in names:
         assert python_value(n) == c[n], n
     # The copilot keeps its own few (it must not import the engine's ABI).
@@ -174,7 +136,7 @@ def test_cookie_macros_match(tmp_path: Path) -> None:
     exprs = [f"GF_COOKIE({s}, {f}u)" for s, f in cases]
     exprs += [f"GF_COOKIE_SPEC(GF_COOKIE({s}, {f}u))" for s, f in cases]
     exprs += [f"GF_COOKIE_FUNC(GF_COOKIE({s}, {f}u))" for s, f in cases]
-    c = c_values(tmp_path, exprs)
+    c = c_header.values(tmp_path, "gpufault.h", exprs)
     for s, f in cases:
         ck = abi.cookie(s, f)
         assert abi.s64(ck) == c[f"GF_COOKIE({s}, {f}u)"]

@@ -3,11 +3,10 @@ the C layout: sizes and every field offset, from a compiled C program."""
 
 from __future__ import annotations
 
-import ctypes as C
 import shutil
-import subprocess
 from pathlib import Path
 
+import c_header
 import pytest
 
 from pyctl.bpf import aggregate_abi as abi
@@ -17,28 +16,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
 def test_mirrors_match_header(tmp_path: Path) -> None:
-    lines = [
-        "#include <stdio.h>",
-        "#include <stddef.h>",
-        "#include <linux/types.h>",
-        '#include "aggregate.h"',
-        "int main(void) {",
-    ]
-    for cname, py in abi.MIRRORS.items():
-        lines.append(f'printf("{cname} %zu\\n", sizeof(struct {cname}));')
-        for f in py._fields_:
-            lines.append(f'printf("{cname}.{f[0]} %zu\\n", offsetof(struct {cname}, {f[0]}));')
-    lines.append("return 0; }")
-    src = tmp_path / "layout.c"
-    src.write_text("\n".join(lines))
-    exe = tmp_path / "layout"
-    subprocess.run(["cc", "-I", str(REPO / "bpf"), "-o", str(exe), str(src)], check=True)
-    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
-    c = {k: int(v) for k, v in (ln.split() for ln in out.splitlines())}
-    for cname, py in abi.MIRRORS.items():
-        assert C.sizeof(py) == c[cname], cname
-        for f in py._fields_:
-            assert getattr(py, f[0]).offset == c[f"{cname}.{f[0]}"], f"{cname}.{f[0]}"
+    c_header.assert_mirrors(c_header.layout(tmp_path, "aggregate.h", abi.MIRRORS), abi.MIRRORS)
 
 
 def test_header_constants_match() -> None:

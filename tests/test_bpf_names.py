@@ -74,8 +74,28 @@ def test_names_match_the_built_object(ns: type) -> None:
     assert set(ns.RODATA) <= syms.get(".rodata", set())
 
 
+_NAMESPACES = {ns.__name__: ns for ns in names.OBJECTS}
+
+
+def _name_of(node: ast.expr) -> str | None:
+    """A literal string, or a names.py constant (`Main.EVENTS`,
+    `names.Main.EVENTS`) as its string: both are names handed to libbpf."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.Attribute):
+        owner = node.value
+        if isinstance(owner, ast.Attribute):  # names.Main.X
+            owner = ast.Name(owner.attr)
+        if isinstance(owner, ast.Name) and owner.id in _NAMESPACES:
+            value = getattr(_NAMESPACES[owner.id], node.attr, None)
+            # An unknown constant: reported as such, never skipped.
+            return value if isinstance(value, str) else f"{owner.id}.{node.attr}?"
+    return None
+
+
 def _literals_named_in_pyctl() -> list[tuple[str, int, str]]:
-    """(file, line, string) of every literal name handed to libbpf."""
+    """(file, line, string) of every name handed to libbpf: a literal or a
+    names.py constant."""
     found = []
     for p in sorted((REPO / "pyctl").rglob("*.py")):
         if p.name in NOT_OURS:
@@ -86,18 +106,13 @@ def _literals_named_in_pyctl() -> list[tuple[str, int, str]]:
                 continue
             attr = node.func.attr
             args = node.args
-            if (
-                attr in NAME_CALLS
-                and args
-                and isinstance(args[0], ast.Constant)
-                and isinstance(args[0].value, str)
-            ):
-                found.append((str(p.relative_to(REPO)), node.lineno, args[0].value))
+            if attr in NAME_CALLS and args and (name := _name_of(args[0])) is not None:
+                found.append((str(p.relative_to(REPO)), node.lineno, name))
             if attr == "set_rodata" and args and isinstance(args[0], ast.Dict):
                 found.extend(
-                    (str(p.relative_to(REPO)), node.lineno, k.value)
+                    (str(p.relative_to(REPO)), node.lineno, name)
                     for k in args[0].keys
-                    if isinstance(k, ast.Constant) and isinstance(k.value, str)
+                    if k is not None and (name := _name_of(k)) is not None
                 )
     return found
 

@@ -456,3 +456,211 @@ def test_cli_faults_without_root_exit_2_before_anything(
     r = CliRunner().invoke(experiment, ["run", "tokenizer-stall", "--db", str(tmp_path / "g.db")])
     assert r.exit_code == 2 and "method: its faults need root" in r.output, r.output
     assert not (tmp_path / "g.db").exists()
+
+
+# ---- runner gaps (issue 16) and the per-class files (issue 15) -----------------------------
+
+CLASS_FILES = [
+    "cuda-launch-failed-degrade",
+    "cuda-ctx-destroyed-degrade",
+    "cuda-stream-stall-p99",
+    "cuda-oom-leak-held",
+    "unicode-adversarial",
+    "over-limit-prompts",
+    "tokenizer-race",
+    "tokenizer-cache-skew",
+]
+
+
+@pytest.mark.parametrize("name", sorted(F.all_names()))
+def test_every_shipped_file_loads_and_each_step_is_a_fault_or_traffic(name: str) -> None:
+    e = F.load(name)
+    assert e.name == name and e.title and e.description
+    for s in e.steps:
+        assert bool(s.specs) != (s.traffic is not None), s
+    for k in e.knobs.values():
+        assert k.help
+
+
+def test_the_class_files_are_shipped_and_in_the_docs_table() -> None:
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "experiments.md").read_text()
+    for name in CLASS_FILES:
+        assert name in F.all_names(), name
+        assert f"| `{name}` |" in doc, name
+
+
+STEP = """
+name = "steps"
+version = 1
+title = "t"
+[target]
+url = "http://127.0.0.1:9"
+pid = 4242
+[[method]]
+fault = { lib = "libcuda", fn = "cuMemAlloc_v2", action = "fail", ret = 2 }
+duration = "2s"
+EXTRA
+"""
+
+
+def _steps(tmp_path: Path, extra: str) -> F.Experiment:
+    return F.load(str(write(tmp_path, STEP.replace("EXTRA", extra))))
+
+
+def test_a_step_pid_tid_and_arm_timeout(tmp_path: Path) -> None:
+    s = _steps(tmp_path, 'pid = "{rank1_pid}"\narm_timeout = "120s"').steps[0]
+    assert (s.pid, s.tid, s.arm_timeout) == ("{rank1_pid}", None, 120.0)
+    s = _steps(tmp_path, 'tid = "{rank2_tid}"').steps[0]
+    assert s.tid == "{rank2_tid}" and s.arm_timeout is None
+    assert _steps(tmp_path, "pid = 1234").steps[0].pid == "1234"
+    # rankN facts are known placeholders in probes and commands too
+    e = _steps(
+        tmp_path,
+        '[probes.r1]\nkind = "process"\npid = "{rank1_pid}"\nmode = "continuous"',
+    )
+    assert "r1" in e.probes
+
+
+@pytest.mark.parametrize(
+    ("extra", "key", "what"),
+    [
+        ('pid = "{url}"', "method[1].pid", "give a number or one fact"),
+        ("pid = 0", "method[1].pid", "not a process id"),
+        ('pid = "{rank1_pid} x"', "method[1].pid", "give a number or one fact"),
+        ('tid = "{worker_tid}"\nthread = "gf-worker"', "method[1].tid", "keep one"),
+        ('arm_timeout = "soon"', "method[1].arm_timeout", "not a duration"),
+        ('pid = "{rank_pid}"', "method", "neither a knob"),
+    ],
+)
+def test_bad_step_targets(tmp_path: Path, extra: str, key: str, what: str) -> None:
+    with pytest.raises(F.ExperimentError) as ei:
+        _steps(tmp_path, extra)
+    msg = str(ei.value)
+    assert "\n" not in msg and key in msg and what in msg, msg
+
+
+TRAFFIC = """
+name = "traffic"
+version = 1
+title = "t"
+[target]
+url = "http://127.0.0.1:9"
+pid = 4242
+[[method]]
+traffic = { TABLE }
+duration = "2s"
+"""
+
+
+def _traffic(tmp_path: Path, table: str) -> F.Experiment:
+    return F.load(str(write(tmp_path, TRAFFIC.replace("TABLE", table))))
+
+
+def test_a_traffic_step(tmp_path: Path) -> None:
+    s = _traffic(tmp_path, 'corpus = "unicode", rate = 7, max_bad = "2%"').steps[0]
+    t = s.traffic
+    assert t is not None and not s.specs and s.label == "traffic"
+    assert (t.corpus, t.rate, t.ok_status, t.max_bad) == ("unicode", 7.0, (200, 499), 0.02)
+    t2 = _traffic(tmp_path, 'prompts = ["a", "b"], ok_status = [200, 299]').steps[0].traffic
+    assert t2 is not None and t2.corpus == "prompts" and t2.ok_status == (200, 299)
+
+
+@pytest.mark.parametrize(
+    ("table", "key", "what"),
+    [
+        ('corpus = "klingon"', "traffic.corpus", "use one of"),
+        ("ok_status = [500, 200]", "traffic.ok_status", "status range"),
+        ("ok_status = 200", "traffic.ok_status", "status range"),
+        ("max_bad = 1.5", "traffic.max_bad", "share"),
+        ('corpus = "prompts"', "traffic.prompts", "needs prompts"),
+        ('corpus = "hot", prompts = ["a"]', "traffic.prompts", "are for corpus"),
+        ("colour = 1", "traffic.colour", "unknown key"),
+    ],
+)
+def test_bad_traffic_steps(tmp_path: Path, table: str, key: str, what: str) -> None:
+    with pytest.raises(F.ExperimentError) as ei:
+        _traffic(tmp_path, table)
+    msg = str(ei.value)
+    assert "\n" not in msg and key in msg and what in msg, msg
+
+
+def test_traffic_steps_take_no_process(tmp_path: Path) -> None:
+    text = TRAFFIC.replace("TABLE", 'corpus = "hot"').replace(
+        'duration = "2s"', 'duration = "2s"\npid = "{rank1_pid}"'
+    )
+    with pytest.raises(F.ExperimentError, match=r"method\[1\]\.pid: a traffic step"):
+        F.load(str(write(tmp_path, text)))
+
+
+def test_rank_facts_and_step_targets(tmp_path: Path) -> None:
+    import os
+
+    from pyctl.experiment import runner as R
+
+    info = {"ranks": [{"rank": 0, "pid": 10, "worker_tid": 11}, {"rank": 1, "pid": 20}]}
+    assert R.rank_facts(info) == {"rank0_pid": 10, "rank0_tid": 11, "rank1_pid": 20}
+    assert R.rank_facts({"ranks": "no"}) == {}
+    e = _steps(tmp_path, 'pid = "{rank1_pid}"')
+    me = os.getpid()
+    assert R.step_target(e, e.steps[0], {"pid": 1, "rank1_pid": me}) == (me, None)
+    with pytest.raises(F.ExperimentError, match=r"method\[1\]\.pid: the target has no fact"):
+        R.step_target(e, e.steps[0], {"pid": me})
+    # a tid gives its process; a tid of another process than the pid is refused
+    e = _steps(tmp_path, "tid = " + str(me))
+    assert R.step_target(e, e.steps[0], {"pid": 1}) == (me, me)
+    e = _steps(tmp_path, f"tid = {me}\npid = 1")
+    with pytest.raises(F.ExperimentError, match=r"belongs to pid"):
+        R.step_target(e, e.steps[0], {"pid": 1})
+
+
+def test_the_arm_timeout_reaches_the_host(tmp_path: Path) -> None:
+    h = LocalFaultHost(str(tmp_path / "gf.db"), arm_timeout=60.0)
+    seen: list[float] = []
+
+    class Fake:
+        def __init__(self, t: float | None) -> None:
+            self.step = StepRequest(0, "s", None, {}, {}, [], 1.0, 1, arm_timeout=t)
+
+        def wait_armed(self, timeout: float) -> None:
+            seen.append(timeout)
+
+    h.armed(Fake(120.0))  # type: ignore[arg-type]
+    h.armed(Fake(None))  # type: ignore[arg-type]
+    assert seen == [120.0, 60.0]
+
+
+def test_corpora_are_exact_where_the_class_needs_it() -> None:
+    from pyctl.experiment import corpora as C
+    from pyctl.service.tokenizer import ServiceTokenizer
+
+    tok = ServiceTokenizer(1000)
+
+    def load(corpus: str) -> F.Load:
+        return F.Load(10, "x", 2, 2.0, "/v1/completions", 4, corpus=corpus, max_len=500)
+
+    over = C.cases(load("over-limit"), 10)
+    assert over is not None
+    room = 256 - 2
+    counts = [len(tok.encode(json.loads(b)["prompt"])) for _n, b in over]
+    assert counts[: len(C.OVER_BY)] == [room + k for k in C.OVER_BY], counts
+    assert counts[-1] >= 2560
+    at = C.cases(load("at-limit"), 10)
+    assert at is not None and len(tok.encode(json.loads(at[0][1])["prompt"])) == room
+    uni = C.cases(load("unicode"), 10)
+    assert uni is not None
+    names = dict(uni)
+    assert b"\\ud800" in names["lone_surrogate/high"]  # a JSON escape
+    assert b"\xff\xfe" in names["invalid_utf8/ff-fe"]  # raw bytes in the body
+    cold = C.bodies(load("cold"), 50)
+    assert cold is not None and len(set(cold)) == 50
+    assert C.bodies(load("prompt"), 5) is None
+
+
+def test_same_as_first_tolerance() -> None:
+    from pyctl.experiment.probes import ProbeError, Tolerance
+
+    t = Tolerance.from_toml({"same_as": "first"}, "x")
+    assert t.check("abc") and t.check("abc") and not t.check("abd") and not t.check(None)
+    assert str(t) == "same as the first sample"
+    with pytest.raises(ProbeError, match="same_as"):
+        Tolerance.from_toml({"same_as": "last"}, "x")

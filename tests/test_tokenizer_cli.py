@@ -56,7 +56,7 @@ def test_fuzz_stores_redacted_rows(tmp_path: Path) -> None:
     assert one["input_sha256"] == hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
     assert one["input_len"] == 7 and one["input_bytes"] == 9
     run_row = sqlite_utils.Database(db)["runs"].get(run_id)
-    assert run_row["kind"] == "tokenizer-fuzz" and run_row["status"] == "done"
+    assert run_row["kind"] == "tokenizer:fuzz" and run_row["status"] == "done"
     assert (db.stat().st_mode & 0o777) == 0o600
 
 

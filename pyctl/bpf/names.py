@@ -28,7 +28,7 @@ class Main:
     FIRES = "fires"  # ringbuf: struct gf_fire_event, struct gf_proc_event
     MAPS = (SPECS, COUNTERS, STATS, INFLIGHT, PENDING, FOLLOW, WATCHED, TASKS, EVENTS, FIRES)
     # programs: one entry and one return program is loaded per run
-    # (capabilities.select_programs), the two tracepoints always.
+    # (pyctl/engine/mechanism.py: Plan.programs), the two tracepoints always.
     ENTRY = "gf_entry"
     ENTRY_REGS = "gf_entry_regs"
     RETURN = "gf_return"

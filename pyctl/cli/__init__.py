@@ -45,12 +45,42 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'pyctl.cli' has no attribute {name!r}")
 
 
+# `trace` and `inject` against a running process: their start-up is the
+# time to probes live, so they register alone instead of importing every
+# command module (reports, service, experiments: ~0.1-0.2 s). Refs as in
+# commands.COMMANDS (tests/test_symbols_store.py checks they are there).
+FAST_COMMANDS = {"trace": "pyctl.cli.trace:trace", "inject": "pyctl.cli.inject:inject"}
+
+
+def _only_run_command(argv: list[str]) -> Any:
+    """The root group with only argv's command in it, when that is one of
+    FAST_COMMANDS after the root's own options; else None (every command)."""
+    i = 0
+    while i < len(argv) and argv[i] in ("--debug", "--db") or (
+        i < len(argv) and argv[i].startswith("--db=")
+    ):
+        i += 2 if argv[i] == "--db" else 1
+    ref = FAST_COMMANDS.get(argv[i]) if i < len(argv) else None
+    if ref is None:
+        return None
+    import importlib
+
+    from pyctl.cli.root import cli as root
+
+    module, attr = ref.split(":")
+    root.add_command(getattr(importlib.import_module(module), attr))
+    return root
+
+
 def main(argv: list[str] | None = None) -> None:
     """The `gpufault` entry point: every command group under one error
     contract (pyctl/errors.py): exit 2 and one line for what the user or
     the machine must change, 70 and one line for a bug, 130 for Ctrl-C."""
     from pyctl import errors
-    from pyctl.cli.commands import cli
+
+    cli = _only_run_command(sys.argv[1:] if argv is None else argv)
+    if cli is None:
+        from pyctl.cli.commands import cli
 
     try:
         rc = cli.main(args=argv, prog_name="gpufault", standalone_mode=False)

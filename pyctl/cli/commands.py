@@ -24,6 +24,7 @@ COMMANDS = (
     "pyctl.cli.inject:release",
     "pyctl.cli.show:faults",
     "pyctl.cli.show:show",
+    "pyctl.cli.timeline:timeline",
     "pyctl.cli.demo:demo",
     "pyctl.cli.template:template",
     "pyctl.cli.hooks:hooks_group",

@@ -120,11 +120,14 @@ def probes(lib: str | None, pid: int | None, fn_pattern: tuple[str, ...], as_jso
             for r in rows:
                 click.echo(f"{r['lib']:7} {r['function']}({r['args']})")
         return
+    from pyctl.demangle import demangle
+
     L = resolve.find_library(lib, pid)
     syms = resolve.symbols(L, list(fn_pattern) or ["*"])
     rows = [
         {
-            "function": s.name,
+            "function": s.name,  # as in the file: what --fn takes
+            "demangled": demangle(s.name),
             "aliases": s.aliases,
             "address": s.address,
             "offset": s.offset,
@@ -139,11 +142,18 @@ def probes(lib: str | None, pid: int | None, fn_pattern: tuple[str, ...], as_jso
             json.dumps({"library": L.display, "mapped": L.mapped, "functions": rows}, indent=2)
         )
         return
-    click.echo(f"{L.display} ({'mapped' if L.mapped else 'on disk'}), {len(rows)} functions")
+    names = sum(1 + len(r["aliases"]) for r in rows)
+    click.echo(
+        f"{L.display} ({'mapped' if L.mapped else 'on disk'}), {len(rows)} functions"
+        + (f" ({names} names: aliases share one probe site)" if names > len(rows) else "")
+    )
     for r in rows:
         note = (
             "SLOW (single-stepped)"
             if r["slow"]
             else ("after endbr64" if r["skipped_endbr64"] else "")
         )
-        click.echo(f"  {r['function']:40} +{r['offset']:#x} {r['first_insn']:8} {note}")
+        # Aliases (cuMemAlloc = cuMemAlloc_v2) are one address: shown beside
+        # the name, never hidden (--fn takes any of them).
+        shown = " = ".join([r["demangled"], *(demangle(a) for a in r["aliases"])])
+        click.echo(f"  {shown:40} +{r['offset']:#x} {r['first_insn']:8} {note}")

@@ -9,14 +9,21 @@ so that `--help` lists them; the child parses them again.
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
+from typing import Any
 
 import click
 
 from pyctl import paths
-from pyctl.cli.options import DURATION
+from pyctl.cli.base import UserError, user_errors
+from pyctl.cli.options import DURATION, db_option
 
 
 def _hooks_module(name: str, args: list[str]) -> int:
@@ -30,6 +37,52 @@ def hooks_group() -> None:
     """In-process faults: VRAM pressure, Tensor Core bit flips, LD_PRELOAD shim."""
 
 
+def _forwarding_signals(child: subprocess.Popen[Any]) -> None:
+    """SIGTERM (and a SIGINT sent to us alone) goes to the child, which
+    releases and says so; we keep reading until it has."""
+
+    def forward(signo: int, _frame: object) -> None:
+        if child.poll() is None:
+            child.send_signal(signo)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+
+
+def _vram_child(args: list[str], db_path: str, spec: dict[str, Any]) -> int:
+    """Run vram_pressure, echo its JSON lines, store the hold as a fault
+    (pyctl/hooks/record.py); the store is opened only once it holds."""
+    from pyctl.hooks.record import VramRun
+
+    rec = VramRun(db_path, sys.argv, spec)
+    child = subprocess.Popen(
+        paths.module_argv("pyctl.hooks.vram_pressure", args), stdout=subprocess.PIPE, text=True
+    )
+    old = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    _forwarding_signals(child)
+    code = 1
+    try:
+        assert child.stdout is not None
+        for line in child.stdout:
+            click.echo(line, nl=False)
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            rec.event(event)
+        code = child.wait()
+    finally:
+        if child.poll() is None:  # we failed, not the child: it must not hold on
+            child.terminate()
+            code = child.wait()
+        signal.signal(signal.SIGTERM, old[0])
+        signal.signal(signal.SIGINT, old[1])
+        run_id = rec.end(code)
+    if run_id:
+        click.echo(f"run {run_id}: fault {run_id}-1 in {db_path}", err=True)
+    return code
+
+
 @hooks_group.command(name="vram-pressure")
 @click.option("--share", type=float, required=True, help="Share of FREE GPU memory, 0..1.")
 @click.option(
@@ -38,21 +91,24 @@ def hooks_group() -> None:
 @click.option("--device", type=int, default=0, show_default=True, help="CUDA device index")
 @click.option(
     "--allocator",
-    type=click.Choice(["auto", "cupy", "torch"]),
+    type=click.Choice(["auto", "cupy", "torch", "host-double"]),
     default="auto",
     show_default=True,
-    help="who allocates the memory (auto: cupy, else torch)",
+    help="who allocates the memory (auto: cupy, else torch; host-double: a test double"
+    " in host memory, no GPU)",
 )
-def vram_pressure(share: float, duration: float, device: int, allocator: str) -> None:
+@db_option()
+@user_errors
+def vram_pressure(share: float, duration: float, device: int, allocator: str, db_path: str) -> None:
     """Hold a share of free VRAM in a separate process, checked with NVML.
 
     \b
     Example:
         gpufault hooks vram-pressure --share 0.5 --duration 30
     """
+    spec = {"share": share, "duration": duration, "device": device, "allocator": allocator}
     sys.exit(
-        _hooks_module(
-            "vram_pressure",
+        _vram_child(
             [
                 "--share",
                 str(share),
@@ -63,6 +119,8 @@ def vram_pressure(share: float, duration: float, device: int, allocator: str) ->
                 "--allocator",
                 allocator,
             ],
+            db_path,
+            spec,
         )
     )
 
@@ -86,8 +144,10 @@ _TC_AS = ["fp16", "bf16", "fp32", "int8"]  # pyctl.hooks.bitflip.DTYPES (torch: 
 @click.option("--device", help="torch device [cpu]")
 @click.option("--bits", help="comma-separated bit specs [all]")
 @click.option("--json", "as_json", is_flag=True, default=None, help="JSON instead of a table")
+@db_option()
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def tc_measure(args: tuple[str, ...], **given: object) -> None:
+@user_errors
+def tc_measure(args: tuple[str, ...], db_path: str, **given: object) -> None:
     """Divergence per flipped bit on a tiny random transformer (table).
 
     \b
@@ -101,7 +161,19 @@ def tc_measure(args: tuple[str, ...], **given: object) -> None:
             continue
         flag = names.get(key, "--" + key.replace("_", "-"))
         argv += [flag] if value is True else [flag, str(value)]
-    sys.exit(_hooks_module("tc_measure", [*argv, *args]))
+    # Per-layer flip counts come back in a private file; stored once it ran.
+    with tempfile.TemporaryDirectory(prefix="tc-measure-") as tmp:
+        events = Path(tmp) / "events.jsonl"
+        code = _hooks_module("tc_measure", [*argv, *args, "--gf-events", str(events)])
+        if code == 0 and events.exists():
+            from pyctl.hooks.record import record_tc
+
+            spec = {k: v for k, v in given.items() if k != "as_json"}
+            rows = [json.loads(x) for x in events.read_text().splitlines() if x]
+            run_id, n = record_tc(db_path, sys.argv, spec, rows)
+            click.echo(f"run {run_id}: {n} bit-flip faults (one per bit spec and layer)"
+                       f" in {db_path}", err=True)
+    sys.exit(code)
 
 
 @hooks_group.command(name="preload-env")
@@ -127,6 +199,16 @@ def preload_env(rules: str, log: str, so: str) -> None:
     Example:
         eval "$(gpufault hooks preload-env 'cuMemAlloc_v2:nth=3:ret=2')" && ./app
     """
+    _check_rules(rules, so)
+    for k, v in (
+        ("LD_PRELOAD", so),
+        ("GPUFAULT_PRELOAD", rules),
+        ("GPUFAULT_PRELOAD_LOG", str(Path(log).absolute())),
+    ):
+        click.echo(f"export {k}='{v}'")
+
+
+def _check_rules(rules: str, so: str) -> None:
     if not Path(so).exists():
         raise click.ClickException(f"{so} is missing: build it with make build")
     # Let the shim itself validate the rules: one parser, one error text.
@@ -138,9 +220,64 @@ def preload_env(rules: str, log: str, so: str) -> None:
     )
     if chk.returncode != 0:
         raise click.ClickException(chk.stderr.strip())
-    for k, v in (
-        ("LD_PRELOAD", so),
-        ("GPUFAULT_PRELOAD", rules),
-        ("GPUFAULT_PRELOAD_LOG", str(Path(log).absolute())),
-    ):
-        click.echo(f"export {k}='{v}'")
+
+
+_SO_HELP = "The shim; make build puts it in pyctl/data/preload/."
+
+
+@hooks_group.command(name="preload", context_settings={"ignore_unknown_options": True})
+@click.argument("rules")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.option("--so", "so", default=str(paths.PRELOAD_SHIM), show_default=True, help=_SO_HELP)
+@db_option()
+@user_errors
+def preload(rules: str, command: tuple[str, ...], so: str, db_path: str) -> None:
+    """Run a program under the LD_PRELOAD shim; each fire becomes a fault.
+
+    The shim's JSON lines go to a private file and are imported into the
+    store when the program ends (also after Ctrl-C); exits with its status.
+
+    \b
+    Example:
+        gpufault hooks preload 'cuMemAlloc_v2:nth=3:ret=2' -- python train.py
+    """
+    from pyctl.hooks.record import import_preload
+
+    _check_rules(rules, so)
+    with tempfile.TemporaryDirectory(prefix="preload-log-") as tmp:
+        log = Path(tmp) / "fires.jsonl"
+        env = {**os.environ, "LD_PRELOAD": so, "GPUFAULT_PRELOAD": rules,
+               "GPUFAULT_PRELOAD_LOG": str(log)}
+        started = time.time()
+        try:
+            child = subprocess.Popen(list(command), env=env)
+        except OSError as e:
+            raise UserError(f"{command[0]}: {e.strerror}: pass a program that exists") from None
+        try:
+            code = child.wait()
+        except KeyboardInterrupt:
+            # The terminal's SIGINT reached the program too: wait for it,
+            # then import what it logged.
+            code = child.wait()
+        run_id, n = import_preload(db_path, sys.argv, log, rules, exit_code=code,
+                                   started=started)
+    click.echo(f"run {run_id}: {n} fault(s) from the shim in {db_path}", err=True)
+    sys.exit(code if code >= 0 else 128 - code)
+
+
+@hooks_group.command(name="preload-import")
+@click.argument("log", type=click.Path(exists=True, dir_okay=False))
+@click.option("--rules", default="", help="the GPUFAULT_PRELOAD rules the program ran with")
+@db_option()
+@user_errors
+def preload_import(log: str, rules: str, db_path: str) -> None:
+    """Import a shim log (GPUFAULT_PRELOAD_LOG of preload-env) as a run.
+
+    \b
+    Example:
+        gpufault hooks preload-import gfpreload.jsonl --rules 'cuMemAlloc_v2:nth=3:ret=2'
+    """
+    from pyctl.hooks.record import import_preload
+
+    run_id, n = import_preload(db_path, sys.argv, Path(log), rules)
+    click.echo(f"run {run_id}: {n} fault(s) from {log} in {db_path}")

@@ -128,9 +128,32 @@ def start(
     run_specs(specs, run_settings(kind, **run), cmd=cmd, on_end=on_end, **target)
 
 
+class _NoMetrics:
+    """What run_specs asks of Metrics, doing nothing (no --metrics-addr)."""
+
+    enabled = False
+    url = ""
+
+    def on_fire(self, row: dict[str, Any]) -> None:
+        pass
+
+    def set_faults_active(self, n: int) -> None:
+        pass
+
+    def set_totals(self, **_: Any) -> None:
+        pass
+
+    def close(self, final_scrape_s: float = 0.0) -> None:
+        pass
+
+
 def _metrics(options: RunOptions) -> Any:
     """gpufault's own /metrics for this run (pyctl/observe/metrics.py), or
     its no-op instance without --metrics-addr."""
+    if not options.metrics_addr:
+        # Not importing the exporter (prometheus_client, http.server: ~0.1 s)
+        # is part of the time to probes live.
+        return _NoMetrics()
     from pyctl.observe.metrics import Metrics
 
     m = Metrics.start(options.metrics_addr)
@@ -140,9 +163,11 @@ def _metrics(options: RunOptions) -> Any:
 
 
 def fire_line(row: dict[str, Any]) -> str:
+    from pyctl.demangle import demangle
+
     ret = f" -> {row['retval']}" if row.get("retval") is not None else ""
     return (
-        f"FAULT {row['fault_id']}  {row['function']}  pid {row['pid']} tid {row['tid']} "
+        f"FAULT {row['fault_id']}  {demangle(row['function'])}  pid {row['pid']} tid {row['tid']} "
         f"({row['comm']})  call #{row['call_seq']}  {row['action']}{ret} "
         f"[{row['mechanism']}]"
     )
@@ -215,8 +240,10 @@ def run_specs(
         metrics.set_faults_active(sum(1 for s in specs if s.action != "observe"))
         who = f"pid {pid}" if pid else (f"tid {tid}" if tid else (" ".join(cmd) or "all processes"))
         what = "; ".join(s.describe() for s in specs)
-        fns = ", ".join(sorted({a.sym.name for a in eng.atts}))
-        slow = [a.sym.name for a in eng.atts if a.sym.slow]
+        from pyctl.demangle import demangle
+
+        fns = ", ".join(sorted({demangle(a.sym.name) for a in eng.atts}))
+        slow = [demangle(a.sym.name) for a in eng.atts if a.sym.slow]
         verb = "Tracing" if options.kind == "trace" else "Injecting"
         click.echo(
             f"{verb} {what} in {who} [run {eng.run_id}, mechanism {eng.mechanism}] "

@@ -119,7 +119,31 @@ class Code(_Type):
         return code_names(ctx, param, incomplete)
 
 
+class Since(_Type):
+    """10m, 2h (that long ago) or an ISO time (2026-12-01T11:00, local time
+    unless it names a zone) -> Unix time (float): `faults --since`."""
+
+    name = "SINCE"
+
+    def parse(self, value: str, what: str) -> float:
+        import datetime as dt
+        import time
+
+        try:
+            return time.time() - S.parse_duration(value, what, allow_zero=True)
+        except S.SpecError:
+            pass
+        try:
+            return dt.datetime.fromisoformat(value.strip()).timestamp()
+        except ValueError:
+            raise S.SpecError(
+                f"{what}: {value!r} is neither a duration (10m, 2h) nor an ISO time "
+                "(2026-12-01T11:00:00)"
+            ) from None
+
+
 DURATION = Duration()
+SINCE = Since()
 SIZE = Size()
 PROBABILITY = Probability()
 SIGNAL = Signal()
@@ -334,6 +358,7 @@ __all__ = [
     "DURATION",
     "PROBABILITY",
     "SIGNAL",
+    "SINCE",
     "SIZE",
     "Assignment",
     "Code",

@@ -4,64 +4,119 @@
 from __future__ import annotations
 
 import json
+import os
+from typing import Any
 
 import click
 
 from pyctl.cli.base import UserError, open_existing, user_errors
 from pyctl.cli.completion import fault_ids
-from pyctl.cli.options import db_option, json_option
+from pyctl.cli.options import SINCE, db_option, json_option
 
 
 @click.command()
 @db_option()
 @click.option("--run", "run_id", default=None, help="only this run")
+@click.option(
+    "--function", "function", default=None, help="only functions matching this glob (cuMem*)"
+)
+@click.option("--since", type=SINCE, default=None, help="fired since: 10m, 2h ago, or an ISO time")
 @click.option("--limit", default=50, show_default=True, help="at most this many faults")
 @json_option
-def faults(db_path: str, run_id: str | None, limit: int, as_json: bool) -> None:
+def faults(
+    db_path: str,
+    run_id: str | None,
+    function: str | None,
+    since: float | None,
+    limit: int,
+    as_json: bool,
+) -> None:
     """List fired faults, newest first.
 
     \b
-    Example:
+    Examples:
       gpufault faults --limit 10
+      gpufault faults --function 'cuMem*' --since 10m
+      gpufault faults --run 1a2b3c4d --since 2026-12-01T11:00
     """
     from pyctl import query
 
     db = open_existing(db_path)
-    rows = query.faults(db, run_id=run_id, limit=limit)
+    rows = query.faults(db, run_id=run_id, limit=limit, function=function, since=since)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
     if not rows:
-        click.echo("no faults recorded")
+        click.echo("no faults recorded" + (" that match" if run_id or function or since else ""))
         return
-    click.echo(f"{'FAULT':14} {'FUNCTION':24} {'ACTION':8} {'RET':>6} {'PID':>7} {'TID':>7} LINKS")
+    click.echo(render_faults(rows))
+
+
+def render_faults(rows: list[dict[str, Any]]) -> str:
+    """One line a fault, 80 columns: the time of day (local), the library's
+    file name, the function, the action, the return value, pid, links."""
+    from pyctl import words
+
+    fw = max(12, *(len(r["fault_id"]) for r in rows))
+    out = [
+        f"{'FAULT':{fw}} {'TIME':8} {'LIBRARY':12} {'FUNCTION':17} {'ACTION':7} "
+        f"{'RET':>5} {'PID':>7} LINKS"
+    ]
     for r in rows:
         ret = "" if r["ret"] is None else str(r["ret"])
-        click.echo(
-            f"{r['fault_id']:14} {r['function'][:24]:24} {r['action']:8} {ret:>6} "
-            f"{r['pid']:>7} {r['tid']:>7} {r['links']}"
+        lib = os.path.basename(r["library"] or "-")
+        pid = "-" if r["pid"] is None else str(r["pid"])  # a layer's fault may have none
+        out.append(
+            f"{r['fault_id']:{fw}} {words.wall_time(r['wall'], '%H:%M:%S'):8} {lib[:12]:12} "
+            f"{(r['function'] or '-')[:17]:17} {r['action'] or '-':7} {ret:>5} {pid:>7} "
+            f"{r['links']}"
         )
+    return "\n".join(out)
 
 
 @click.command()
-@click.argument("fault_id", shell_complete=fault_ids)
+@click.argument("fault_id", metavar="FAULT_ID|RUN|latest", shell_complete=fault_ids)
 @db_option()
 @json_option
 @user_errors
 def show(fault_id: str, db_path: str, as_json: bool) -> None:
-    """Everything known about one fault: call, registers, stack, what followed.
+    """Everything known about a fault: call, registers, stack, what followed.
+
+    FAULT_ID is one fault; `latest` the newest one; a run id every fault
+    of that run, in fire order (--json: a list).
 
     \b
-    Example:
+    Examples:
       gpufault show 1a2b3c4d-1
+      gpufault show latest
+      gpufault show 1a2b3c4d
     """
     from pyctl import query
 
     db = open_existing(db_path)
-    doc = query.fault_chain(db, fault_id)
-    if doc is None:
-        raise UserError(f"no fault {fault_id} in {db_path}: list them with `gpufault faults`")
-    if as_json:
-        click.echo(json.dumps(doc, indent=2))
+    ids: list[str] | None = None
+    one = True
+    if fault_id in ("latest", "last"):
+        latest = query.latest_fault(db)
+        if latest is None:
+            raise UserError(f"no fault recorded in {db_path}: run gpufault inject first")
+        ids = [latest]
+    elif "-" not in fault_id and (ids := query.run_fault_ids(db, fault_id)) is not None:
+        one = False
+        if not ids:
+            raise UserError(
+                f"run {fault_id} has no faults: see its calls with `gpufault calls {fault_id}` "
+                f"or its events with `gpufault timeline {fault_id}`"
+            )
     else:
-        click.echo(query.render_chain(doc))
+        ids = [fault_id]
+    docs = []
+    for fid in ids:
+        doc = query.fault_chain(db, fid)
+        if doc is None:
+            raise UserError(f"no fault {fid} in {db_path}: list them with `gpufault faults`")
+        docs.append(doc)
+    if as_json:
+        click.echo(json.dumps(docs[0] if one else docs, indent=2))
+    else:
+        click.echo("\n\n".join(query.render_chain(d) for d in docs))

@@ -21,6 +21,7 @@ SCHEMA_VERSION and add the migration from the previous version.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -468,6 +469,160 @@ TABLES: tuple[Table, ...] = (
 
 BY_NAME: dict[str, Table] = {t.name: t for t in TABLES}
 
+
+# ---- views: the friendly forms (hex addresses, names, UTC times) ---------------
+# For sqlite3 and Datasette users (pyctl/evidence/datasette.json describes
+# them); gpufault's own readers use the tables. Derived data only: a view
+# that is missing or whose SQL changed (a catalog gained codes) is created
+# again by ensure_schema, or shadowed by a TEMP view for a read-only reader,
+# with no SCHEMA_VERSION bump. Documented in docs/schema.md ("# Views").
+
+
+def _lit(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _code_case(col: str, lib_col: str = "library") -> str:
+    """CASE naming `col` from the catalog of the library `lib_col` is
+    (CUDA_ERROR_OUT_OF_MEMORY): the same tables `show` names codes from."""
+    try:
+        from pyctl import catalog
+        from pyctl.catalog.registry import LIBRARIES
+    except Exception:  # noqa: BLE001 - no catalog: numbers only
+        return "NULL"
+    arms = []
+    for lib in LIBRARIES:
+        codes = catalog.codes(lib) or {}
+        if not codes:
+            continue
+        whens = " ".join(f"WHEN {int(v)} THEN {_lit(n)}" for v, n in sorted(codes.items()))
+        globs = " OR ".join(f"{lib_col} GLOB {_lit('*' + g)}" for g in catalog.lib_globs(lib))
+        arms.append(f"WHEN {globs} THEN CASE {col} {whens} END")
+    return f"CASE {' '.join(arms)} END" if arms else "NULL"
+
+
+def _signal_case(col: str) -> str:
+    import signal as _signal
+
+    whens = " ".join(
+        f"WHEN {int(s)} THEN {_lit(s.name)}"
+        for s in sorted(_signal.Signals, key=int)
+        if not s.name.startswith("SIGRT")
+    )
+    return f"CASE {col} {whens} ELSE 'signal ' || {col} END"
+
+
+def _utc(col: str) -> str:
+    return f"strftime('%Y-%m-%d %H:%M:%f', {col}, 'unixepoch')"
+
+
+def _hex(col: str, width: int = 0) -> str:
+    # printf's %x reads a negative 64-bit integer as its unsigned value.
+    fmt = f"0x%0{width}x" if width else "0x%x"
+    return f"CASE WHEN {col} IS NOT NULL THEN printf('{fmt}', {col}) END"
+
+
+def _views() -> dict[str, str]:
+    detail = "json_extract(l.detail, '$.{}')".format
+    return {
+        "faults_readable": (
+            "SELECT f.fault_id, f.run_id, " + _utc("f.wall") + " AS time_utc, f.function, "
+            "f.library, f.action, f.mechanism, f.retval, "
+            + _code_case("f.retval", "f.library")
+            + " AS retval_name, f.ret, "
+            + _code_case("f.ret", "f.library")
+            + " AS ret_name, f.latency_ns / 1e6 AS latency_ms, f.call_seq, f.pid, f.tid, "
+            "f.comm, CASE json_extract(f.outcome, '$.injected') WHEN 1 THEN 'yes' "
+            "WHEN 0 THEN 'no' END AS injected, coalesce(json_extract(f.outcome, "
+            "'$.copilot.error'), json_extract(f.outcome, '$.corrupt_error'), "
+            "json_extract(f.outcome, '$.error')) AS error, "
+            + _hex("json_extract(f.outcome, '$.corrupt_addr')")
+            + " AS corrupt_addr, (SELECT count(*) FROM links k WHERE k.fault_id = f.fault_id)"
+            " AS links FROM faults f"
+        ),
+        "stacks_readable": (
+            "SELECT s.fault_id, s.depth, " + _hex("s.address", 16) + " AS address, s.symbol, "
+            "s.module, " + _hex("s.offset") + " AS offset FROM stacks s"
+        ),
+        "registers_readable": (
+            "SELECT r.fault_id, r.reg, " + _hex("r.value", 16) + " AS value FROM registers r"
+        ),
+        "args_readable": (
+            "SELECT a.fault_id, a.idx, a.name, " + _hex("a.raw") + " AS raw, a.decoded FROM args a"
+        ),
+        "links_readable": (
+            "SELECT l.id, l.fault_id, l.run_id, l.kind, l.rule, l.ts_ns, l.pid, l.tid, "
+            "CASE l.kind WHEN 'signal' THEN "
+            + _signal_case(detail("signal"))
+            + " || coalesce(': ' || "
+            + detail("cause")
+            + ", ': ' || "
+            + detail("why")
+            + ", '') WHEN 'exit' THEN CASE WHEN "
+            + detail("term_signal")
+            + " > 0 THEN 'killed by ' || "
+            + _signal_case(detail("term_signal"))
+            + " ELSE 'exited with status ' || "
+            + detail("exit_status")
+            + " END WHEN 'error-return' THEN coalesce(fn.symbol, 'func ' || "
+            + detail("func")
+            + ") || ' returned ' || coalesce("
+            + _code_case(detail("ret"), "fn.library")
+            + ", "
+            + detail("ret")
+            + ") ELSE l.detail END AS what FROM links l LEFT JOIN funcs fn ON fn.run_id = "
+            "l.run_id AND fn.func = " + detail("func")
+        ),
+    }
+
+
+VIEW_NAMES = (
+    "faults_readable",
+    "stacks_readable",
+    "registers_readable",
+    "args_readable",
+    "links_readable",
+)
+# Building the views' SQL imports the catalogs (~0.15 s): too slow for every
+# open_db before a trace attaches. A view carries this version in a comment
+# instead, and only a missing or older one is built. VIEWS_SHA256 is the
+# digest of views(): tests/test_datasette.py says when it changed (a
+# catalog gained codes), so that VIEWS_VERSION is bumped with it.
+VIEWS_VERSION = 1
+VIEWS_SHA256 = "75b5268d9217ad1b97b8de7bed9a2f19a62fa560352852cec37416cd380919e1"
+_VIEWS: dict[str, str] | None = None
+
+
+def views() -> dict[str, str]:
+    """name -> SELECT of every view (built once: the catalogs' codes)."""
+    global _VIEWS
+    if _VIEWS is None:
+        _VIEWS = _views()
+    return _VIEWS
+
+
+def view_sql(name: str, *, temp: bool = False) -> str:
+    return (
+        f"CREATE {'TEMP ' if temp else ''}VIEW {_q(name)} AS /* {_VIEW_MARK} */ {views()[name]}"
+    )
+
+
+_VIEW_MARK = f"gpufault views {VIEWS_VERSION}"
+
+
+def views_sha256() -> str:
+    import hashlib
+
+    return hashlib.sha256(json.dumps(views(), sort_keys=True).encode()).hexdigest()
+
+
+def _stale_views(conn: sqlite3.Connection, schema: str = "main") -> list[str]:
+    have = dict(
+        conn.execute(f"SELECT name, sql FROM {schema}.sqlite_master WHERE type = 'view'").fetchall()
+    )
+    return [n for n in VIEW_NAMES if _VIEW_MARK not in (have.get(n) or "")]
+
+
 # The tables pyctl/experiment/evidence.py writes: script(EXPERIMENT_TABLES)
 # is the DDL its EXPERIMENT_DDL can become (one definition, here).
 EXPERIMENT_TABLES = (
@@ -592,6 +747,7 @@ def _complete(conn: sqlite3.Connection) -> bool:
         user_version(conn) == SCHEMA_VERSION
         and {t.name for t in TABLES} <= _names(conn, "table")
         and {n for t in TABLES for n, _ in t.indexes} <= _names(conn, "index")
+        and not _stale_views(conn)
     )
 
 
@@ -613,12 +769,20 @@ def ensure_schema(db: Any) -> None:
     outer = conn.in_transaction
     conn.execute("SAVEPOINT gf_schema" if outer else "BEGIN IMMEDIATE")
     try:
+        if version < SCHEMA_VERSION:
+            # A table rebuild (DROP, then RENAME) fails on a view that names
+            # the table: the views go first and are made again below.
+            for v in VIEW_NAMES:
+                conn.execute(f"DROP VIEW IF EXISTS {_q(v)}")
         for v in range(version, SCHEMA_VERSION):
             MIGRATIONS[v](conn, ref)
         for t in TABLES:
             conn.execute(t.create_sql())
             for s in t.index_sql():
                 conn.execute(s)
+        for v in _stale_views(conn):
+            conn.execute(f"DROP VIEW IF EXISTS {_q(v)}")
+            conn.execute(view_sql(v))
         conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
     except BaseException:
         if outer:
@@ -653,3 +817,8 @@ def overlay(db: Any) -> None:
         conn.execute(
             f"CREATE TEMP VIEW IF NOT EXISTS {_q(t.name)} AS SELECT {sel} FROM main.{_q(t.name)}"
         )
+    # Views a file lacks (or has in an older form): TEMP ones shadow them.
+    temp = _names(conn, "view", "temp")
+    for v in _stale_views(conn):
+        if v not in temp:
+            conn.execute(view_sql(v, temp=True))

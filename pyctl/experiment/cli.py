@@ -16,6 +16,7 @@ import click
 
 from pyctl.cli.base import UserError
 from pyctl.cli.options import Duration, db_option, metrics_addr_option, set_option
+from pyctl.experiment import corpora
 from pyctl.experiment import files as F
 
 
@@ -86,8 +87,8 @@ def describe(e: F.Experiment) -> list[str]:
     if e.load is not None:
         L = e.load
         out.append(
-            f"load: {L.rate:g} requests/s open loop, POST {L.path} prompt "
-            f"{L.prompt!r} max_tokens {L.max_tokens}, timeout {L.timeout:g}s"
+            f"load: {L.rate:g} requests/s open loop, POST {L.path} {corpora.describe(L)} "
+            f"max_tokens {L.max_tokens}, timeout {L.timeout:g}s"
         )
     st = e.steady
     hyp = [
@@ -124,12 +125,27 @@ def describe(e: F.Experiment) -> list[str]:
     out.append("\nmethod:" if e.steps else "\nmethod: no fault (a control experiment)")
     for s in e.steps:
         who = f" thread {s.thread}" if s.thread else ""
+        who += f" pid {s.pid}" if s.pid else ""
+        who += f" tid {s.tid}" if s.tid else ""
         src = (
             f"template {s.template}" + (f" --set {s.sets}" if s.sets else "")
             if s.template
+            else "traffic"
+            if s.traffic is not None
             else "inline fault"
         )
         out.append(f"  {s.idx + 1}. at +{s.start:g}s for {s.duration:g}s{who}: {s.name} ({src})")
+        if s.traffic is not None:
+            t = s.traffic
+            lo, hi = t.ok_status
+            out.append(
+                f"       {t.rate:g} requests/s of {t.corpus} prompts (max_tokens {t.max_tokens}); "
+                f"every answer's status in [{lo}, {hi}]"
+                + (f" but {t.max_bad:.0%}" if t.max_bad else "")
+                + " (a 5xx, a dropped connection or a timeout fails the experiment)"
+            )
+        if s.arm_timeout is not None:
+            out.append(f"       armed within {s.arm_timeout:g}s")
         for sp in s.specs:
             out.append(f"       {sp.describe()}")
     for a in e.aborts:
@@ -349,12 +365,19 @@ def render_results(doc: dict[str, Any]) -> list[str]:
     ]
     out.append("  steps" if doc["steps"] else "  steps     none (control)")
     for s in doc["steps"]:
+        spec = s.get("spec") if isinstance(s.get("spec"), dict) else {}
+        traffic = "traffic" in spec
+        kind = s["template"] or ("traffic" if traffic else "inline")
         out.append(
-            f"    {s['idx'] + 1}. {s['name']} [{s['template'] or 'inline'}] "
+            f"    {s['idx'] + 1}. {s['name']} [{kind}] "
             f"{s['status']}: run {s['run_id'] or '-'}, planned {rel(s['planned_start'])} "
             f"for {s['planned_duration']:g}s, armed {rel(s['started_at'])}, ended "
-            f"{rel(s['ended_at'])}, {s['fires']} fire(s)"
+            f"{rel(s['ended_at'])}, {s['fires']} "
+            + ("request(s)" if traffic else "fire(s)")
+            + (f" into pid {spec['pid']}" if spec.get("pid") else "")
         )
+        if traffic and spec.get("check"):
+            out.append(f"         answers: {spec['check']}")
         for f in s["faults"][:10]:
             out.append(
                 f"         fault {f['fault_id']}  {_short(f['function'])} {f['action']} "

@@ -34,8 +34,21 @@ from pyctl.spec import FaultSpec, SpecError, parse_duration
 SHIPPED = Path(__file__).resolve().parent.parent / "experiments"
 ENV_DIRS = "GPUFAULT_EXPERIMENTS"
 # Facts of the target known only once it runs; probes and commands may use them.
-TARGET_FACTS = ("url", "host", "port", "pid", "worker_tid", "ready_file")
+# A multi-rank target (the ready file's `ranks`, the service's `--ranks 2`)
+# adds rankN_pid and rankN_tid (that rank's process and its gf-worker).
+TARGET_FACTS = ("url", "host", "port", "pid", "worker_tid", "ready_file", "rank1_pid", "rank1_tid")
+_RANK_FACT = re.compile(r"rank\d+_(pid|tid)")
 _PLACEHOLDER = re.compile(r"\{(\w+)\}")
+# Facts that name a process or a thread: what a step's pid / tid may be.
+_PID_FACTS = re.compile(r"pid|worker_tid|rank\d+_(pid|tid)")
+# Prompt sources of [load] and of traffic steps (pyctl/experiment/corpora.py).
+CORPORA = ("prompt", "prompts", "unicode", "over-limit", "at-limit", "hot", "cold")
+
+
+def is_fact(name: str) -> bool:
+    return name in TARGET_FACTS or _RANK_FACT.fullmatch(name) is not None
+
+
 _NAME = re.compile(r"[a-z0-9][a-z0-9-]*")
 
 TOP_KEYS = {
@@ -246,10 +259,16 @@ class Step:
     duration: float
     thread: str | None  # only this thread of the target (its comm), e.g. gf-worker
     specs: list[FaultSpec] = field(default_factory=list)
+    # Another process or thread of the target than the served one: a number
+    # or one fact ("{rank1_pid}"), filled in once the target runs.
+    pid: str | None = None
+    tid: str | None = None
+    arm_timeout: float | None = None  # None: the FaultHost's own (60 s)
+    traffic: Traffic | None = None  # a traffic step: requests, not a fault
 
     @property
     def label(self) -> str:
-        return self.template or "inline"
+        return self.template or ("traffic" if self.traffic is not None else "inline")
 
 
 @dataclass
@@ -270,6 +289,24 @@ class Load:
     timeout: float
     path: str
     concurrency: int
+    # The prompt mix (corpora.bodies): "prompt" (the one above), "prompts"
+    # (the list, in turn), or a generated corpus.
+    corpus: str = "prompt"
+    prompts: list[str] = field(default_factory=list)
+    context: int = 256  # the service's --max-context (over-limit, at-limit)
+    vocab_size: int = 1000  # the service's --vocab-size (its tokenizer, rebuilt here)
+    max_len: int = 20000  # cap of the unicode corpus's long cases (characters)
+
+
+@dataclass
+class Traffic(Load):
+    """A traffic step: a second open-loop load while the step lasts (the
+    adversarial input is the fault). Every answer must have a status in
+    ok_status: a refusal (4xx) is fine, a 5xx, a dropped connection or a
+    timeout is not; `max_bad` is the share allowed outside."""
+
+    ok_status: tuple[int, int] = (200, 499)
+    max_bad: float = 0.0
 
 
 @dataclass
@@ -388,7 +425,7 @@ def _render(v: Any, vals: dict[str, Any]) -> Any:
 
 
 def _render_facts(v: Any, facts: dict[str, Any]) -> Any:
-    return _render(v, {k: facts[k] for k in TARGET_FACTS if facts.get(k) is not None})
+    return _render(v, {k: x for k, x in facts.items() if is_fact(k) and x is not None})
 
 
 def _placeholders(v: Any) -> set[str]:
@@ -493,11 +530,11 @@ def load_file(path: Path, sets: dict[str, str] | None = None) -> Experiment:
         if k == "knobs":
             continue
         for ph in _placeholders(doc[k]):
-            if ph not in knobs and ph not in TARGET_FACTS:
+            if ph not in knobs and not is_fact(ph):
                 raise r.err(
                     k,
                     f"{{{ph}}} is neither a knob nor a target fact "
-                    f"({', '.join(TARGET_FACTS)}): add [knobs.{ph}]",
+                    f"({', '.join(TARGET_FACTS)}, rankN_pid, rankN_tid): add [knobs.{ph}]",
                 )
     rendered = {k: _render(v, values) for k, v in doc.items() if k != "knobs"}
 
@@ -585,19 +622,31 @@ def _target(r: _Reader, doc: dict[str, Any]) -> Target:
         command = r.command(t, "target", "command")
     service = None
     if "service" in t:
-        s = r.table(t, "target.service", {"device", "args"})
+        s = r.table(t, "target.service", {"device", "args", "env"})
         dev = r.str_(s, "target.service", "device", "cpu")
         from pyctl.service.config import DEVICES
 
         if dev not in DEVICES:
             raise r.err("target.service.device", f"{dev!r}: use one of {', '.join(DEVICES)}")
         args = s.get("args", [])
+        if isinstance(args, list):
+            # "{knob}" alone keeps the knob's type: a number is an option value too.
+            args = [
+                str(a) if isinstance(a, (int, float)) and not isinstance(a, bool) else a
+                for a in args
+            ]
         if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
             raise r.err(
                 "target.service.args",
                 "expected a list of strings (the options of `gpufault service`)",
             )
-        service = {"device": dev, "args": list(args)}
+        env = s.get("env", {})
+        if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
+            raise r.err(
+                "target.service.env",
+                'expected a table of strings, e.g. {GF_DOUBLE_MEM_MIB = "24"}',
+            )
+        service = {"device": dev, "args": list(args), "env": dict(env)}
     given = [k for k in ("pid", "command", "service") if k in t]
     if len(given) > 1:
         raise r.err("target", f"{' and '.join(given)} both name the process: keep one")
@@ -620,24 +669,83 @@ def _target(r: _Reader, doc: dict[str, Any]) -> Target:
     )
 
 
+LOAD_KEYS = {
+    "rate",
+    "prompt",
+    "max_tokens",
+    "timeout",
+    "path",
+    "concurrency",
+    "corpus",
+    "prompts",
+    "context",
+    "vocab_size",
+    "max_len",
+}
+
+
 def _load(r: _Reader, doc: dict[str, Any]) -> Load | None:
     if "load" not in doc:
         return None
-    t = r.table(doc, "load", {"rate", "prompt", "max_tokens", "timeout", "path", "concurrency"})
-    rate = r.num(t, "load", "rate", 10, "a number of requests per second")
+    t = r.table(doc, "load", LOAD_KEYS)
+    return Load(**_load_fields(r, t, "load"))
+
+
+def _load_fields(r: _Reader, t: dict[str, Any], key: str) -> dict[str, Any]:
+    """The keys [load] and a traffic step share."""
+    rate = r.num(t, key, "rate", 10, "a number of requests per second")
     if not 0 < rate <= 10000:
-        raise r.err("load.rate", f"{rate:g}: give 0 < rate <= 10000 requests per second")
-    path = r.str_(t, "load", "path", "/v1/completions")
+        raise r.err(f"{key}.rate", f"{rate:g}: give 0 < rate <= 10000 requests per second")
+    path = r.str_(t, key, "path", "/v1/completions")
     if not path.startswith("/"):
-        raise r.err("load.path", f"{path!r}: give a path starting with /")
-    return Load(
-        rate=rate,
-        prompt=r.str_(t, "load", "prompt", "hello world"),
-        max_tokens=r.int_(t, "load", "max_tokens", 4, lo=1),
-        timeout=r.duration(t, "load", "timeout", "5s"),
-        path=path,
-        concurrency=r.int_(t, "load", "concurrency", 64, lo=1),
-    )
+        raise r.err(f"{key}.path", f"{path!r}: give a path starting with /")
+    prompts = t.get("prompts", [])
+    if not isinstance(prompts, list) or not all(isinstance(x, str) for x in prompts):
+        raise r.err(f"{key}.prompts", "expected a list of strings (sent in turn)")
+    corpus = r.str_(t, key, "corpus", "prompts" if prompts else "prompt")
+    if corpus not in CORPORA:
+        raise r.err(f"{key}.corpus", f"{corpus!r}: use one of {', '.join(CORPORA)}")
+    if corpus == "prompts" and not prompts:
+        raise r.err(f"{key}.prompts", 'corpus "prompts" needs prompts = ["...", ...]')
+    if prompts and corpus != "prompts":
+        raise r.err(f"{key}.prompts", f'prompts are for corpus = "prompts", not {corpus!r}')
+    return {
+        "rate": rate,
+        "prompt": r.str_(t, key, "prompt", "hello world"),
+        "max_tokens": r.int_(t, key, "max_tokens", 4, lo=1),
+        "timeout": r.duration(t, key, "timeout", "5s"),
+        "path": path,
+        "concurrency": r.int_(t, key, "concurrency", 64, lo=1),
+        "corpus": corpus,
+        "prompts": list(prompts),
+        "context": r.int_(t, key, "context", 256, lo=8),
+        "vocab_size": r.int_(t, key, "vocab_size", 1000, lo=256),
+        "max_len": r.int_(t, key, "max_len", 20000, lo=1),
+    }
+
+
+def _traffic(r: _Reader, key: str, v: Any) -> Traffic:
+    if not isinstance(v, dict):
+        raise r.err(key, 'expected a table {corpus = "unicode", rate = 10, ...}')
+    r.keys(v, key, LOAD_KEYS | {"ok_status", "max_bad"})
+    fields = _load_fields(r, v, key)
+    ok = v.get("ok_status", [200, 499])
+    if (
+        not isinstance(ok, list)
+        or len(ok) != 2
+        or not all(isinstance(x, int) and not isinstance(x, bool) for x in ok)
+        or not 100 <= ok[0] <= ok[1] <= 599
+    ):
+        raise r.err(f"{key}.ok_status", f"{ok!r}: give a status range such as [200, 499]")
+    bad = v.get("max_bad", 0)
+    if isinstance(bad, str) and bad.strip().endswith("%"):
+        try:
+            bad = float(bad.strip()[:-1]) / 100
+        except ValueError:
+            pass
+    if isinstance(bad, bool) or not isinstance(bad, (int, float)) or not 0 <= bad < 1:
+        raise r.err(f"{key}.max_bad", f'{v.get("max_bad")!r}: give a share such as "1%" or 0')
+    return Traffic(**fields, ok_status=(ok[0], ok[1]), max_bad=float(bad))
 
 
 def _probe_table(r: _Reader, key: str, v: Any) -> tuple[dict[str, Any], str]:
@@ -654,6 +762,7 @@ def _probe_table(r: _Reader, key: str, v: Any) -> tuple[dict[str, Any], str]:
         "pid": os.getpid(),
         "worker_tid": os.getpid(),
     }
+    facts.update({ph: os.getpid() for ph in _placeholders(v) if _RANK_FACT.fullmatch(ph)})
     try:
         p = P.probe_from_toml(
             key.rsplit(".", 1)[-1], _render_facts(copy.deepcopy(v), facts), f"{r.where}: {key}"
@@ -750,10 +859,29 @@ def _method(r: _Reader, doc: dict[str, Any], values: dict[str, Any]) -> list[Ste
     for i, m in enumerate(raw):
         key = f"method[{i + 1}]"
         r.keys(
-            m, key, {"name", "template", "set", "fault", "start", "duration", "parallel", "thread"}
+            m,
+            key,
+            {
+                "name",
+                "template",
+                "set",
+                "fault",
+                "traffic",
+                "start",
+                "duration",
+                "parallel",
+                "thread",
+                "pid",
+                "tid",
+                "arm_timeout",
+            },
         )
-        if ("template" in m) == ("fault" in m):
-            raise r.err(key, 'give exactly one of template = "NAME" or fault = {lib=..., ...}')
+        if sum(k in m for k in ("template", "fault", "traffic")) != 1:
+            raise r.err(
+                key,
+                'give exactly one of template = "NAME", fault = {lib=..., ...} '
+                'or traffic = {corpus = "...", rate = ...}',
+            )
         duration = r.duration(m, key, "duration")
         parallel = r.bool_(m, key, "parallel", False)
         if "start" in m:
@@ -761,9 +889,33 @@ def _method(r: _Reader, doc: dict[str, Any], values: dict[str, Any]) -> list[Ste
         else:
             start = prev_start if parallel else prev_end
         thread = r.str_(m, key, "thread", "") or None
+        pid, tid = _who(r, m, key, "pid"), _who(r, m, key, "tid")
+        if tid is not None and thread is not None:
+            raise r.err(f"{key}.tid", "tid and thread both name the thread: keep one")
+        arm_timeout = r.duration(m, key, "arm_timeout") if "arm_timeout" in m else None
         sets: dict[str, str] = {}
         fault = None
         template = None
+        if "traffic" in m:
+            for k in ("thread", "pid", "tid", "arm_timeout"):
+                if k in m:
+                    raise r.err(f"{key}.{k}", "a traffic step sends requests: remove it")
+            traffic = _traffic(r, f"{key}.traffic", m["traffic"])
+            steps.append(
+                Step(
+                    idx=i,
+                    name=r.str_(m, key, "name", f"traffic {traffic.corpus}"),
+                    template=None,
+                    sets={},
+                    fault=None,
+                    start=start,
+                    duration=duration,
+                    thread=None,
+                    traffic=traffic,
+                )
+            )
+            prev_start, prev_end = start, start + duration
+            continue
         if "template" in m:
             tname = r.str_(m, key, "template")
             s = m.get("set", {})
@@ -813,10 +965,37 @@ def _method(r: _Reader, doc: dict[str, Any], values: dict[str, Any]) -> list[Ste
                 duration=duration,
                 thread=thread,
                 specs=specs,
+                pid=pid,
+                tid=tid,
+                arm_timeout=arm_timeout,
             )
         )
         prev_start, prev_end = start, start + duration
     return steps
+
+
+def _who(r: _Reader, m: dict[str, Any], key: str, name: str) -> str | None:
+    """A step's pid or tid: a number, or one fact naming a process or thread
+    ("{rank1_pid}", "{worker_tid}"), filled in when the target runs."""
+    if name not in m:
+        return None
+    v = m[name]
+    k = f"{key}.{name}"
+    if isinstance(v, int) and not isinstance(v, bool):
+        if v < 1:
+            raise r.err(k, f"{v} is not a process id: give one >= 1")
+        return str(v)
+    if isinstance(v, str):
+        ph = _PLACEHOLDER.fullmatch(v.strip())
+        if ph and _PID_FACTS.fullmatch(ph.group(1)):
+            return v.strip()
+        if v.strip().isdigit() and int(v) >= 1:
+            return v.strip()
+    raise r.err(
+        k,
+        f'{v!r}: give a number or one fact such as "{{rank1_pid}}" '
+        '("{pid}", "{worker_tid}", "{rankN_pid}", "{rankN_tid}")',
+    )
 
 
 def _known_probe(
@@ -933,6 +1112,8 @@ __all__ = [
     "Experiment",
     "ExperimentError",
     "Step",
+    "Load",
+    "Traffic",
     "Bound",
     "load",
     "load_file",

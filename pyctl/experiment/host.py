@@ -74,6 +74,10 @@ class StepRequest:
     duration: float
     pid: int
     tid: int | None = None
+    # Seconds to wait for the armed line; None: the host's default. Why per
+    # step: attaching to a large library (libtorch_cpu.so, 606k symbols)
+    # takes far longer than a libcuda step.
+    arm_timeout: float | None = None
 
 
 class FaultHostError(RuntimeError):
@@ -298,7 +302,7 @@ class LocalFaultHost:
         """Return once its faults are armed (its start-up line), or raise
         FaultHostError with the child's reason."""
         try:
-            f.wait_armed(self.arm_timeout)
+            f.wait_armed(f.step.arm_timeout or self.arm_timeout)
         except BaseException:
             f.stop()
             f.kill_after_grace()

@@ -51,6 +51,7 @@ class Sample:
     status: int  # HTTP status, 0 for a connection error / timeout
     error: str  # "" or a short kind: "timeout", "conn", "http-503"
     sent: float = 0.0  # when it was handed to the socket; 0.0 if never sent
+    index: int = 0  # request i of the run (with `bodies`: it sent bodies[i % len])
 
     @property
     def lag(self) -> float:
@@ -93,6 +94,7 @@ class OpenLoopLoad:
         body: bytes | None = None,
         headers: dict[str, str] | None = None,
         duration: float | None = None,
+        bodies: Sequence[bytes] | None = None,
     ) -> None:
         if not (isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0):
             raise LoadError(f"load rate {rate!r} must be a positive number of requests/s")
@@ -119,19 +121,18 @@ class OpenLoopLoad:
             raise LoadError(f"load url {url!r}: {e} (use e.g. http://127.0.0.1:8000)") from None
         own = u.path if u.path not in ("", "/") else ""
         self._path = (own or path) + (f"?{u.query}" if u.query else "")
-        if body is None and self.method == "POST":
+        if bodies is not None and (not bodies or body is not None):
+            raise LoadError("give either body or a non-empty list of bodies, not both")
+        if body is None and bodies is None and self.method == "POST":
             body = json.dumps({"prompt": prompt, "max_tokens": max_tokens}).encode()
         self._body = body
-        hdrs = {"Host": u.netloc, "User-Agent": "gpufault-loadgen", "Connection": "keep-alive"}
-        if body is not None:
-            hdrs.update({"Content-Type": "application/json", "Content-Length": str(len(body))})
-        hdrs.update(headers or {})
-        # The same bytes every time: built once, sent with one sendall().
-        head = f"{self.method} {self._path} HTTP/1.1\r\n" + "".join(
-            f"{k}: {v}\r\n" for k, v in hdrs.items()
-        )
-        self._request = head.encode("latin-1") + b"\r\n" + (body or b"")
-        self._q: queue.SimpleQueue[float | None] = queue.SimpleQueue()
+        # Every request's bytes built once, sent with one sendall(); request
+        # i sends the (i % n)th of them (a prompt mix: `bodies`).
+        self._requests = [
+            self._build(u.netloc, b, headers) for b in (bodies if bodies is not None else [body])
+        ]
+        self._request = self._requests[0]
+        self._q: queue.SimpleQueue[tuple[float, int] | None] = queue.SimpleQueue()
         self._samples: list[Sample] = []
         self._lock = threading.Lock()
         self._counts: Counter[str] = Counter()
@@ -141,6 +142,16 @@ class OpenLoopLoad:
         self._sched: threading.Thread | None = None
         self._mono0 = self._wall0 = 0.0
         self._in_flight = 0
+
+    def _build(self, netloc: str, body: bytes | None, headers: dict[str, str] | None) -> bytes:
+        hdrs = {"Host": netloc, "User-Agent": "gpufault-loadgen", "Connection": "keep-alive"}
+        if body is not None:
+            hdrs.update({"Content-Type": "application/json", "Content-Length": str(len(body))})
+        hdrs.update(headers or {})
+        head = f"{self.method} {self._path} HTTP/1.1\r\n" + "".join(
+            f"{k}: {v}\r\n" for k, v in hdrs.items()
+        )
+        return head.encode("latin-1") + b"\r\n" + (body or b"")
 
     # ---- control -------------------------------------------------------------
 
@@ -174,6 +185,11 @@ class OpenLoopLoad:
         deadline = _clock() + self.timeout + 1.0
         for t in self._threads:
             t.join(max(0.0, deadline - _clock()))
+
+    def halt(self) -> None:
+        """Stop scheduling new requests, without waiting for the ones due
+        (stop() waits; this is for a caller that must not block)."""
+        self._stop.set()
 
     def wait(self, timeout: float | None = None) -> bool:
         """With `duration`: wait until the scheduler has emitted its last
@@ -249,10 +265,12 @@ class OpenLoopLoad:
             with self._lock:
                 self._sched_lag.append(now - due)
                 self._counts["scheduled"] += 1
-            self._q.put(due)
+            self._q.put((due, i))
             i += 1
 
-    def _record(self, due: float, done: float, status: int, error: str, sent: float) -> None:
+    def _record(
+        self, due: float, done: float, status: int, error: str, sent: float, index: int = 0
+    ) -> None:
         s = Sample(
             due=self._wall(due),
             done=self._wall(done),
@@ -260,6 +278,7 @@ class OpenLoopLoad:
             status=status,
             error=error,
             sent=self._wall(sent) if sent else 0.0,
+            index=index,
         )
         with self._lock:
             self._samples.append(s)
@@ -274,15 +293,15 @@ class OpenLoopLoad:
         conn: _Conn | None = None
         try:
             while True:
-                due = self._q.get()
-                if due is None:
+                item = self._q.get()
+                if item is None:
                     return
-                conn = self._one(due, conn)
+                conn = self._one(item[0], conn, item[1])
         finally:
             if conn is not None:
                 conn.close()
 
-    def _one(self, due: float, conn: _Conn | None) -> _Conn | None:
+    def _one(self, due: float, conn: _Conn | None, index: int = 0) -> _Conn | None:
         deadline = due + self.timeout
         status, error, sent, done = 0, "", 0.0, 0.0
         for attempt in (0, 1):
@@ -299,7 +318,8 @@ class OpenLoopLoad:
                     with self._lock:
                         self._counts["sent"] += 1
                         self._in_flight += 1
-                status, close, done = conn.exchange(self._request, deadline)
+                request = self._requests[index % len(self._requests)]
+                status, close, done = conn.exchange(request, deadline)
                 error = "" if 200 <= status < 300 else f"http-{status}"
                 if close:
                     conn.close()
@@ -326,7 +346,7 @@ class OpenLoopLoad:
         if sent:
             with self._lock:
                 self._in_flight -= 1
-        self._record(due, done, status, error, sent)
+        self._record(due, done, status, error, sent, index)
         return conn
 
 

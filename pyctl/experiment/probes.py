@@ -23,8 +23,9 @@ samples by mode, interval and initial_delay; a probe only measures.
 
 Tolerances (Tolerance.from_toml): a value (`200`, `"closed"`, `true`), a
 `[lo, hi]` range (inclusive), a comparison string (`"<= 0.2"`, `"> 5"`,
-`"== closed"`, `"!= open"`), `{regex = "..."}` (re.search), and durations
-in comparisons or ranges (`"<= 200ms"`, `["10ms", "1s"]`) compared in
+`"== closed"`, `"!= open"`), `{regex = "..."}` (re.search),
+`{same_as = "first"}` (output agreement: equal to the probe's first
+measured value), and durations in comparisons or ranges (`"<= 200ms"`, `["10ms", "1s"]`) compared in
 seconds. Every error in a table is a ProbeError of one line naming
 where.key, what is wrong and what to do.
 """
@@ -108,7 +109,7 @@ class Tolerance:
     """What a probe's value must be; see the module docstring for the forms."""
 
     def __init__(self, kind: str, operand: Any, op: str = "==", text: str = "") -> None:
-        self.kind = kind  # "eq" | "cmp" | "range" | "regex"
+        self.kind = kind  # "eq" | "cmp" | "range" | "regex" | "same"
         self.op = op
         self.operand = operand  # bool | float | str | (lo, hi) | re.Pattern
         self.text = text
@@ -155,6 +156,13 @@ class Tolerance:
             if lo > hi:
                 raise ProbeError(f"{where}: range [{value[0]}, {value[1]}] has lo > hi: swap them")
             return cls("range", (lo, hi), text=f"in [{value[0]}, {value[1]}]")
+        if isinstance(value, dict) and set(value) == {"same_as"}:
+            # Output agreement: the first value measured is the reference and
+            # every later one must equal it (a greedy completion sampled in
+            # the baseline, compared while faults run: classes 10 and 11).
+            if value["same_as"] != "first":
+                raise ProbeError(f'{where}.same_as: the only reference is "first"')
+            return cls("same", None, text="same as the first sample")
         if isinstance(value, dict):
             extra = set(value) - {"regex"}
             if extra or "regex" not in value:
@@ -177,6 +185,10 @@ class Tolerance:
     def check(self, value: object) -> bool:
         if value is None:
             return False
+        if self.kind == "same":
+            if self.operand is None:
+                self.operand = value  # the reference (a probe samples from one thread)
+            return bool(value == self.operand)
         if self.kind == "regex":
             return self.operand.search(_text(value)) is not None
         if self.kind == "range":
@@ -263,13 +275,19 @@ class _Table:
             )
         return s
 
-    def tolerance(self, key: str, default: Any = _REQUIRED) -> Tolerance | None:
+    def tolerance(self, key: str, default: Any = _REQUIRED) -> Tolerance:
         self.used.add(key)
         if key not in self.t:
             if default is _REQUIRED:
                 raise self._missing(key, '"<= 0.2"')
-            return default if default is None else Tolerance.from_toml(default, self.where)
+            return Tolerance.from_toml(default, self.where)
         return Tolerance.from_toml(self.t[key], f"{self.where}.{key}")
+
+    def optional_tolerance(self, key: str) -> Tolerance | None:
+        """A tolerance the table may leave out: None then (a separate method,
+        so that a required or defaulted one is typed as never None)."""
+        self.used.add(key)
+        return self.tolerance(key) if key in self.t else None
 
     def strings(self, key: str, example: str) -> dict[str, str] | None:
         v = self.get(key, (dict,), example, None)
@@ -384,6 +402,8 @@ def _http(
     see a server that stopped accepting)."""
     u = urlsplit(url)
     cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
+    if u.hostname is None:  # _url() refuses such a URL; this narrows str | None
+        raise ProbeError(f"{url!r} has no host")
     conn = cls(u.hostname, u.port, timeout=timeout)
     try:
         path = (u.path or "/") + (f"?{u.query}" if u.query else "")
@@ -459,7 +479,7 @@ class HttpProbe(_Probe):
         jp = r.get("json_path", (str,), '"breaker.state"', None)
         self.json_path = jp
         self._parts = _json_path(jp, f"{r.where}.json_path") if jp is not None else None
-        self.tolerance = r.tolerance("tolerance", None)
+        self.tolerance = r.optional_tolerance("tolerance")
         if self._parts is not None and self.tolerance is None:
             raise ProbeError(
                 f'{r.where}: json_path needs a tolerance (add e.g. tolerance = "closed")'
@@ -480,11 +500,14 @@ class HttpProbe(_Probe):
             if not found:
                 return False, None, f"{what}, no {self.json_path} in the answer"
             v = _scalar(v)
-            ok = self.tolerance.check(v)
+            tol = self.tolerance
+            if tol is None:  # __init__ refuses a json_path without one; this narrows the type
+                raise ProbeError(f"{self.where}: json_path needs a tolerance")
+            ok = tol.check(v)
             return (
                 st_ok and ok,
                 v,
-                f"{what}, {self.json_path} = {v!r} ({_verdict(ok, self.tolerance)})",
+                f"{what}, {self.json_path} = {v!r} ({_verdict(ok, tol)})",
             )
         if self.tolerance is not None:
             text = body.decode(errors="replace")
@@ -527,7 +550,9 @@ class PrometheusProbe(_Probe):
                 f"prometheus query {self.query!r}: {doc.get('errorType', 'error')}: {err}",
             )
         data = doc.get("data") or {}
-        rtype, result = data.get("resultType"), data.get("result")
+        rtype = data.get("resultType")
+        # Any, as JSON is: a result of the wrong shape raises below, a failed sample.
+        result: Any = data.get("result")
         if rtype in ("scalar", "string"):
             v: Value = result[1] if rtype == "string" else float(result[1])
         elif rtype == "vector":
@@ -640,7 +665,7 @@ class CommandProbe(_Probe):
                     f" ({os.environ.get('PATH', '')}): give its full path or install it"
                 )
         self.exit_status = r.tolerance("exit_status", 0)
-        self.tolerance = r.tolerance("tolerance", None)
+        self.tolerance = r.optional_tolerance("tolerance")
 
     def _measure(self) -> tuple[bool, Value, str]:
         env = {**os.environ, **self.env} if self.env else None

@@ -33,6 +33,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from pyctl import store
+from pyctl.experiment import corpora
 from pyctl.experiment import evidence as E
 from pyctl.experiment.files import Experiment, ExperimentError, Step
 from pyctl.experiment.host import (
@@ -59,7 +60,12 @@ class TargetProcess:
     given one); stopped with SIGTERM at the end; told to die with us."""
 
     def __init__(
-        self, argv: list[str], ready: str, ready_file: Path | None, timeout: float
+        self,
+        argv: list[str],
+        ready: str,
+        ready_file: Path | None,
+        timeout: float,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.ready_re = re.compile(ready)
         self.ready_file = ready_file
@@ -68,7 +74,7 @@ class TargetProcess:
         self._ready = threading.Event()
         self.proc = subprocess.Popen(
             argv,
-            env=child_env(),
+            env=child_env(env),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -109,12 +115,16 @@ class TargetProcess:
                 out["pid"] = int(p.group(1))
             if (t := re.search(r"\btid (\d+)", line)) is not None:
                 out["worker_tid"] = int(t.group(1))
+            # The service's --ranks N line: "... rank 1 pid P tid T".
+            for r, rp, rt in re.findall(r"\brank (\d+) pid (\d+) tid (\d+)", line):
+                out[f"rank{r}_pid"], out[f"rank{r}_tid"] = int(rp), int(rt)
         if self.ready_file is not None and self.ready_file.is_file():
             try:
                 info = json.loads(self.ready_file.read_text())
             except (OSError, ValueError):
                 info = {}
             out.update({k: info[k] for k in ("url", "pid", "worker_tid") if k in info})
+            out.update(rank_facts(info))
         return out
 
     def stop(self) -> int | None:
@@ -135,6 +145,21 @@ class TargetProcess:
         return self.proc.returncode
 
 
+def rank_facts(info: dict[str, Any]) -> dict[str, int]:
+    """rankN_pid / rankN_tid from a ready file's `ranks` list (the service's
+    --ranks N: [{"rank", "pid", "worker_tid", ...}, ...])."""
+    out: dict[str, int] = {}
+    ranks = info.get("ranks")
+    for r in ranks if isinstance(ranks, list) else []:
+        if not isinstance(r, dict) or not isinstance(r.get("rank"), int):
+            continue
+        for key, fact in (("pid", "pid"), ("worker_tid", "tid")):
+            v = r.get(key)
+            if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+                out[f"rank{r['rank']}_{fact}"] = v
+    return out
+
+
 def start_target(exp: Experiment) -> tuple[TargetProcess | None, dict[str, Any]]:
     t = exp.target
     facts: dict[str, Any] = {"url": t.url, "pid": t.pid}
@@ -145,6 +170,8 @@ def start_target(exp: Experiment) -> tuple[TargetProcess | None, dict[str, Any]]
             argv = child_argv(
                 ["service", "--port", "0", "--device", t.service["device"], *t.service["args"]]
             )
+            # No private ready file: its directory would outlive a SIGKILLed
+            # runner; the ready line names rank N's pid and tid as well.
         else:
             argv = list(t.command)
             if any("{ready_file}" in a for a in argv):
@@ -152,7 +179,8 @@ def start_target(exp: Experiment) -> tuple[TargetProcess | None, dict[str, Any]]
 
                 ready_file = Path(tempfile.mkdtemp(prefix="gpufault-exp-")) / "ready.json"
                 argv = [a.replace("{ready_file}", str(ready_file)) for a in argv]
-        proc = TargetProcess(argv, t.ready, ready_file, t.start_timeout)
+        env = t.service.get("env") if t.service is not None else None
+        proc = TargetProcess(argv, t.ready, ready_file, t.start_timeout, env)
         facts.update({k: v for k, v in proc.facts().items() if v is not None})
         if t.url:
             facts["url"] = t.url
@@ -206,6 +234,151 @@ def thread_by_name(pid: int, name: str) -> int | None:
         except OSError:
             continue
     return None
+
+
+def _tgid(tid: int) -> int | None:
+    """The process a thread id belongs to (/proc/TID/status Tgid)."""
+    try:
+        for ln in Path(f"/proc/{tid}/status").read_text().splitlines():
+            if ln.startswith("Tgid:"):
+                return int(ln.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def step_target(exp: Experiment, s: Step, facts: dict[str, Any]) -> tuple[int, int | None]:
+    """The process (and thread) a fault step goes into: the target's pid,
+    or the step's own `pid` / `tid` (a number or a fact such as
+    {rank1_pid}), checked before anything is armed."""
+    from pyctl.engine import EngineError
+    from pyctl.runner import check_target_pid
+
+    key = f"{exp.path}: method[{s.idx + 1}]"
+
+    def fact(name: str, text: str | None) -> int | None:
+        if text is None:
+            return None
+        m = re.fullmatch(r"\{(\w+)\}", text)
+        if m is None:
+            return int(text)
+        v = facts.get(m.group(1))
+        if v is None:
+            have = ", ".join(sorted(k for k in facts if k.endswith(("pid", "tid")))) or "none"
+            raise ExperimentError(
+                f"{key}.{name}: the target has no fact {m.group(1)!r} (it has {have}): "
+                "start the target with that rank (--ranks 2) or give a number"
+            )
+        return int(v)
+
+    tid = fact("tid", s.tid)
+    pid = fact("pid", s.pid)
+    if tid is not None:
+        owner = _tgid(tid)
+        if owner is None:
+            raise ExperimentError(f"{key}.tid: no thread {tid} is running: fix the tid")
+        if pid is not None and owner != pid:
+            raise ExperimentError(
+                f"{key}.tid: thread {tid} belongs to pid {owner}, not {pid}: fix one"
+            )
+        pid = owner
+    if pid is None:
+        pid = int(facts["pid"])
+    elif s.pid is not None:
+        try:
+            check_target_pid(pid, f"method[{s.idx + 1}].pid")
+        except EngineError as e:
+            raise ExperimentError(f"{key}.pid: {e}") from None
+    if s.thread and thread_by_name(pid, s.thread) is None:
+        raise ExperimentError(f"{key}.thread: no thread {s.thread!r} in pid {pid}: fix the name")
+    return pid, tid
+
+
+class TrafficRun:
+    """A traffic step (a second open-loop load for the step's duration)
+    behind the RunningFault interface: its requests are its fires."""
+
+    run_id = ""  # no controller, no runs row
+
+    def __init__(self, url: str, step: Step, cases: list[tuple[str, bytes]] | None) -> None:
+        from pyctl.experiment.loadgen import OpenLoopLoad
+
+        t = step.traffic
+        assert t is not None
+        self.traffic = t
+        self.names = [n for n, _b in cases] if cases else ["prompt"]
+        bodies = [b for _n, b in cases] if cases else None
+        self.load = OpenLoopLoad(
+            url,
+            t.rate,
+            prompt=t.prompt,
+            max_tokens=t.max_tokens,
+            timeout=t.timeout,
+            path=t.path,
+            concurrency=t.concurrency,
+            duration=step.duration,
+            bodies=bodies,
+        )
+        n = len(bodies) if bodies else 1
+        self.what = f"sending ({corpora.describe(t)}, {n} bodies at {t.rate:g}/s"
+        self._ended_at: float | None = None
+        self._done = threading.Event()
+        self.started_at = time.time()
+        self.load.start()
+        self._waiter = threading.Thread(target=self._run, name="gf-exp-traffic", daemon=True)
+        self._waiter.start()
+
+    def _run(self) -> None:
+        self.load.wait()
+        self.load.stop()  # the requests already due are answered or time out
+        self._ended_at = time.time()
+        self._done.set()
+
+    def stop(self) -> None:
+        # Not load.stop() here: it waits for answers, and an abort stops
+        # every step at once from the guard's thread.
+        self.load.halt()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._done.wait(timeout)
+
+    def fires(self) -> list[tuple[str, float]]:
+        return [(f"request-{x.index}", x.sent) for x in self.load.samples() if x.sent]
+
+    @property
+    def ended_at(self) -> float | None:
+        return self._ended_at
+
+    @property
+    def rc(self) -> int | None:
+        return 0 if self._done.is_set() else None
+
+    def check(self) -> tuple[bool, dict[str, Any], str]:
+        """Every answer within ok_status (up to max_bad of them outside)?"""
+        from collections import Counter
+
+        t = self.traffic
+        lo, hi = t.ok_status
+        got = self.load.samples()
+        kinds = Counter(str(x.status) if x.status else x.error for x in got)
+        bad = [x for x in got if not lo <= x.status <= hi]
+        ok = bool(got) and len(bad) <= t.max_bad * len(got)
+        # Which cases got them: the finding a user acts on.
+        which = Counter(
+            f"{self.names[x.index % len(self.names)]} {x.status or x.error}" for x in bad
+        )
+        cases = ", ".join(k for k, _v in which.most_common(6))
+        more = f" +{len(which) - 6} more" if len(which) > 6 else ""
+        detail = (
+            f"{len(bad)} of {len(got)} answers outside [{lo}, {hi}] "
+            f"({', '.join(f'{k}: {v}' for k, v in sorted(kinds.items()))})"
+            + (f"; bad: {cases}{more}" if bad else "")
+        )
+        return (
+            ok,
+            {"answers": dict(kinds), "bad": len(bad), "sent": len(got), "bad_cases": sorted(which)},
+            detail,
+        )
 
 
 # ---- probes --------------------------------------------------------------------------------
@@ -270,6 +443,8 @@ class StepRun:
     error: str = ""
     ended_at: float | None = None
     fires: list[tuple[str, float]] = field(default_factory=list)
+    fault_pid: int | None = None  # where its faults went (the step's pid/tid)
+    fault_tid: int | None = None
 
 
 @dataclass
@@ -318,6 +493,8 @@ class Run:
         self.phase_at: dict[str, float] = {}
         self.remediation_thread: threading.Thread | None = None
         self.breached_at: float | None = None
+        self.who: dict[int, tuple[int, int | None]] = {}  # step idx -> (pid, tid)
+        self.traffic_bodies: dict[int, list[tuple[str, bytes]] | None] = {}
 
     # -- abort: called from a guard probe's thread, stops every fault at once
     def abort(self, why: str, probe: str, at: float | None = None) -> None:
@@ -427,7 +604,8 @@ class Run:
 
     def execute(self) -> Outcome:
         exp = self.exp
-        if exp.steps and os.geteuid() != 0 and isinstance(self.host, LocalFaultHost):
+        faults = [s for s in exp.steps if s.traffic is None]
+        if faults and os.geteuid() != 0 and isinstance(self.host, LocalFaultHost):
             raise ExperimentError(
                 f"{exp.path}: method: its faults need root here (BPF uprobes, ptrace): "
                 "run gpufault experiment as root"
@@ -443,16 +621,18 @@ class Run:
         try:
             proc, facts = start_target(exp)
             for s in exp.steps:
-                if s.thread and thread_by_name(int(facts["pid"]), s.thread) is None:
-                    raise ExperimentError(
-                        f"{exp.path}: method[{s.idx + 1}].thread: no thread "
-                        f"{s.thread!r} in pid {facts['pid']}: fix the name"
-                    )
+                if s.traffic is not None:
+                    n = int(s.traffic.rate * s.duration) + 1
+                    self.traffic_bodies[s.idx] = corpora.cases(s.traffic, n)
+                    continue
+                self.who[s.idx] = step_target(exp, s, facts)
             probes = build_probes(exp, facts, proc.proc if proc is not None else None)
             if exp.load is not None:
                 from pyctl.experiment.loadgen import OpenLoopLoad
 
                 L = exp.load
+                # Enough distinct bodies for a cold corpus over the whole run.
+                span = exp.warmup + exp.baseline + exp.method_window + exp.recovery + 5
                 load = OpenLoopLoad(
                     facts["url"],
                     L.rate,
@@ -461,6 +641,7 @@ class Run:
                     timeout=L.timeout,
                     path=L.path,
                     concurrency=L.concurrency,
+                    bodies=corpora.bodies(L, int(L.rate * span) + 1),
                 )
             xid = ev.start(exp, self.host.name)
             started = time.time()
@@ -605,7 +786,15 @@ class Run:
         launched: list[tuple[StepRun, Any]] = []
         for sr in group:
             s = sr.step
-            tid = thread_by_name(int(facts["pid"]), s.thread) if s.thread else None
+            if s.traffic is not None:
+                with self.lock:
+                    child = TrafficRun(facts["url"], s, self.traffic_bodies.get(s.idx))
+                    self.launching.append(child)
+                launched.append((sr, child))
+                continue
+            pid, tid = self.who.get(s.idx, (int(facts["pid"]), None))
+            if s.thread:
+                tid = thread_by_name(pid, s.thread)
             req = StepRequest(
                 idx=s.idx,
                 name=s.name,
@@ -614,8 +803,9 @@ class Run:
                 fault=s.fault,
                 specs=s.specs,
                 duration=s.duration,
-                pid=int(facts["pid"]),
+                pid=pid,
                 tid=tid,
+                arm_timeout=s.arm_timeout,
             )
             launch = getattr(self.host, "launch", None)
             if launch is None:
@@ -630,6 +820,8 @@ class Run:
             try:
                 if isinstance(pending, StepRequest):
                     f = self.host.start(pending)
+                elif isinstance(pending, TrafficRun):
+                    f = pending  # sending from now on: nothing to arm
                 else:
                     f = self.host.armed(pending)  # type: ignore[attr-defined]
             except FaultHostError as e:
@@ -646,13 +838,17 @@ class Run:
             with self.lock:
                 sr.fault = f
                 sr.status = "armed"
+                if not isinstance(pending, TrafficRun) and (s.pid or s.tid):
+                    who = self.who.get(s.idx)
+                    sr.fault_pid, sr.fault_tid = who if who else (None, None)
                 aborted = self.stop_event.is_set()
             self._active(+1)
             if aborted:
                 f.stop()  # armed while the abort came: stop it at once too
             late = f.started_at - sr.planned_start
+            what = f.what if isinstance(f, TrafficRun) else f"armed (run {f.run_id}"
             self.echo(
-                f"  step {s.idx + 1} {s.name}: armed (run {f.run_id}, {late:.2f}s after "
+                f"  step {s.idx + 1} {s.name}: {what}, {late:.2f}s after "
                 f"its planned start) for {s.duration:g}s"
             )
 
@@ -843,6 +1039,9 @@ class Run:
                         "fault": st.fault,
                         "set": st.sets,
                         "thread": st.thread,
+                        **({"traffic": _traffic_json(st)} if st.traffic is not None else {}),
+                        **({"pid": s.fault_pid} if s.fault_pid else {}),
+                        **({"tid": s.fault_tid} if s.fault_tid else {}),
                         "specs": [sp.to_json() for sp in st.specs],
                         "describe": [sp.describe() for sp in st.specs],
                         **({"error": s.error} if s.error else {}),
@@ -856,6 +1055,13 @@ class Run:
                     "status": s.status,
                 }
             )
+            if isinstance(s.fault, TrafficRun) and s.status in ("done", "stopped"):
+                ok, counts, detail = s.fault.check()
+                spec = self.rec.steps[-1]["spec"]
+                spec["answers"], spec["bad_cases"] = counts["answers"], counts["bad_cases"]
+                spec["check"] = detail
+                if not ok:
+                    f.failures.append(f"step {st.idx + 1} ({st.name}): {detail}")
             if s.status == "failed":
                 f.errors.append(f"step {st.idx + 1} ({st.name}) failed: {s.error}")
             elif s.status == "not-fired":
@@ -1059,6 +1265,15 @@ class Run:
                 f.failures.append(f"recovered_within {ex.recovered_within:g}s: {d}")
 
 
+def _traffic_json(st: Step) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    assert st.traffic is not None
+    d = asdict(st.traffic)
+    d["ok_status"] = list(st.traffic.ok_status)
+    return d
+
+
 def _fmt(name: str, v: float) -> str:
     """Latencies in ms, shares and rates as numbers."""
     return f"{v * 1000:.1f}ms" if name.split(".")[-1] in ("p50", "p95", "p99") else f"{v:.4g}"
@@ -1092,4 +1307,14 @@ def run(
     return Run(exp, db_path, host=host, echo=echo, metrics=metrics).execute()
 
 
-__all__ = ["run", "Run", "Outcome", "start_target", "check_target", "thread_by_name"]
+__all__ = [
+    "run",
+    "Run",
+    "Outcome",
+    "start_target",
+    "check_target",
+    "thread_by_name",
+    "step_target",
+    "rank_facts",
+    "TrafficRun",
+]

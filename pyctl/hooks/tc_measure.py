@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from dataclasses import asdict, dataclass
 
@@ -85,7 +86,10 @@ def measure(
     matmul: bool = False,
     device: str = "cpu",
     bits: list[str] | None = None,
+    events: list[dict[str, object]] | None = None,
 ) -> list[Row]:
+    """One Row per bit spec; with `events`, also one dict per layer that
+    flipped (bits, layer, rate, counts, the row's divergence) for the store."""
     mdt = DTYPES[model_dtype]
     fdt = DTYPES[as_dtype] if as_dtype else mdt
     model = tiny_model.build(seed=seed, dtype=mdt, device=device)
@@ -101,6 +105,25 @@ def measure(
             with Perturber(rules, seed=seed).attach(model) as p:
                 pert = model(inp)
             rows.append(compare(clean, pert, targets, spec, p.total_bits))
+            if events is not None:
+                row = asdict(rows[-1])
+                for layer, c in p.counts.items():
+                    events.append(
+                        {
+                            "bits": spec,
+                            "layer": layer,
+                            "pid": os.getpid(),
+                            "rate": rate,
+                            "dtype": str(fdt).removeprefix("torch."),
+                            "model_dtype": model_dtype,
+                            "seed": seed,
+                            "calls": c.calls,
+                            "elements_flipped": c.elements,
+                            "bits_flipped": c.bits,
+                            "top1_agree": row["top1_agree"],
+                            "nonfinite": row["nonfinite"],
+                        }
+                    )
     return rows
 
 
@@ -130,7 +153,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--bits", default=None, help="comma-separated bit specs (default: all)")
     ap.add_argument("--json", action="store_true")
+    # `gpufault hooks tc-measure` reads the per-layer counts from here.
+    ap.add_argument("--gf-events", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    events: list[dict[str, object]] | None = [] if a.gf_events else None
     try:
         rows = measure(
             a.model_dtype,
@@ -141,10 +167,14 @@ def main(argv: list[str] | None = None) -> int:
             a.matmul,
             a.device,
             a.bits.split(",") if a.bits else None,
+            events,
         )
     except BitSpecError as e:
         print(f"tc_measure: {e}", file=sys.stderr)
         return 2
+    if a.gf_events and events is not None:
+        with open(a.gf_events, "w") as f:
+            f.writelines(json.dumps(e) + "\n" for e in events)
     if a.json:
         for r in rows:
             print(json.dumps(asdict(r)))

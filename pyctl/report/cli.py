@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 
 from pyctl import store
+from pyctl.cli.options import db_option
 from pyctl.report import ReportError
 from pyctl.report import html as html_report
 from pyctl.report import markdown as md_report
@@ -50,15 +51,7 @@ def _write(path: Path, text: str) -> None:
     help="also write a Markdown version here",
 )
 @click.option("--title", default=None, help="the report's title")
-@click.option(
-    "--db",
-    "db_path",
-    type=click.Path(dir_okay=False),
-    envvar="GPUFAULT_DB",
-    default=str(store.DEFAULT_DB),
-    show_default=True,
-    help="evidence database",
-)
+@db_option()
 def report(
     experiment_ids: tuple[str, ...],
     output: Path,

@@ -136,7 +136,17 @@ class Service:
             if isinstance(body, BadRequest):
                 raise body
             prompt, max_tokens, temperature = self._validate(body)
-            ids = self.tok.encode(prompt)
+            try:
+                ids = self.tok.encode(prompt)
+            except (TypeError, ValueError) as e:
+                # HF tokenizers refuses a str holding lone surrogates (JSON
+                # "\ud800" decodes to one) with TypeError; unanswered, the
+                # HTTP thread died and the client saw a dropped connection
+                # (found by the unicode-adversarial experiment).
+                raise BadRequest(
+                    f"the prompt cannot be tokenized ({str(e).splitlines()[0]}): "
+                    "send valid Unicode (no lone surrogates)"
+                ) from None
             room = self.cfg.max_context - max_tokens
             if len(ids) > room:
                 raise BadRequest(

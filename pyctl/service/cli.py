@@ -356,7 +356,7 @@ def run(cfg: ServiceConfig) -> None:
 
     signal.signal(signal.SIGTERM, _term)
     ready = Path(cfg.ready_file) if cfg.ready_file else None
-    info = {
+    info: dict[str, Any] = {  # JSON for the ready file (_write_ready's type)
         "url": url,
         "host": host,
         "port": port,

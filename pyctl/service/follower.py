@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -263,7 +263,9 @@ class Follower:
                 f"rank 1 cannot listen on {self.cfg.host}:{self.cfg.metrics_port} "
                 f"({e.strerror}): pick another --metrics-port"
             ) from None
-        url = f"http://{httpd.server_address[0]}:{httpd.server_address[1]}/metrics"
+        # An AF_INET socket's name: its host is str (typeshed allows bytes too).
+        host = cast(str, httpd.server_address[0])
+        url = f"http://{host}:{httpd.server_address[1]}/metrics"
         self.thread.start()
         self._tid_known.wait(10)
         info = {"rank": 1, "pid": os.getpid(), "worker_tid": self.tid, "metrics_url": url}

@@ -74,11 +74,40 @@ class _MemoryCollector(Collector):
         yield g
 
 
-class ServiceMetrics:
+class _WorkerSeries:
+    """What every rank's worker exports: its batches, its tokens, whether it
+    runs and how long since it last made progress (rank 0 and rank 1 alike)."""
+
+    def _add_worker_series(self, r: CollectorRegistry) -> None:
+        self.tokens = Counter(
+            "gf_service_tokens_generated_total",
+            "Tokens generated (rate() gives tokens/s), by the model that made them",
+            ["model"],
+            registry=r,
+        )
+        self.batch_latency = Histogram(
+            "gf_service_batch_duration_seconds",
+            "Time to decode one batch, by model",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.worker_alive = Gauge(
+            "gf_service_worker_alive", "1 while the worker thread runs", registry=r
+        )
+        self.worker_age = Gauge(
+            "gf_service_worker_last_progress_age_seconds",
+            "Seconds since the worker last made progress (grows while it hangs)",
+            registry=r,
+        )
+
+
+class ServiceMetrics(_WorkerSeries):
     def __init__(self, device: str) -> None:
         r = self.registry = CollectorRegistry()
         ProcessCollector(registry=r)
         self.info = Info("gf_service", "The reference inference service", registry=r)
+        self._add_worker_series(r)
         self.request_latency = Histogram(
             "gf_service_request_duration_seconds",
             "Time from receiving a completion request to answering it",
@@ -90,12 +119,6 @@ class ServiceMetrics:
             "gf_service_requests_total",
             "Completion requests answered, by HTTP status and degradation",
             ["status", "degraded"],
-            registry=r,
-        )
-        self.tokens = Counter(
-            "gf_service_tokens_generated_total",
-            "Tokens generated (rate() gives tokens/s), by the model that made them",
-            ["model"],
             registry=r,
         )
         self.prompt_tokens = Counter(
@@ -116,13 +139,6 @@ class ServiceMetrics:
         self.batch_size = Histogram(
             "gf_service_batch_size", "Requests per batch", buckets=BATCH_BUCKETS, registry=r
         )
-        self.batch_latency = Histogram(
-            "gf_service_batch_duration_seconds",
-            "Time to decode one batch, by model",
-            ["model"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
         self.breaker_state = Gauge(
             "gf_service_breaker_state", "Circuit breaker: 0 closed, 1 half-open, 2 open", registry=r
         )
@@ -130,14 +146,6 @@ class ServiceMetrics:
             "gf_service_breaker_transitions_total",
             "Circuit breaker state changes, by the state entered",
             ["to"],
-            registry=r,
-        )
-        self.worker_alive = Gauge(
-            "gf_service_worker_alive", "1 while the worker thread runs", registry=r
-        )
-        self.worker_age = Gauge(
-            "gf_service_worker_last_progress_age_seconds",
-            "Seconds since the worker last made progress (grows while it hangs)",
             registry=r,
         )
         self.device = device
@@ -221,7 +229,7 @@ class DistMetrics:
             self.errors.labels(code=code)
 
 
-class FollowerMetrics:
+class FollowerMetrics(_WorkerSeries):
     """Rank 1's own /metrics: it serves no requests, so only its worker,
     its batches and its collectives."""
 
@@ -229,27 +237,7 @@ class FollowerMetrics:
         r = self.registry = CollectorRegistry()
         ProcessCollector(registry=r)
         self.dist = DistMetrics(r, rank=1, world=world, backend=backend)
-        self.batch_latency = Histogram(
-            "gf_service_batch_duration_seconds",
-            "Time to decode one batch, by model",
-            ["model"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.tokens = Counter(
-            "gf_service_tokens_generated_total",
-            "Tokens generated (rate() gives tokens/s), by the model that made them",
-            ["model"],
-            registry=r,
-        )
-        self.worker_alive = Gauge(
-            "gf_service_worker_alive", "1 while the worker thread runs", registry=r
-        )
-        self.worker_age = Gauge(
-            "gf_service_worker_last_progress_age_seconds",
-            "Seconds since the worker last made progress (grows while it hangs)",
-            registry=r,
-        )
+        self._add_worker_series(r)
         self.device = device
         self.tokens.labels(model="primary")
 

@@ -18,6 +18,7 @@ up to the order of float additions (tests/test_service_ranks.py checks it).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -53,7 +54,8 @@ class TPBlock(nn.Module):
         # Row-parallel: this rank's input columns; the bias is added once, after the sum.
         self.proj_w = nn.Parameter(full.proj.weight.data[:, mine].clone())
         self.proj_b = nn.Parameter(full.proj.bias.data.clone())
-        fc1, fc2 = full.mlp[0], full.mlp[2]
+        # Sequential's items are typed Module: these two are Block's Linears.
+        fc1, fc2 = cast(nn.Linear, full.mlp[0]), cast(nn.Linear, full.mlp[2])
         hidden = fc1.out_features // world
         hs = slice(rank * hidden, (rank + 1) * hidden)
         self.fc1 = nn.Linear(d, hidden)
@@ -77,7 +79,8 @@ class TPBlock(nn.Module):
 def shard(full: TinyCausalLM, rank: int, world: int, all_reduce: AllReduce) -> TinyCausalLM:
     """`full` with its blocks replaced by their shards for `rank` (in place:
     build a fresh full model per rank). The forward is TinyCausalLM's own."""
-    if full.blocks and full.blocks[0].n_heads % world:
-        raise ValueError(f"{full.blocks[0].n_heads} heads do not split over {world} ranks")
-    full.blocks = nn.ModuleList(TPBlock(b, rank, world, all_reduce) for b in full.blocks)
+    blocks = [cast(Block, b) for b in full.blocks]  # ModuleList's items are typed Module
+    if blocks and blocks[0].n_heads % world:
+        raise ValueError(f"{blocks[0].n_heads} heads do not split over {world} ranks")
+    full.blocks = nn.ModuleList(TPBlock(b, rank, world, all_reduce) for b in blocks)
     return full.eval()

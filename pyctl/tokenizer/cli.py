@@ -53,11 +53,40 @@ def _resolve(spec: str, **kw: Any) -> Any:
         raise click.BadParameter(str(e), param_hint="--target") from e
 
 
+def _entry(target: Any) -> str:
+    """The entry point the campaign's encode reaches: the library's own
+    method (through any weakened wrapper), the callable, or the endpoint."""
+    from pyctl.tokenizer import targets
+
+    base = target
+    while hasattr(base, "inner"):
+        base = base.inner
+    if isinstance(base, targets.HFTarget):
+        return "tokenizers.Tokenizer.encode"
+    if isinstance(base, targets.TiktokenTarget):
+        return "tiktoken.Encoding.encode"
+    if isinstance(base, targets.HttpTarget):
+        return f"POST {base.path}"
+    name = getattr(base, "name", "target")
+    return f"{name}.encode" if hasattr(getattr(base, "obj", None), "encode") else name
+
+
 @contextmanager
-def _run(campaign: str, db_path: Path | None, no_db: bool, keep_text: bool) -> Iterator[Recorder]:
-    """Open the store and a run, yield a Recorder, close the run."""
+def _run(
+    campaign: str,
+    db_path: Path | None,
+    no_db: bool,
+    keep_text: bool,
+    target: Any = None,
+    function: str = "encode",
+) -> Iterator[Recorder]:
+    """Open the store and a run, yield a Recorder, close the run. Findings
+    become faults rows of the run: `function` of `target` is what they name."""
+    library = getattr(target, "name", None)
+    if function == "encode" and target is not None:
+        function = _entry(target)
     if no_db:
-        yield Recorder(None, "nodb0000", campaign, keep_text)
+        yield Recorder(None, "nodb0000", campaign, keep_text, function=function, library=library)
         return
     from pyctl import store
 
@@ -68,8 +97,17 @@ def _run(campaign: str, db_path: Path | None, no_db: bool, keep_text: bool) -> I
         raise click.ClickException(
             f"cannot open store {path}: {e} (use --db PATH or --no-db)"
         ) from e
-    run_id = store.new_run(db, sys.argv, f"tokenizer-{campaign}")
-    rec = Recorder(db, run_id, campaign, keep_text)
+    run_id = store.new_run(db, sys.argv, f"tokenizer:{campaign}")
+    from pyctl.evidence import layers
+
+    layers.add_spec(
+        db,
+        run_id,
+        0,
+        f"tokenizer {campaign} --target {library or '?'}: {function}",
+        {"campaign": campaign, "target": library, "function": function, "argv": sys.argv[1:]},
+    )
+    rec = Recorder(db, run_id, campaign, keep_text, function=function, library=library)
     status, code = "done", 0
     try:
         yield rec
@@ -78,7 +116,7 @@ def _run(campaign: str, db_path: Path | None, no_db: bool, keep_text: bool) -> I
         raise
     finally:
         rec.flush()
-        store.end_run(db, run_id, status, code, {"cases": rec.seq})
+        store.end_run(db, run_id, status, code, {"cases": rec.seq, "findings": rec.findings})
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -159,7 +197,7 @@ def fuzz(
         )
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--category") from e
-    with _run("fuzz", db_path, no_db, keep_text) as rec:
+    with _run("fuzz", db_path, no_db, keep_text, target) as rec:
         with click.progressbar(length=len(cases), label="fuzz", file=sys.stderr) as bar:
             rep = unicode.run_fuzz(
                 target, cases, recorder=rec, slow_factor=slow_factor, progress=bar.update
@@ -233,7 +271,7 @@ def race(
     target = _resolve(target_spec)
     if weaken:
         target = weakened.WeakUnsyncCacheTokenizer(target)
-    with _run("race", db_path, no_db, keep_text) as rec:
+    with _run("race", db_path, no_db, keep_text, target) as rec:
         with click.progressbar(length=threads, label="race threads", file=sys.stderr) as bar:
             rep = race_mod.run_race(
                 target,
@@ -307,7 +345,7 @@ def cache(
     target = _resolve(target_spec, cache_capacity=cache_capacity)
     if weaken:
         target = weakened.WeakLruCacheTokenizer(target, capacity=128, miss_cost_s=50e-6)
-    with _run("cache", db_path, no_db, keep_text) as rec:
+    with _run("cache", db_path, no_db, keep_text, target) as rec:
         with click.progressbar(length=3 * requests, label="cache", file=sys.stderr) as bar:
             rep = cache_mod.run_cache(
                 target,
@@ -388,7 +426,7 @@ def truncation(
     target = _resolve(target_spec)
     if weaken:
         target = weakened.WeakOffByOneCollator(target)
-    with _run("truncation", db_path, no_db, keep_text) as rec:
+    with _run("truncation", db_path, no_db, keep_text, target, "collate") as rec:
         with click.progressbar(length=4, label="truncation", file=sys.stderr) as bar:
             rep = trunc_mod.run_truncation(
                 target,

@@ -7,6 +7,13 @@ text itself only with keep_text=True (`--keep-text`). Exception messages
 are redacted too (a tokenizer's error often quotes its input): every form
 of the input (as is, repr-escaped, backslash-escaped) and every quoted
 literal in the message become <redacted>.
+
+A finding (any outcome but ok, rejected and warning, a case flagged
+slow, or a case the campaign corrupted) is also a `faults` row under the
+same fault ID (action `input`, or `corrupt` for a case the campaign
+corrupted itself; mechanism `in-process`; function the tokenizer entry
+point), so `gpufault faults` and `gpufault show` know it
+(pyctl/evidence/layers.py).
 """
 
 from __future__ import annotations
@@ -17,9 +24,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyctl.evidence import schema
+from pyctl.evidence import layers, schema
 
 TABLE = "tok_cases"
+# Outcomes that are not findings: no faults row for them.
+NOT_FINDINGS = frozenset({"ok", "rejected", "warning"})
 
 
 def text_bytes(text: str) -> bytes:
@@ -72,7 +81,12 @@ class Recorder:
     keep_text: bool = False
     batch: int = 500
     seq: int = 0
+    # The tokenizer entry point the cases went through, and the target.
+    function: str = "encode"
+    library: str | None = None
+    findings: int = 0
     _rows: list[dict[str, Any]] = field(default_factory=list)
+    _faults: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.db is not None:
@@ -90,6 +104,33 @@ class Recorder:
     ) -> str:
         self.seq += 1
         fid = f"{self.run_id}-{self.seq}"
+        stored_error = cut(error if self.keep_text else redact_error(error, text))
+        injected = (details or {}).get("injected")
+        # A corruption the campaign injected is a fault even when its
+        # checker missed it (then the fault says result ok).
+        if outcome not in NOT_FINDINGS or (details or {}).get("slow") or injected:
+            self.findings += 1
+            self._faults.append(
+                layers.fault_row(
+                    self.run_id,
+                    self.seq,
+                    action="corrupt" if injected else "input",
+                    function=self.function,
+                    library=self.library,
+                    mechanism="in-process",
+                    latency_ns=latency_ns,
+                    outcome={
+                        "campaign": self.campaign,
+                        "case": "/".join(
+                            str(x) for x in (kind, (details or {}).get("case")) if x
+                        ),
+                        "result": outcome,
+                        **({"error": stored_error} if stored_error else {}),
+                        **({"injected": injected} if injected else {}),
+                        **({"slow": True} if (details or {}).get("slow") else {}),
+                    },
+                )
+            )
         self._rows.append(
             {
                 "fault_id": fid,
@@ -106,7 +147,7 @@ class Recorder:
                 if self.keep_text
                 else None,
                 "outcome": outcome,
-                "error": cut(error if self.keep_text else redact_error(error, text)),
+                "error": stored_error,
                 "latency_ns": latency_ns,
                 "details": json.dumps(details or {}, sort_keys=True, default=str),
             }
@@ -119,4 +160,7 @@ class Recorder:
         if self.db is not None and self._rows:
             with self.db.conn:
                 self.db[TABLE].insert_all(self._rows, pk="fault_id")
+                # The findings' faults rows, in the same transaction.
+                layers.insert_faults(self.db, self._faults)
         self._rows.clear()
+        self._faults.clear()

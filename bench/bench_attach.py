@@ -1,0 +1,213 @@
+"""Attach time, gpufault against bpftrace, in one run on this machine.
+
+A Python target calls zlib's crc32 through ctypes every ~0.2 ms. Each
+tool is started as a user starts it (a fresh process) and the clock runs
+from just before it is spawned to the first call its probe sees:
+
+- gpufault: `gpufault trace --pid P --lib libz --fn crc32`; the end point
+  is the first stored call's entry time (calls.ts_ns, bpf_ktime_get_ns);
+  also when it printed its start-up line ("... Ctrl-C to end") and how
+  long it took to exit after SIGINT (detach, drain, close).
+- bpftrace: `uprobe:LIBZ:crc32 /pid == P/ { printf nsecs; exit() }`; the
+  end point is that nsecs (the same clock); also its BEGIN.
+
+gpufault runs cold (an empty GPUFAULT_CACHE_DIR: symbol tables parsed, the
+kernel's capabilities tried) and warm (the same dir again: the tables and
+trial results come from it). Medians of REPS runs, ratios to bpftrace.
+Prints JSON; `--md` appends a table to docs/benchmarks.md. Needs root.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import signal
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+REPS = int(os.environ.get("GF_BENCH_ATTACH_REPS", "5"))
+DEADLINE_S = 20.0
+
+TARGET = """
+import ctypes, sys, time
+z = ctypes.CDLL("libz.so.1")
+z.crc32.restype = ctypes.c_ulong
+z.crc32.argtypes = [ctypes.c_ulong, ctypes.c_char_p, ctypes.c_uint]
+buf = b"x" * 64
+print("ready", flush=True)
+while True:
+    z.crc32(0, buf, 64)
+    time.sleep(0.0002)
+"""
+
+
+def mono_ns() -> int:
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+
+
+def start_target() -> tuple[subprocess.Popen[str], str]:
+    p = subprocess.Popen([sys.executable, "-c", TARGET], stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+    maps = Path(f"/proc/{p.pid}/maps").read_text().splitlines()
+    libz = next(ln.split()[-1] for ln in maps if "/libz.so" in ln)
+    return p, libz
+
+
+def gpufault_once(pid: int, cache: Path, db: Path) -> dict[str, float]:
+    env = {**os.environ, "GPUFAULT_CACHE_DIR": str(cache), "PYTHONPATH": str(REPO)}
+    argv = [sys.executable, "-m", "pyctl", "trace", "--pid", str(pid), "--lib", "libz",
+            "--fn", "crc32", "--no-stack", "--db", str(db)]  # fmt: skip
+    t0 = mono_ns()
+    p = subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env
+    )
+    assert p.stderr is not None
+    banner = None
+    while banner is None:
+        line = p.stderr.readline()
+        if not line:
+            raise RuntimeError(f"gpufault ended before its probes were live: {p.wait()}")
+        if "Ctrl-C to end" in line:
+            banner = mono_ns()
+    # The first call is in the ring now; let the consumer store a batch.
+    time.sleep(0.3)
+    t_int = mono_ns()
+    p.send_signal(signal.SIGINT)
+    p.communicate(timeout=DEADLINE_S)
+    t_exit = mono_ns()
+    with sqlite3.connect(db) as c:
+        # The database is reused, as the default one is: this run's calls.
+        (first,) = c.execute(
+            "SELECT min(ts_ns) FROM calls WHERE run_id = "
+            "(SELECT run_id FROM runs ORDER BY started DESC LIMIT 1)"
+        ).fetchone()
+    if first is None:
+        raise RuntimeError("gpufault stored no call")
+    return {
+        "first_call_ms": (first - t0) / 1e6,
+        "banner_ms": (banner - t0) / 1e6,
+        "exit_after_sigint_ms": (t_exit - t_int) / 1e6,
+    }
+
+
+def imports_once() -> dict[str, float]:
+    """The floor under gpufault's number: the interpreter's start and the
+    imports of `trace` (its --help), without resolving or loading."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    t0 = mono_ns()
+    subprocess.run([sys.executable, "-c", "pass"], check=True)
+    t1 = mono_ns()
+    subprocess.run([sys.executable, "-m", "pyctl", "trace", "--help"], check=True, env=env,
+                   stdout=subprocess.DEVNULL)  # fmt: skip
+    t2 = mono_ns()
+    return {"python_start_ms": (t1 - t0) / 1e6, "trace_help_ms": (t2 - t1) / 1e6}
+
+
+def bpftrace_once(pid: int, libz: str) -> dict[str, float]:
+    prog = (
+        'BEGIN { printf("begin %llu\\n", nsecs); } '
+        f'uprobe:{libz}:crc32 /pid == {pid}/ {{ printf("first %llu\\n", nsecs); exit(); }}'
+    )
+    t0 = mono_ns()
+    r = subprocess.run(["bpftrace", "-e", prog], capture_output=True, text=True,
+                       timeout=DEADLINE_S)  # fmt: skip
+    t_exit = mono_ns()
+    vals = dict(ln.split() for ln in r.stdout.splitlines() if ln.startswith(("begin", "first")))
+    if "first" not in vals:
+        raise RuntimeError(f"bpftrace saw no call: {r.stderr.strip()[-300:]}")
+    first = int(vals["first"])
+    return {
+        "first_call_ms": (first - t0) / 1e6,
+        "begin_ms": (int(vals["begin"]) - t0) / 1e6,
+        # exit() at the first call: detaching its one probe and ending.
+        "exit_after_first_ms": (t_exit - first) / 1e6,
+    }
+
+
+def median(runs: list[dict[str, float]]) -> dict[str, float]:
+    return {k: round(statistics.median(r[k] for r in runs), 1) for k in runs[0]}
+
+
+def main() -> int:
+    if os.geteuid() != 0:
+        print("bench_attach: needs root (BPF)", file=sys.stderr)
+        return 2
+    if shutil.which("bpftrace") is None:
+        print("bench_attach: bpftrace missing: apt-get install bpftrace", file=sys.stderr)
+        return 2
+    target, libz = start_target()
+    tmp = Path(tempfile.mkdtemp(prefix="gf-bench-attach-"))
+    try:
+        # Interleaved, so load on the machine falls on every column alike.
+        cold, warm, bpft, floor = [], [], [], []
+        warm_cache = tmp / "warm-cache"
+        db = tmp / "gf.db"
+        gpufault_once(target.pid, warm_cache, db)  # fills the warm cache, makes the db
+        for i in range(REPS):
+            cold.append(gpufault_once(target.pid, tmp / f"cold-cache-{i}", db))
+            warm.append(gpufault_once(target.pid, warm_cache, db))
+            bpft.append(bpftrace_once(target.pid, libz))
+            floor.append(imports_once())
+    finally:
+        target.kill()
+        target.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+    res = {
+        "machine": {
+            "kernel": platform.release(),
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+        },  # fmt: skip
+        "function": f"{libz}:crc32",
+        "reps": REPS,
+        "gpufault_cold": median(cold),
+        "gpufault_warm": median(warm),
+        "bpftrace": median(bpft),
+        "floor": median(floor),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+        "raw": {"gpufault_cold": cold, "gpufault_warm": warm, "bpftrace": bpft, "floor": floor},
+    }
+    b = res["bpftrace"]["first_call_ms"]
+    res["ratio_to_bpftrace"] = {
+        "cold": round(res["gpufault_cold"]["first_call_ms"] / b, 2),
+        "warm": round(res["gpufault_warm"]["first_call_ms"] / b, 2),
+    }
+    print(json.dumps(res, indent=2))
+    if "--md" in sys.argv:
+        md(res)
+    return 0
+
+
+def md(res: dict) -> None:
+    c, w, b = res["gpufault_cold"], res["gpufault_warm"], res["bpftrace"]
+    lines = [
+        "",
+        f"`bench/bench_attach.py` ({res['machine']['kernel']}, {res['machine']['cpus']} CPUs, "
+        f"median of {res['reps']}): spawn to first call seen, ms",
+        "",
+        "| tool | first call | start-up line / BEGIN | ratio to bpftrace |",
+        "|---|---|---|---|",
+        f"| gpufault cold cache | {c['first_call_ms']} | {c['banner_ms']} | "
+        f"{res['ratio_to_bpftrace']['cold']}x |",
+        f"| gpufault warm cache | {w['first_call_ms']} | {w['banner_ms']} | "
+        f"{res['ratio_to_bpftrace']['warm']}x |",
+        f"| bpftrace | {b['first_call_ms']} | {b['begin_ms']} | 1.00x |",
+        "",
+        f"Floor: `python -c pass` {res['floor']['python_start_ms']} ms, `gpufault trace --help` "
+        f"{res['floor']['trace_help_ms']} ms; load average {res['load_avg_1m']}.",
+        "",
+    ]
+    with open(REPO / "docs" / "benchmarks.md", "a") as f:
+        f.write("\n".join(lines))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,565 @@
+"""The fault engine: resolve -> load -> arm -> attach -> consume -> record.
+
+Everything that can fail on bad input (library, symbol, pid, spec) is
+checked before anything is loaded or written, so a refused command leaves
+no probe and no row. BPF links live only as file descriptors of this
+process: if it dies, the kernel detaches every probe, and faults stop at
+their deadline anyway because the deadline is checked in BPF.
+
+Engine is the event loop; each concern is a module of its own:
+- mechanism.py: Plan, every decision of how a fault is carried out
+  (program pair, return probes, single or multi links, copilot, BPF flags);
+  plan() and Attachment, the probe sites;
+- links.py: the BPF object loaded, attached, read and detached;
+- evidence.py: decoded ring records -> rows (EvidenceWriter);
+- pyctl/copilot/injections.py: the copilot's share (pending entries,
+  corrupt writes), wired here.
+The loop itself lives in this file because tests and benches patch
+`pyctl.engine.uprobe_multi` and `pyctl.engine.FIRES_RING_BYTES`, which it
+reads when a run starts.
+"""
+
+from __future__ import annotations
+
+import ctypes as C
+import os
+import select
+import signal as _signal
+import sqlite3
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pyctl import resolve, store
+from pyctl.bpf import abi
+from pyctl.bpf.libbpf import BpfError, Object
+from pyctl.bpf.ringbuf import RingReader
+from pyctl.capabilities import MAIN_OBJ, regs_writable, uprobe_multi, user_writable
+from pyctl.engine.errors import EngineError, StoreWriteError
+from pyctl.engine.evidence import (
+    CALL_REC,
+    NOT_INJECTED,
+    EvidenceWriter,
+    RunStats,
+    merge_outcome,
+    signal_cause,
+)
+from pyctl.engine.links import Links
+from pyctl.engine.mechanism import Attachment, Plan, needs_return_probe, plan
+from pyctl.run_options import DEFAULT_MAX_DB_BYTES, RunOptions
+from pyctl.spec import FaultSpec
+from pyctl.symbolize import Symbolizer, read_maps
+
+DEFAULT_COPILOT_SIGNAL = _signal.SIGURG
+# One drain pass: about this long (then the caller sees its deadline and
+# signals again), in batches this large: ~10-25 ms of inserts each on the
+# 2-core dev VM under load, ~110 ms worst seen (a WAL checkpoint), so a
+# pass ends within ~100 ms at any event rate. Larger batches bought no
+# throughput there (4,096 vs 16,384 rows: same events/s).
+DRAIN_BUDGET_S = 0.04
+CALL_BATCH = 4096
+FIRE_BATCH = 512
+
+# The fires ring: a fault fires only when its record fits (else it is
+# skipped and counted, bpf/gpufault.bpf.c reserve_fire), so the ring is the
+# burst of fires the controller can fall behind by without skipping any.
+# A record is 528 bytes with the ring's header: 8 MiB holds 15.8k. GPUFAULT_FIRES_RING_BYTES (a
+# power of two, >= 4096) sets it, for tests that need a full ring.
+FIRES_RING_BYTES = int(os.environ.get("GPUFAULT_FIRES_RING_BYTES", 8 << 20))
+
+
+def __getattr__(name: str) -> Any:
+    """The copilot's share, imported when asked for (importing the copilot
+    costs ~60 ms that a run without one need not pay)."""
+    if name in ("write_corruption", "CorruptOutcome"):
+        from pyctl.copilot import injections
+
+        return getattr(injections, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class _Part:
+    """An Engine attribute that is one of its parts': the plan's
+    (mechanism.py) or the evidence writer's (evidence.py)."""
+
+    def __init__(self, part: str, name: str = "", *, settable: bool = False) -> None:
+        self.part, self.name, self.settable = part, name, settable
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = self.name or name
+
+    def __get__(self, eng: Engine | None, owner: type | None = None) -> Any:
+        return self if eng is None else getattr(getattr(eng, self.part), self.name)
+
+    def __set__(self, eng: Engine, value: Any) -> None:
+        if not self.settable:
+            raise AttributeError(f"Engine.{self.name} is the {self.part}'s: read only")
+        setattr(getattr(eng, self.part), self.name, value)
+
+
+class Engine:
+    """One run: owns the BPF object, the rings, the store and the copilot."""
+
+    def __init__(
+        self,
+        specs: Sequence[FaultSpec],
+        *,
+        db_path: str | os.PathLike[str] = store.DEFAULT_DB,
+        pid: int | None = None,
+        argv: Sequence[str] = (),
+        kind: str = "inject",
+        copilot_signal: int = DEFAULT_COPILOT_SIGNAL,
+        ring_mib: int = 8,
+        use_regs: bool | None = None,
+        use_user_writes: bool | None = None,
+        watch_pids: Sequence[int] = (),
+        seize_pid: int | None = None,
+        resolve_in_target: bool = True,
+        max_db_bytes: int = DEFAULT_MAX_DB_BYTES,
+        options: RunOptions | None = None,
+        tid: int | None = None,
+    ):
+        if options is not None:
+            # A run's settings in one object (pyctl/run_options.py): the CLI's,
+            # through the Runner; the keywords above stay for library use.
+            db_path, argv, kind = options.db_path, options.argv, options.kind
+            max_db_bytes = options.max_db_bytes
+            if options.copilot_signal:
+                copilot_signal = options.copilot_signal
+        # The run's thread and --duration reach each spec's BPF copy when it
+        # is armed (_write_spec), never the specs themselves.
+        self.tid = tid or 0
+        self.duration = options.duration if options is not None else 0.0
+        self.specs = [s.validate() for s in specs]
+        self.pid = pid
+        self.db_path = db_path
+        self.argv = list(argv)
+        self.kind = kind
+        self.copilot_signal = int(copilot_signal)
+        self.ring_bytes = ring_mib << 20
+        self.plan = Plan(
+            self.specs,
+            regs=regs_writable() if use_regs is None else use_regs,
+            user_writes=user_writable() if use_user_writes is None else use_user_writes,
+        )
+        self.links: Links | None = None
+        self.watch = list(watch_pids) or ([pid] if pid else [])
+        self.seize_pid = seize_pid if seize_pid is not None else pid
+        # False for a command we hold before exec: its maps are still ours.
+        self.resolve_in_target = resolve_in_target
+        self.copilot: Any = None
+        self.stats = RunStats()
+        self.evidence = EvidenceWriter(
+            self.specs, db_path=db_path, max_db_bytes=max_db_bytes, stats=self.stats
+        )
+        self._maps_read_at: dict[int, float] = {}  # tgid -> when the copilot last read
+        self._tgid_of: dict[int, int] = {}  # tid -> tgid, for the copilot's maps reads
+        self._caller_ranges: dict[int, Any] = {}  # spec -> callers.Range
+        self._armed_at = 0
+        self._ep: select.epoll | None = None
+        self._fires_ring_bytes = FIRES_RING_BYTES
+        self.write_error: str | None = None
+        self.end_error: str | None = None
+        self.armed = False
+        self._armed_cfgs: dict[int, abi.Spec] = {}  # what arm() wrote, per spec
+        self._db_created = False
+
+    # ---- what the plan, the links and the writer hold -------------------
+    mechanism = _Part("plan")  # str: what carries the faults out (the run row's word)
+    regs = _Part("plan")
+    wu = _Part("plan", "user_writes")
+    multi = _Part("plan")  # uprobe_multi links (decided at load, where the kernel has them)
+
+    @property
+    def obj(self) -> Object | None:
+        return self.links.obj if self.links is not None else None
+
+    # The run's rows are the writer's: the database, the run id, the probe
+    # sites, gpufa.ko's device and the callbacks, read and set through here.
+    db = _Part("evidence", settable=True)
+    run_id = _Part("evidence", settable=True)
+    atts = _Part("evidence", settable=True)
+    anchor_dev = _Part("evidence", settable=True)
+    on_fire = _Part("evidence", settable=True)  # Callable[[dict], None] | None: each fault row
+    on_notice = _Part("evidence", settable=True)  # Callable[[str], None]: one-line notices
+    capped = _Part("evidence")  # call rows stopped at --max-db-size
+    max_db_bytes = _Part("evidence")
+
+    def db_bytes(self) -> int:
+        return self.evidence.db_bytes()
+
+    # ---- set-up -------------------------------------------------------
+    def start(self) -> None:
+        """Resolve, load, arm, attach; on any error undo everything and raise."""
+        if os.geteuid() != 0:
+            raise EngineError("gpufault needs root (BPF, uprobes, ptrace): run it with sudo")
+        if not MAIN_OBJ.exists():
+            raise EngineError(f"{MAIN_OBJ} missing: run `make build` first")
+        if self.plan.needs_copilot() and self.seize_pid is None:
+            raise EngineError(
+                "fail/stall on this kernel go through the ptrace copilot, which needs a "
+                "target: add --pid PID or -- CMD"
+            )
+        if any(sp.caller for sp in self.specs) and self.pid is None:
+            raise EngineError(
+                "--caller compares return addresses of one process: add --pid PID or -- CMD"
+            )
+        if self.plan.needs_copilot() and self.seize_pid is not None:
+            from pyctl.copilot import CopilotError, check_not_traced
+
+            try:
+                check_not_traced(self.seize_pid)
+            except CopilotError as e:
+                raise EngineError(str(e)) from None
+        self.atts = self.plan.attachments(self.pid if self.resolve_in_target else None)
+        if self.pid is not None and not resolve.pid_alive(self.pid):
+            raise EngineError(f"no process {self.pid}: check the pid (is it still running?)")
+        # The database is opened and checked (writable, SQLite, gpufault's or
+        # new) before anything is loaded: a bad --db must not be found with
+        # faults already armed. A file we create here goes again if the
+        # start is refused, so a refused command leaves no database.
+        try:
+            self.db = store.open_db(self.db_path)
+        except store.StoreError as e:
+            raise EngineError(str(e)) from None
+        self._db_created = bool(getattr(self.db, "gf_created", False))
+        try:
+            self._load_and_attach()
+            if self.plan.needs_copilot():
+                self._start_copilot()
+            try:
+                self.run_id = store.new_run(
+                    self.db,
+                    self.argv,
+                    self.kind,
+                    mechanism=self.mechanism,
+                    capabilities={"regs": self.regs, "copilot_signal": self.copilot_signal},
+                )
+                self.evidence.write_plan(self.pid, self.tid, self.duration)
+            except sqlite3.Error as e:
+                raise EngineError(f"{self.db_path}: {e}") from None
+            self._open_anchors()
+            # Snapshot the maps now: a process that crashes on its first fault
+            # is gone before its fire record is read.
+            for p in self.watch:
+                self.evidence.symbolizers[p] = Symbolizer(p)
+            # Last: nothing may fire before the mechanism that carries it out
+            # (the copilot holding every thread) and the run row are ready.
+            self.arm()
+        except BaseException:
+            self.close(status="refused")
+            if self._db_created and not self.armed:
+                store.remove_db(Path(self.db_path))
+            raise
+
+    def arm(self) -> None:
+        """Write the specs (probes attached with every spec disarmed, so a
+        call before this point neither counts nor fires). Deadlines and
+        windows count from now."""
+        assert self.links is not None
+        self._armed_at = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        self._resolve_callers()
+        for i in range(len(self.specs)):
+            self._write_spec(i)
+        self.armed = True
+
+    def _write_spec(self, i: int) -> None:
+        assert self.links is not None
+        rng = self._caller_ranges.get(i)
+        cfg = self.plan.bpf_spec(
+            i,
+            self.atts,
+            start_mono_ns=self._armed_at,
+            tgid=self.pid or 0,
+            tid=self.tid,
+            duration_s=self.duration,
+            caller=(rng.lo, rng.hi) if rng else None,
+        )
+        self.links.write_spec(i, cfg)
+        self._armed_cfgs[i] = cfg
+
+    def _resolve_callers(self) -> list[int]:
+        """Where each --caller object is mapped in the target; the specs
+        whose range changed (a library loaded after start)."""
+        from pyctl.callers import CallerError, exec_range
+
+        changed = []
+        for i, sp in enumerate(self.specs):
+            if not sp.caller or self.pid is None:
+                continue
+            try:
+                rng = exec_range(self.pid, sp.caller)
+            except CallerError as e:
+                raise EngineError(str(e)) from None
+            if rng != self._caller_ranges.get(i):
+                if rng is not None:
+                    self._caller_ranges[i] = rng
+                    changed.append(i)
+        return changed
+
+    def _load_and_attach(self) -> None:
+        self.plan.multi = uprobe_multi()
+        self._fires_ring_bytes = FIRES_RING_BYTES
+        self.links = Links(
+            self.plan,
+            ring_bytes=self.ring_bytes,
+            fires_ring_bytes=self._fires_ring_bytes,
+            copilot_signal=self.copilot_signal,
+        )
+        self.links.load_and_attach(self.atts, self.watch, self.pid)
+        self.events = RingReader(self.links.events_fd, self.ring_bytes)
+        self.fires = RingReader(self.links.fires_fd, self._fires_ring_bytes)
+        self._ep = select.epoll()
+        self._ep.register(self.events.fd, select.EPOLLIN)
+        self._ep.register(self.fires.fd, select.EPOLLIN)
+
+    def _start_copilot(self) -> None:
+        try:
+            from pyctl.copilot import CopilotError
+            from pyctl.copilot.injections import start_copilot
+        except ImportError as e:
+            raise EngineError(f"the ptrace copilot is not available here ({e})") from None
+        assert self.links is not None and self.seize_pid is not None
+        try:
+            self.copilot = start_copilot(
+                self.seize_pid,
+                self.copilot_signal,
+                self.links.pending_fd,
+                self.evidence.outcomes.put,
+                self._maps_while_held,
+            )
+        except CopilotError as e:
+            self.copilot = None
+            raise EngineError(str(e)) from None
+
+    def _maps_while_held(self, tid: int) -> None:
+        """On the copilot's thread, with a faulted thread held: its process
+        is alive now, so read its maps for the fire's stack (a target that
+        exits right after the fault, or a command that exec'd since the
+        last read, left the symbolizer with no or stale maps). At most every
+        100 ms per process; the ingest thread takes them up (offer)."""
+        tgid = self._tgid_of.get(tid)
+        if tgid is None:  # once per thread: this runs at every injected call
+            try:
+                status = Path(f"/proc/{tid}/status").read_text()
+                tgid = self._tgid_of[tid] = int(status.split("\nTgid:", 1)[1].split()[0])
+            except (OSError, IndexError, ValueError):
+                return
+        now = time.monotonic()
+        if now - self._maps_read_at.get(tgid, 0.0) < 0.1:
+            return
+        self._maps_read_at[tgid] = now
+        sym = self.evidence.symbolizers.get(tgid)
+        maps = read_maps(tgid)
+        if sym is not None and maps:
+            sym.offer(maps)
+
+    def _open_anchors(self) -> None:
+        """With gpufa.ko loaded, tag its anchors with our fault IDs and store
+        them; without it, nothing to do (Xids and signals come from BPF)."""
+        self.anchor_dev = None
+        if not os.path.exists("/dev/gpufa"):
+            return
+        try:
+            from pyctl.anchors.device import AnchorDevice
+
+            self.anchor_dev = AnchorDevice(nonblock=True)
+        except OSError:
+            self.anchor_dev = None
+
+    # ---- the loop -----------------------------------------------------
+    def refresh_maps(self) -> None:
+        """Keep a recent copy of each watched process's maps for stacks, and
+        point --caller filters at objects mapped since the last look."""
+        if self.armed and any(sp.caller for sp in self.specs):
+            try:
+                for i in self._resolve_callers():
+                    self._write_spec(i)
+                    self.on_notice(
+                        f"--caller {self.specs[i].caller}: "
+                        f"{self._caller_ranges[i].path} is mapped: filter live"
+                    )
+            except EngineError:
+                pass  # ambiguous now: keep the range we had
+        for p in self.watch:
+            sym = self.evidence.symbolizers.get(p)
+            if sym is None:
+                self.evidence.symbolizers[p] = Symbolizer(p)
+            else:
+                sym.refresh()
+
+    def poll(self, timeout: float = 0.05, budget_s: float | None = DRAIN_BUDGET_S) -> int:
+        """Wait up to timeout for events, then ingest for at most about
+        budget_s (plus one batch): the caller's loop sees its deadline and
+        signals again within ~100 ms at any event rate."""
+        assert self._ep is not None
+        self._ep.poll(timeout)
+        return self.drain(budget_s)
+
+    def drain(self, budget_s: float | None = None) -> int:
+        """Ingest what the rings hold. budget_s: stop after about this long
+        (what is left stays in the rings for the next call). None: read what
+        is there, but never more than one ring's worth of calls per call, so
+        a producer that outruns us cannot keep this from returning.
+        Raises StoreWriteError (every fault disarmed) when a write fails."""
+        if self.write_error is not None:
+            return 0
+        end = None if budget_s is None else time.monotonic() + budget_s
+        n = 0
+        ev = self.evidence
+        try:
+            # Outcomes the copilot has handed over so far wait for their rows.
+            ev.take_outcomes()
+            # Fires first, stored raw: a burst leaves the ring at the speed
+            # of one INSERT per batch, so the BPF side finds room (a fire
+            # without room is skipped). Not held to the budget: one ring's
+            # worth at most is a few ms here (bench/bench_fires.py).
+            for _ in range(self._fires_ring_bytes // 64 // FIRE_BATCH + 1):
+                span, got_n = self.fires.take_span(FIRE_BATCH)
+                if got_n:
+                    ev.journal_fires(span, got_n)
+                n += got_n
+                if got_n < FIRE_BATCH:
+                    break
+            most = self.ring_bytes // CALL_REC.size + 1
+            got = 0
+            while got < most and (end is None or time.monotonic() < end or not got):
+                rows = self.events.read_fixed(CALL_REC, CALL_BATCH)
+                if not rows:
+                    break
+                ev.ingest_calls(rows)
+                n += len(rows)
+                got += len(rows)
+            # Then stored fires become rows, in ring order, in what is left
+            # of the budget (one batch at least, so a sustained burst still
+            # makes progress; all of them without a budget, as at close).
+            ev.decode_journal(end)
+            ev.drain_anchors()
+            ev.take_outcomes()
+            ev.update_outcomes()
+        except sqlite3.Error as e:
+            self.fail_writes(e)
+        return n
+
+    def fail_writes(self, e: BaseException) -> None:
+        """A write failed (disk full, I/O error): stop every fault at once,
+        keep what was committed, and let the caller end the run as failed."""
+        self.write_error = f"{self.db_path}: {e}"
+        try:
+            self.disarm()
+        except BpfError:
+            pass
+        raise StoreWriteError(self.write_error)
+
+    # ---- state --------------------------------------------------------
+    def counters(self) -> list[abi.Counters]:
+        assert self.links is not None
+        return self.links.counters(len(self.specs))
+
+    def lost(self) -> dict[str, int]:
+        assert self.links is not None
+        return self.links.lost()
+
+    def disarm(self) -> None:
+        """Stop firing at once (links stay until close)."""
+        if self.obj is None:
+            return
+        assert self.links is not None
+        for i in range(len(self.specs)):
+            # Clear only the enabled flag: a call that entered while armed
+            # returns through the return program, which still needs the
+            # spec's action, flags and code (to apply an "after" fault, to
+            # record a traced call). Zeroing it lost that call's row.
+            cfg = self._armed_cfgs.get(i)
+            off = abi.Spec()
+            if cfg is not None:
+                C.memmove(C.addressof(off), C.addressof(cfg), C.sizeof(off))
+                off.flags &= ~abi.F_ENABLED
+            self.links.write_spec(i, off)
+
+    def close(self, status: str = "done", exit_code: int | None = None) -> None:
+        """Detach everything, finish the copilot, write the run's end. Idempotent."""
+        if self.obj is not None:
+            try:
+                self.disarm()
+            except BpfError:
+                pass
+        if self.copilot is not None:
+            try:
+                self.copilot.stop()
+            finally:
+                self.copilot = None
+        if self.links is not None and self.obj is not None:
+            self.links.detach()
+            if self.db is not None and self.run_id:
+                try:
+                    if self.write_error is None:
+                        self.drain()
+                        self.evidence.mark_uninjected()
+                except Exception:  # noqa: BLE001 - still close the run row
+                    pass
+                try:
+                    cnt = self.counters()
+                    self.stats.calls = sum(c.calls for c in cnt)
+                    self.stats.lost = self.lost()
+                    # After detach: what is left in flight never returns to us.
+                    self.stats.unfinished = self.links.in_flight()
+                except Exception:  # noqa: BLE001 - still close the run row
+                    pass
+            for r in (getattr(self, "events", None), getattr(self, "fires", None)):
+                if r is not None:
+                    r.close()
+            if self._ep is not None:
+                self._ep.close()
+                self._ep = None
+            self.links.close()
+        if self.anchor_dev is not None:
+            self.anchor_dev.close()  # also clears the module's fault context
+            self.anchor_dev = None
+        if self.db is not None and self.run_id:
+            if self.write_error is not None and status == "done":
+                status = "failed"
+            try:
+                store.end_run(
+                    self.db,
+                    self.run_id,
+                    status,
+                    exit_code,
+                    {
+                        "calls": self.stats.calls,
+                        "fires": self.stats.fires,
+                        "events": self.stats.events,
+                        "links": self.stats.links,
+                        "calls_dropped": self.stats.dropped,
+                        "calls_unfinished": self.stats.unfinished,
+                        **({"write_error": self.write_error} if self.write_error else {}),
+                        **self.stats.lost,
+                    },
+                )
+            except sqlite3.Error as e:
+                # The disk may still be full: the run row keeps "running".
+                self.end_error = str(e)
+        if self.db is not None:
+            try:
+                self.db.close()
+            except sqlite3.Error:
+                pass
+            self.db = None
+
+
+__all__ = [
+    "Attachment",
+    "CALL_REC",
+    "NOT_INJECTED",
+    "Engine",
+    "EngineError",
+    "RunStats",
+    "Plan",
+    "StoreWriteError",
+    "merge_outcome",
+    "needs_return_probe",
+    "plan",
+    "signal_cause",
+    "write_corruption",
+]

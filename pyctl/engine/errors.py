@@ -1,0 +1,13 @@
+"""The engine's two exceptions, apart so that every engine module can raise
+them without importing the event loop (pyctl/engine/__init__.py)."""
+
+from __future__ import annotations
+
+
+class EngineError(Exception):
+    """One-line, user-facing error; nothing is left attached."""
+
+
+class StoreWriteError(EngineError):
+    """Writing the evidence failed mid-run (disk full, I/O error): every
+    fault was disarmed at once; the run is to be closed as failed."""

@@ -1,0 +1,182 @@
+"""The run's BPF object: load it, attach its programs (one link per site,
+or uprobe_multi links), read its maps, detach. The map and program names
+are pyctl/bpf/names.py's (checked there against the built object)."""
+
+from __future__ import annotations
+
+import ctypes as C
+from collections.abc import Iterable, Sequence
+
+from pyctl.bpf import abi
+from pyctl.bpf.libbpf import (
+    BPF_TRACE_UPROBE_MULTI,
+    BpfError,
+    Object,
+    map_count,
+    map_lookup,
+    map_update,
+)
+from pyctl.bpf.names import Main
+from pyctl.capabilities import MAIN_OBJ
+from pyctl.engine.errors import EngineError
+from pyctl.engine.mechanism import Attachment, Plan
+
+
+class Links:
+    """One run's loaded object and its links, as the plan says."""
+
+    def __init__(
+        self, plan: Plan, *, ring_bytes: int, fires_ring_bytes: int, copilot_signal: int
+    ) -> None:
+        self.plan = plan
+        self.ring_bytes = ring_bytes
+        self.fires_ring_bytes = fires_ring_bytes
+        self.copilot_signal = copilot_signal
+        self.obj: Object | None = None
+
+    def _open_and_load(self, multi: bool) -> tuple[Object, str, str]:
+        try:
+            obj = Object(MAIN_OBJ)
+        except BpfError as e:
+            raise EngineError(f"{e}: see `gpufault doctor`") from None
+        entry, ret = self.plan.programs
+        for p in Main.UPROBE_PROGRAMS:  # autoload only the chosen pair
+            obj.set_autoload(p, p in (entry, ret))
+        obj.set_max_entries(Main.EVENTS, self.ring_bytes)
+        obj.set_max_entries(Main.FIRES, self.fires_ring_bytes)
+        obj.set_rodata(
+            {
+                Main.COPILOT_SIGNO: ("=I", self.copilot_signal),
+                Main.EVENTS_WAKE_BYTES: ("=Q", max(4096, self.ring_bytes // 8)),
+            }
+        )
+        if multi:
+            for prog in (entry, ret):
+                obj.set_expected_attach_type(prog, BPF_TRACE_UPROBE_MULTI)
+        try:
+            obj.load()
+        except BpfError:
+            obj.close()
+            raise
+        return obj, entry, ret
+
+    def load_and_attach(
+        self, atts: Sequence[Attachment], watch: Iterable[int], pid: int | None
+    ) -> Object:
+        """Load, mark the watched processes, attach the tracepoints and every
+        site; raises EngineError (the caller closes what was loaded)."""
+        try:
+            obj, entry, ret = self._open_and_load(self.plan.multi)
+        except BpfError as e:
+            if not self.plan.multi:
+                raise EngineError(f"{e}: see `gpufault doctor`") from None
+            # A kernel may take a program as a plain uprobe but not as a
+            # uprobe_multi one (the register-writing pair, say): per-site links.
+            self.plan.single_links()
+            try:
+                obj, entry, ret = self._open_and_load(False)
+            except BpfError as e2:
+                raise EngineError(f"{e2}: see `gpufault doctor`") from None
+        self.obj = obj
+        # The specs map stays all zero (every spec disabled) until arm().
+        wfd = obj.map_fd(Main.WATCHED)
+        for wpid in watch:
+            map_update(wfd, C.c_uint32(wpid), C.c_uint8(1))
+        obj.attach(Main.SIGNAL_DELIVER)
+        obj.attach(Main.PROCESS_EXIT)
+        attach_pid = pid if pid is not None else -1
+        if self.plan.multi:
+            self._attach_multi(obj, atts, entry, ret, attach_pid)
+        else:
+            for a in atts:
+                ck = abi.cookie(a.spec, a.func)
+                try:
+                    obj.attach_uprobe(entry, attach_pid, a.lib.path, a.sym.offset, ck, False)
+                    if a.retprobe:
+                        obj.attach_uprobe(ret, attach_pid, a.lib.path, a.sym.offset, ck, True)
+                except BpfError as e:
+                    raise EngineError(f"{e} ({a.sym.name}): see `gpufault doctor`") from None
+        return obj
+
+    def _attach_multi(
+        self, obj: Object, atts: Sequence[Attachment], entry: str, ret: str, pid: int
+    ) -> None:
+        """One uprobe_multi link per (file, entry/return), so closing costs
+        one kernel wait per link, not per site. A site may appear once per
+        link: a function probed by two specs goes into a second link."""
+        groups: dict[tuple[str, bool, int], list[Attachment]] = {}
+        taken: dict[tuple[str, bool, int], set[int]] = {}
+        for a in atts:
+            for is_ret in (False, True) if a.retprobe else (False,):
+                rank = 0
+                while a.sym.offset in taken.get((a.lib.path, is_ret, rank), ()):
+                    rank += 1
+                key = (a.lib.path, is_ret, rank)
+                taken.setdefault(key, set()).add(a.sym.offset)
+                groups.setdefault(key, []).append(a)
+        for (path, is_ret, _), group in groups.items():
+            prog = ret if is_ret else entry
+            offs = [a.sym.offset for a in group]
+            cks = [abi.cookie(a.spec, a.func) for a in group]
+            try:
+                obj.attach_uprobe_multi(prog, pid, path, offs, cks, is_ret)
+            except BpfError as e:
+                # Name the site the kernel refused: try them one at a time.
+                for a, off, ck in zip(group, offs, cks, strict=True):
+                    try:
+                        obj.attach_uprobe_multi(prog, pid, path, [off], [ck], is_ret)
+                    except BpfError as one:
+                        raise EngineError(f"{one} ({a.sym.name}): see `gpufault doctor`") from None
+                raise EngineError(f"{e}: see `gpufault doctor`") from None
+
+    # ---- maps ---------------------------------------------------------
+    def map_fd(self, name: str) -> int:
+        assert self.obj is not None
+        return self.obj.map_fd(name)
+
+    @property
+    def events_fd(self) -> int:
+        return self.map_fd(Main.EVENTS)
+
+    @property
+    def fires_fd(self) -> int:
+        return self.map_fd(Main.FIRES)
+
+    @property
+    def pending_fd(self) -> int:
+        return self.map_fd(Main.PENDING)
+
+    def write_spec(self, i: int, cfg: abi.Spec) -> None:
+        map_update(self.map_fd(Main.SPECS), C.c_uint32(i), cfg)
+
+    def counters(self, n: int) -> list[abi.Counters]:
+        fd = self.map_fd(Main.COUNTERS)
+        out = []
+        for i in range(n):
+            c = abi.Counters()
+            map_lookup(fd, C.c_uint32(i), c)
+            out.append(c)
+        return out
+
+    def lost(self) -> dict[str, int]:
+        fd = self.map_fd(Main.STATS)
+        out = {}
+        for i, name in enumerate(abi.STAT_NAMES):
+            v = C.c_uint64()
+            map_lookup(fd, C.c_uint32(i), v)
+            out[name] = v.value
+        return out
+
+    def in_flight(self) -> int:
+        """Calls that entered and have not returned (after detach: never will)."""
+        return map_count(self.map_fd(Main.INFLIGHT), 16)
+
+    # ---- teardown -----------------------------------------------------
+    def detach(self) -> None:
+        if self.obj is not None:
+            self.obj.detach_all()
+
+    def close(self) -> None:
+        if self.obj is not None:
+            self.obj.close()
+            self.obj = None

@@ -1,0 +1,128 @@
+"""Request bodies for [load] and traffic steps: the prompt mix an experiment sends.
+
+The generators are the tokenizer campaigns' own (pyctl/tokenizer/):
+class 9's adversarial cases (`unicode`: lone and reversed surrogates,
+invalid and overlong UTF-8 as raw bytes inside the JSON string, combining
+storms, long repeats, nested specials), class 10's boundary (`over-limit`:
+prompts 1, 2, 8, 64 and 10 x the context tokens past what the context
+leaves room for; `at-limit`: exactly the room, the longest prompt the
+service must accept, so batches get maximal left padding), class 12's
+mix (`hot`: Zipf-distributed words of a fixed pool; `cold`: words never
+seen before, a new one in every request).
+
+Token counts are those of the service's own tokenizer, rebuilt here from
+the same corpus and vocabulary size (pyctl/service/tokenizer.py trains it
+deterministically in about 0.1 s), so "one token over the limit" is exact.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pyctl.experiment.files import Load
+
+# Past the room the context leaves (context - max_tokens), in tokens.
+OVER_BY = (1, 2, 8, 64)
+
+
+def _body(prompt: str, max_tokens: int) -> bytes:
+    # ensure_ascii: a lone surrogate goes out as the JSON escape \\ud800 (what
+    # a client in any language can send), not as bytes no encoder writes.
+    return json.dumps({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0}).encode()
+
+
+def _raw_body(raw: bytes, max_tokens: int) -> bytes:
+    """Invalid UTF-8 bytes inside the JSON string, as a broken client sends them."""
+    return b'{"prompt": "' + raw + b'", "max_tokens": %d, "temperature": 0}' % max_tokens
+
+
+def _tokenizer(vocab_size: int) -> Any:
+    from pyctl.service.tokenizer import ServiceTokenizer
+
+    return ServiceTokenizer(vocab_size)
+
+
+def _text_of(tok: Any, n_tokens: int, *, at_most: bool, seed: int = 3) -> str:
+    """A prompt of the pseudo-language with exactly n_tokens tokens (or, if
+    no prefix has exactly that many, the nearest above; at_most: below)."""
+    from pyctl.tokenizer.builders import generate_corpus
+
+    text = ""
+    lines = iter(generate_corpus(n_lines=4000, seed=seed))
+    while len(tok.encode(text)) < n_tokens + 2:
+        text += next(lines) + " "
+    lo, hi = 0, len(text)  # smallest prefix with >= n_tokens tokens
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if len(tok.encode(text[:mid])) >= n_tokens:
+            hi = mid
+        else:
+            lo = mid + 1
+    for cut in range(lo, min(lo + 8, len(text)) + 1):
+        if len(tok.encode(text[:cut])) == n_tokens:
+            return text[:cut]
+    if at_most:
+        cut = lo
+        while cut > 0 and len(tok.encode(text[:cut])) > n_tokens:
+            cut -= 1
+        return text[:cut]
+    return text[:lo]
+
+
+def bodies(load: Load, n_requests: int) -> list[bytes] | None:
+    """The bodies request i sends in turn (i % len); None: the one prompt."""
+    got = cases(load, n_requests)
+    return None if got is None else [b for _name, b in got]
+
+
+def cases(load: Load, n_requests: int) -> list[tuple[str, bytes]] | None:
+    """(name, body) of each body in turn: the name says which case a bad
+    answer belongs to (lone_surrogate/high, over-limit/+1)."""
+    c, mt = load.corpus, load.max_tokens
+    if c == "prompt":
+        return None
+    if c == "prompts":
+        return [(f"prompt {i}", _body(p, mt)) for i, p in enumerate(load.prompts)]
+    if c == "unicode":
+        from pyctl.tokenizer.unicode import generate_cases
+
+        return [
+            (
+                f"{case.category}/{case.name}",
+                _raw_body(case.raw, mt) if case.raw is not None else _body(case.text, mt),
+            )
+            for case in generate_cases(("[PAD]", "[BOS]", "[EOS]"), max_len=load.max_len)
+        ]
+    if c in ("over-limit", "at-limit"):
+        tok = _tokenizer(load.vocab_size)
+        room = load.context - mt
+        if c == "at-limit":
+            return [(f"at-limit/{room}", _body(_text_of(tok, room, at_most=True), mt))]
+        over = [*OVER_BY, 10 * load.context - room]
+        return [
+            (f"over-limit/+{k}", _body(_text_of(tok, room + k, at_most=False), mt)) for k in over
+        ]
+    if c == "hot":
+        from pyctl.tokenizer.cache import hot_pool
+
+        return [(f"hot/{i}", _body(t, mt)) for i, t in enumerate(hot_pool(n_texts=200))]
+    if c == "cold":
+        from pyctl.tokenizer.cache import ColdWords
+
+        cold = ColdWords()
+        # One never-seen text per request: none repeats within the run.
+        return [(f"cold/{i}", _body(cold.text(8), mt)) for i in range(max(1, n_requests))]
+    raise ValueError(f"unknown corpus {c!r}")
+
+
+def describe(load: Load) -> str:
+    """One line for the run's output and the evidence."""
+    if load.corpus == "prompt":
+        return f"prompt {load.prompt!r}"
+    if load.corpus == "prompts":
+        return f"{len(load.prompts)} prompts in turn"
+    return f"corpus {load.corpus}"
+
+
+__all__ = ["bodies", "cases", "describe", "OVER_BY"]

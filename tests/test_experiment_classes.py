@@ -1,0 +1,245 @@
+"""One experiment per fault class this machine can run (issue 15), end to end
+against the reference service, plus the runner gaps of issue 16 (a step
+into rank 1 of the two-rank service, a per-step arm timeout).
+
+Each test runs `gpufault experiment run NAME` as a process (the service it
+starts itself), and checks the verdict docs/experiments.md's table
+promises and the evidence behind it. GPU classes run through the service's
+`--device cpu-double`, the libcuda TEST DOUBLE (not the CUDA driver).
+Traffic-only experiments (classes 9, 10, 12: the fault is the input) need
+no root; the others arm faults (root: BPF, ptrace). Each prints its run
+time; none leaves a process or a fault behind (test_experiment_run.py's
+checks).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+from test_experiment_run import NOISY_BEFORE, gf_progs, one, ours_left, q, run_exp
+
+pytestmark = [pytest.mark.slow]
+root = pytest.mark.skipif(os.geteuid() != 0, reason="requires root (BPF, ptrace)")
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _run(name: str, tmp_path: Path, *extra: str, retry: bool = False) -> tuple[int, str, Path]:
+    db = tmp_path / "gf.db"
+    before = gf_progs() if os.geteuid() == 0 else set()
+    retry_on = (*NOISY_BEFORE, "verdict FAIL") if retry else NOISY_BEFORE
+    rc, out, took = run_exp(name, "--db", str(db), *extra, retry_on=retry_on)
+    (t0, t1) = q(db, "SELECT started_at, ended_at FROM experiments ORDER BY started_at DESC")[0]
+    print(f"{name}: {t1 - t0:.1f}s of experiment, {took:.1f}s with the service's start")
+    if os.geteuid() == 0:
+        assert not ours_left(db, before), "left behind"
+    return rc, out, db
+
+
+def _last(db: Path) -> str:
+    (xid,) = one(db, "SELECT id FROM experiments ORDER BY started_at DESC LIMIT 1")
+    return str(xid)
+
+
+def _steps(db: Path, xid: str) -> list[tuple]:
+    return q(
+        db,
+        "SELECT idx, status, fires, spec, run_id FROM experiment_steps "
+        "WHERE experiment_id=? ORDER BY idx",
+        xid,
+    )
+
+
+def _expect(db: Path, xid: str) -> dict[str, tuple]:
+    rows = q(db, "SELECT name, ok, value FROM expectations WHERE experiment_id=?", xid)
+    return {r[0]: (r[1], r[2]) for r in rows}
+
+
+# ---- classes 9, 10, 12: traffic steps (no root) ------------------------------------------
+
+
+def test_class9_unicode_adversarial_passes(tmp_path: Path) -> None:
+    rc, out, db = _run("unicode-adversarial", tmp_path, retry=True)
+    assert rc == 0 and "verdict PASS" in out, out
+    xid = _last(db)
+    ((_i, status, fires, spec, _r),) = _steps(db, xid)
+    answers = json.loads(spec)["answers"]
+    assert status == "done" and fires >= 40, (status, fires)
+    # Refusals (invalid UTF-8, lone surrogates, over-long) and answers; no 5xx, no drop.
+    assert set(answers) <= {"200", "400"} and answers.get("400", 0) >= 10, answers
+    bad = q(db, "SELECT probe FROM hypothesis_results WHERE ok=0 AND experiment_id=?", xid)
+    assert not bad
+
+
+def test_class10_over_limit_refused_and_batched_answers_agree(tmp_path: Path) -> None:
+    rc, out, db = _run("over-limit-prompts", tmp_path, retry=True)
+    assert rc == 0 and "verdict PASS" in out, out
+    xid = _last(db)
+    (over, at) = _steps(db, xid)
+    assert json.loads(over[3])["answers"] == {"400": over[2]}, over  # refused, every one
+    assert json.loads(at[3])["answers"] == {"200": at[2]}, at  # exactly the room: accepted
+    ok, value = one(
+        db,
+        "SELECT ok, value FROM hypothesis_results "
+        "WHERE phase='during' AND probe='agree' AND experiment_id=?",
+        xid,
+    )
+    assert ok == 1 and value.split("/")[0] == value.split("/")[1].split()[0], value
+
+
+def test_class12_cache_skew_measures_throughput_and_p99(tmp_path: Path) -> None:
+    rc, out, db = _run("tokenizer-cache-skew", tmp_path, retry=True)
+    assert rc == 0 and "verdict PASS" in out, out
+    xid = _last(db)
+    ((_i, status, fires, spec, _r),) = _steps(db, xid)
+    assert status == "done" and json.loads(spec)["answers"] == {"200": fires}
+    probes = {
+        r[0]
+        for r in q(
+            db, "SELECT probe FROM hypothesis_results WHERE phase='during' AND experiment_id=?", xid
+        )
+    }
+    assert {"load.p99", "load.throughput"} <= probes
+    assert q(db, "SELECT count(*) FROM judgements WHERE experiment_id=?", xid) == [(1,)]
+
+
+def test_a_traffic_step_that_gets_5xx_fails_and_names_the_cases(tmp_path: Path) -> None:
+    """A traffic step's answers outside ok_status fail the experiment (not
+    error): with ok_status [200, 299] the class-9 corpus's refusals count."""
+    from pyctl.experiment import files as F
+
+    text = F.find("unicode-adversarial").read_text()
+    text = text.replace("ok_status = [200, 499]", "ok_status = [200, 299]")
+    p = tmp_path / "strict.toml"
+    p.write_text(text)
+    rc, out, db = _run(str(p), tmp_path)
+    assert rc == 1 and "verdict FAIL" in out and "answers outside [200, 299]" in out, out
+    assert "invalid_utf8/" in out or "lone_surrogate/" in out, out
+
+
+# ---- classes 1, 2, 11: faults (root) -----------------------------------------------------
+
+
+@root
+def test_class1_launch_failed_degrades_and_passes(tmp_path: Path) -> None:
+    rc, out, db = _run("cuda-launch-failed-degrade", tmp_path, retry=True)
+    assert rc == 0 and "verdict PASS" in out, out
+    xid = _last(db)
+    ((_i, status, fires, _s, run_id),) = _steps(db, xid)
+    assert status == "done" and fires >= 2, (status, fires)
+    assert q(db, "SELECT DISTINCT function FROM faults WHERE run_id=?", run_id) == [
+        ("cuLaunchKernel",)
+    ]
+    assert _expect(db, xid)["alert_fired"][0] == 1
+
+
+@root
+def test_class1_ctx_destroyed_opens_the_breaker_and_recovers(tmp_path: Path) -> None:
+    rc, out, db = _run("cuda-ctx-destroyed-degrade", tmp_path)
+    assert rc == 0 and "verdict PASS" in out, out
+    ex = _expect(db, _last(db))
+    assert ex["alert_fired"][0] == 1 and ex["degradation_worked"][0] == 1, ex
+    assert ex["recovered_within"][0] == 1 and ex["recovered_within"][1] <= 4, ex
+
+
+@root
+def test_class1_stream_stall_fails_p99(tmp_path: Path) -> None:
+    rc, out, db = _run("cuda-stream-stall-p99", tmp_path)
+    assert rc == 1 and "verdict FAIL" in out, out
+    xid = _last(db)
+    (worse,) = one(db, "SELECT worse FROM judgements WHERE experiment_id=?", xid)
+    assert worse == 1
+    ((_i, status, fires, _s, _r),) = _steps(db, xid)
+    assert status == "done" and fires >= 3
+
+
+@root
+def test_class2_leak_outlives_the_fault(tmp_path: Path) -> None:
+    rc, out, db = _run("cuda-oom-leak-held", tmp_path)
+    assert rc == 1 and "verdict FAIL" in out and "recovered_within" in out, out
+    xid = _last(db)
+    ((_i, status, fires, _s, _r),) = _steps(db, xid)
+    assert status == "done" and fires == 3, (status, fires)
+    ex = _expect(db, xid)
+    assert ex["alert_fired"][0] == 1 and ex["degradation_worked"][0] == 1, ex
+    assert ex["recovered_within"][0] == 0, ex
+    # The fallback answered all along: the leak costs the primary, not the clients.
+    (err,) = one(
+        db,
+        "SELECT ok FROM hypothesis_results WHERE phase='during' AND probe='load.error_rate' "
+        "AND experiment_id=?",
+        xid,
+    )
+    assert err == 1
+
+
+@root
+def test_class11_outputs_agree_under_encode_stalls(tmp_path: Path) -> None:
+    rc, out, db = _run("tokenizer-race", tmp_path, retry=True)
+    assert rc == 0 and "verdict PASS" in out, out
+    xid = _last(db)
+    stall, traffic = _steps(db, xid)
+    assert stall[1] == "done" and stall[2] >= 3, stall
+    assert json.loads(traffic[3])["answers"] == {"200": traffic[2]}, traffic
+    for probe in ("agree-ids", "agree-text"):
+        (ok,) = one(
+            db,
+            "SELECT ok FROM hypothesis_results WHERE phase='during' AND probe=? "
+            "AND experiment_id=?",
+            probe,
+            xid,
+        )
+        assert ok == 1, probe
+
+
+# ---- issue 16's runner gaps: a step into rank 1, its own arm timeout (root) ---------------
+
+RANK1 = """
+name = "rank1-stall"
+version = 1
+title = "a stall in rank 1's gloo allreduce, armed through {rank1_pid}"
+[target]
+service = { device = "cpu", args = ["--ranks", "2", "--batch-wait", "0"] }
+[load]
+rate = 10.0
+max_tokens = 2
+timeout = "5s"
+[phases]
+baseline = "3s"
+recovery = "3s"
+[steady_state]
+error_rate = "<= 5%"
+[steady_state.probes.rank1-alive]
+kind = "process"
+mode = "continuous"
+pid = "{rank1_pid}"
+interval = "500ms"
+[[method]]
+name = "stall rank 1"
+fault = { lib = "libtorch_cpu", fn = "_ZN4gloo9allreduceERKNS_16AllreduceOptionsE", \
+action = "stall", stall = "2ms", prob = "20%" }
+pid = "{rank1_pid}"
+arm_timeout = "120s"
+duration = "4s"
+"""
+
+
+@root
+def test_a_step_armed_in_rank1_through_its_fact(tmp_path: Path) -> None:
+    p = tmp_path / "rank1-stall.toml"
+    p.write_text(RANK1)
+    t = time.monotonic()
+    rc, out, db = _run(str(p), tmp_path)
+    assert rc in (0, 1), out  # pass or fail: the stall is small; the step must have run
+    xid = _last(db)
+    ((_i, status, fires, spec, run_id),) = _steps(db, xid)
+    assert status == "done" and fires >= 1, (status, fires, out)
+    pid = json.loads(spec)["pid"]
+    (target,) = one(db, "SELECT DISTINCT pid FROM faults WHERE run_id=?", run_id)
+    assert target == pid, (target, pid)
+    # Rank 0 is the served process: the ready line named both, the step took rank 1.
+    assert f"(pid {pid})" not in out, out
+    print(f"rank1 step: {time.monotonic() - t:.1f}s, faults in pid {pid}")
