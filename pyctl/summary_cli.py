@@ -33,16 +33,39 @@ def _output_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def print_run_summary(
-    db_path: str, run_id: str, *, per_thread: bool = False, as_json: bool = False
+    db_path: str,
+    run_id: str,
+    *,
+    per_thread: bool = False,
+    as_json: bool = False,
+    budget_s: float | None = None,
 ) -> None:
     """Print the summary of a recorded run (run_id or 'last') on stdout: what
     `gpufault trace` prints when it ends. Opens the database read-only.
+    budget_s: give up after about this long (SQLite scans ~3 s per million
+    rows here), saying so and how to get it later: a trace that recorded
+    millions of calls must still end when told to.
     Raises store.StoreError or summary.SummaryError (one-line messages)."""
+    import sqlite3
+    import time
+
     from pyctl import summary
 
     db = store.open_db(db_path, readonly=True)
+    if budget_s is not None:
+        end = time.monotonic() + budget_s
+        db.conn.set_progress_handler(lambda: int(time.monotonic() > end), 10_000)
     try:
         s = summary.from_calls(db, run_id, per_thread=per_thread)
+    except sqlite3.OperationalError as e:
+        if budget_s is None or "interrupted" not in str(e):
+            raise
+        click.echo(
+            f"gpufault: the summary of run {run_id} takes longer than {budget_s:g} s: "
+            f"run `gpufault calls {run_id} --db {db_path}` for it",
+            err=True,
+        )
+        return
     finally:
         db.close()
     click.echo(json.dumps(s.to_json(), indent=2) if as_json else s.render())

@@ -84,11 +84,13 @@ def busy() -> Iterator[Target]:
 
 
 def start_trace(pid: int, db: Path, *extra: str, **kw) -> subprocess.Popen[str]:
-    """`gpufault trace -q --pid PID --lib LIB --fn gf_empty`, returned once
-    it prints its start-up line (after attaching)."""
+    """`gpufault trace -q --no-summary --pid PID --lib LIB --fn gf_empty`,
+    returned once it prints its start-up line (after attaching). No summary:
+    these tests time the stop, and the summary's cost grows with the rows
+    (bounded by its own 2 s budget, test_summary.py)."""
     p = subprocess.Popen(
-        [*GF, "trace", "-q", "--pid", str(pid), "--lib", str(LIB), "--fn", "gf_empty",
-         "--db", str(db), *extra],
+        [*GF, "trace", "-q", "--no-summary", "--pid", str(pid), "--lib", str(LIB),
+         "--fn", "gf_empty", "--db", str(db), *extra],
         stderr=subprocess.PIPE, text=True, cwd=REPO, **kw,
     )
     assert p.stderr is not None

@@ -211,6 +211,18 @@ def test_print_run_summary(run_db, capsys) -> None:
     assert json.loads(capsys.readouterr().out)["run_id"] == rid
 
 
+def test_print_run_summary_gives_up_at_its_budget(run_db, capsys) -> None:
+    """A zero budget interrupts the scan at SQLite's first progress check:
+    one line on stderr naming the command that prints it later, no output."""
+    p, rid, _ = run_db
+    print_run_summary(str(p), rid, budget_s=0.0)
+    out = capsys.readouterr()
+    assert out.out == ""
+    assert f"gpufault calls {rid}" in out.err and out.err.count("\n") == 1, out.err
+    print_run_summary(str(p), rid, budget_s=60.0)  # within budget: the summary
+    assert "calls" in capsys.readouterr().out
+
+
 def test_in_kernel_counts_only_know_no_errors() -> None:
     """Entry-only counts see no return: a catalogued function's errors are
     unknown there, not zero; bucket percentiles are upper bounds."""

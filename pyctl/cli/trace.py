@@ -50,7 +50,9 @@ def trace(summary: bool, per_thread: bool, as_json: bool, **params: Any) -> None
     def summarize(eng: Any) -> None:
         from pyctl.summary_cli import print_run_summary
 
-        print_run_summary(str(eng.db_path), eng.run_id, per_thread=per_thread, as_json=as_json)
+        print_run_summary(
+            str(eng.db_path), eng.run_id, per_thread=per_thread, as_json=as_json, budget_s=2.0
+        )
 
     start(
         "trace",
