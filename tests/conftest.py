@@ -165,3 +165,16 @@ def tracefs_mounted() -> object:
         yield tracefs.MOUNT_AT
     finally:
         subprocess.run(["umount", tracefs.MOUNT_AT], check=True)
+
+
+@pytest.fixture
+def evidence(tmp_path: Path) -> dict:
+    """A database filled by tests/evidence_rows.py (no root): its ids, and
+    its path as "db" (test_show_words.py, test_timeline.py)."""
+    from evidence_rows import fill
+
+    db = tmp_path / "gf.db"
+    ids = fill(db)
+    ids["db"] = str(db)
+    return ids
+

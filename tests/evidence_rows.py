@@ -9,6 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from click.testing import CliRunner
+
 from pyctl import store
 from pyctl.bpf import abi
 
@@ -222,3 +224,12 @@ def fill(path: Path) -> dict[str, Any]:
         db.conn.execute("UPDATE runs SET ended=? WHERE run_id=?", (started + 0.05, run))
     db.close()
     return {"run": run, "faults": [f1, f2, f3], "started": started}
+
+
+def gf(*args: str) -> tuple[int, str]:
+    """`gpufault ARGS` in-process: (exit code, output)."""
+    from pyctl.cli import cli
+
+    r = CliRunner().invoke(cli, list(args))
+    return r.exit_code, r.output
+

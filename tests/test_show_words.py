@@ -11,25 +11,10 @@ import re
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
-from evidence_rows import fill
+from evidence_rows import fill, gf
 
 from pyctl import query, store, words
 from pyctl.bpf import abi
-from pyctl.cli import cli
-
-
-@pytest.fixture
-def evidence(tmp_path: Path) -> dict:
-    db = tmp_path / "gf.db"
-    ids = fill(db)
-    ids["db"] = str(db)
-    return ids
-
-
-def gf(*args: str) -> tuple[int, str]:
-    r = CliRunner().invoke(cli, list(args))
-    return r.exit_code, r.output
 
 
 def test_copilot_fail_reads_as_a_sentence(evidence: dict) -> None:

@@ -7,26 +7,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-from click.testing import CliRunner
-from evidence_rows import fill
+from evidence_rows import gf
 
 from pyctl import store
 from pyctl import timeline as tl
-from pyctl.cli import cli
-
-
-@pytest.fixture
-def evidence(tmp_path: Path) -> dict:
-    db = tmp_path / "gf.db"
-    ids = fill(db)
-    ids["db"] = str(db)
-    return ids
-
-
-def gf(*args: str) -> tuple[int, str]:
-    r = CliRunner().invoke(cli, list(args))
-    return r.exit_code, r.output
 
 
 def test_events_in_time_order_with_relative_times(evidence: dict) -> None:
