@@ -45,7 +45,7 @@ enum gf_spec_flags {
 	GF_F_STICKY = 1 << 1,	/* once fired, fire on every later match */
 	GF_F_AFTER = 1 << 2,	/* fail: run the body, then replace ax */
 	GF_F_TRACE = 1 << 3,	/* emit a call event per call (trace mode) */
-	GF_F_CAP_REGS = 1 << 4,	/* keep entry registers in fire events */
+	/* 1 << 4: free (was CAP_REGS: fire events always carry the registers) */
 	GF_F_CAP_STACK = 1 << 5, /* keep the user stack in fire events */
 	GF_F_REGS = 1 << 6,	/* use the regs mechanism (set by controller) */
 	GF_F_COPILOT = 1 << 7,	/* use the copilot mechanism */

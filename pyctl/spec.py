@@ -435,7 +435,7 @@ class FaultSpec:
         )
         s = abi.Spec()
         s.action = abi.ACTIONS[self.action]
-        flags = abi.F_ENABLED | abi.F_CAP_REGS
+        flags = abi.F_ENABLED
         if self.sticky:
             flags |= abi.F_STICKY
         if self.mode == "after":

@@ -31,7 +31,6 @@ F_ENABLED = 1 << 0
 F_STICKY = 1 << 1
 F_AFTER = 1 << 2
 F_TRACE = 1 << 3
-F_CAP_REGS = 1 << 4
 F_CAP_STACK = 1 << 5
 F_REGS = 1 << 6
 F_COPILOT = 1 << 7
