@@ -772,10 +772,10 @@ def ensure_schema(db: Any) -> None:
         if version < SCHEMA_VERSION:
             # A table rebuild (DROP, then RENAME) fails on a view that names
             # the table: the views go first and are made again below.
-            for v in VIEW_NAMES:
-                conn.execute(f"DROP VIEW IF EXISTS {_q(v)}")
-        for v in range(version, SCHEMA_VERSION):
-            MIGRATIONS[v](conn, ref)
+            for view in VIEW_NAMES:
+                conn.execute(f"DROP VIEW IF EXISTS {_q(view)}")
+        for step in range(version, SCHEMA_VERSION):
+            MIGRATIONS[step](conn, ref)
         for t in TABLES:
             conn.execute(t.create_sql())
             for s in t.index_sql():

@@ -136,12 +136,13 @@ def describe(e: F.Experiment) -> list[str]:
         )
         out.append(f"  {s.idx + 1}. at +{s.start:g}s for {s.duration:g}s{who}: {s.name} ({src})")
         if s.traffic is not None:
-            t = s.traffic
-            lo, hi = t.ok_status
+            tr = s.traffic
+            lo, hi = tr.ok_status
             out.append(
-                f"       {t.rate:g} requests/s of {t.corpus} prompts (max_tokens {t.max_tokens}); "
+                f"       {tr.rate:g} requests/s of {tr.corpus} prompts "
+                f"(max_tokens {tr.max_tokens}); "
                 f"every answer's status in [{lo}, {hi}]"
-                + (f" but {t.max_bad:.0%}" if t.max_bad else "")
+                + (f" but {tr.max_bad:.0%}" if tr.max_bad else "")
                 + " (a 5xx, a dropped connection or a timeout fails the experiment)"
             )
         if s.arm_timeout is not None:

@@ -140,7 +140,7 @@ def record_tc(
 
 def preload_rows(run_id: str, lines: Iterable[str], rules: str) -> list[dict[str, Any]]:
     """The shim's log lines as faults rows (a torn or foreign line is skipped)."""
-    out = []
+    out: list[dict[str, Any]] = []
     now = time.time()
     for line in lines:
         try:
