@@ -222,7 +222,10 @@ static __always_inline bool should_fire(const struct gf_spec *s,
 	}
 	if (s->window_start_ns && now < s->window_start_ns)
 		return false;
-	if ((s->flags & GF_F_STICKY) && c->sticky) {
+	/* Sticky: every call numbered after the one that first fired. Not
+	 * every call that merely arrives later: with 8 threads, call 100 can
+	 * enter after call 101 fired, and it is not "after 100". */
+	if ((s->flags & GF_F_STICKY) && c->sticky && seq > c->sticky) {
 		__sync_fetch_and_add(&c->fires, 1);
 		return true;
 	}
@@ -256,7 +259,7 @@ static __always_inline void give_back(struct gf_counters *c)
 }
 
 static __always_inline struct gf_fire_event *reserve_fire(const struct gf_spec *s,
-							  struct gf_counters *c)
+							  struct gf_counters *c, __u64 seq)
 {
 	struct gf_fire_event *e = bpf_ringbuf_reserve(&fires, sizeof(*e), 0);
 
@@ -264,8 +267,10 @@ static __always_inline struct gf_fire_event *reserve_fire(const struct gf_spec *
 		give_back(c);
 		return 0;
 	}
+	/* The first fire names the call that later ones must follow; a racing
+	 * fire with another number went through the full trigger anyway. */
 	if (s->flags & GF_F_STICKY)
-		c->sticky = 1;
+		__sync_val_compare_and_swap(&c->sticky, 0, seq);
 	return e;
 }
 
@@ -491,7 +496,7 @@ static __always_inline int do_entry(struct gf_regs *ctx, const bool regs_ok)
 	if (fire) {
 		/* The record is used in this block alone: older verifiers (6.1)
 		 * lose a reservation tested twice. */
-		fe = reserve_fire(s, c);
+		fe = reserve_fire(s, c, seq);
 		if (fe) {
 			w->inf.fired = 1;
 			fire_at_entry(ctx, s, w, fe, regs_ok);

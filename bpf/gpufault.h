@@ -101,7 +101,7 @@ struct gf_spec {
 struct gf_counters {
 	__u64 calls;		/* calls that matched who + predicate */
 	__u64 fires;
-	__u64 sticky;		/* != 0 once a sticky spec fired */
+	__u64 sticky;		/* call number of a sticky spec's first fire, 0 before */
 	__u64 expired;		/* matching calls after the deadline */
 };
 

@@ -52,6 +52,7 @@ def tmp_db(tmp_path: Path) -> Path:
 # undo it would make the next run pass where a new machine fails (it did
 # once: tracefs stayed mounted and CI hid a crash of `make demo`).
 
+
 def _mount_points() -> set[str]:
     with open("/proc/self/mountinfo") as f:
         return {line.split()[4] for line in f}
@@ -106,9 +107,11 @@ def _ours_outside_tmp() -> set[str]:
             # gf-test-run-*, gf-vm-*: a test session's socket dir and a VM
             # run's job dir (of this or another session running beside it),
             # each removed by its owner when it ends.
-            out |= {f"{d}/{n}" for n in os.listdir(d)
-                    if n.startswith(("gf", "gpufault"))
-                    and not n.startswith(("gf-test-run-", "gf-vm-"))}
+            out |= {
+                f"{d}/{n}"
+                for n in os.listdir(d)
+                if n.startswith(("gf", "gpufault")) and not n.startswith(("gf-test-run-", "gf-vm-"))
+            }
         except OSError:
             pass
     for p in ("/var/lib/gpufault", "/var/cache/gpufault"):
@@ -122,8 +125,13 @@ def _ours_outside_tmp() -> set[str]:
 
 
 # Settings a test could change for good (netchaos, the copilot).
-_SYSCTLS = ("net/ipv4/ip_forward", "kernel/yama/ptrace_scope", "kernel/perf_event_paranoid",
-            "kernel/unprivileged_bpf_disabled", "net/core/bpf_jit_enable")
+_SYSCTLS = (
+    "net/ipv4/ip_forward",
+    "kernel/yama/ptrace_scope",
+    "kernel/perf_event_paranoid",
+    "kernel/unprivileged_bpf_disabled",
+    "net/core/bpf_jit_enable",
+)
 
 
 def _sysctls() -> dict[str, str]:
@@ -177,4 +185,3 @@ def evidence(tmp_path: Path) -> dict:
     ids = fill(db)
     ids["db"] = str(db)
     return ids
-

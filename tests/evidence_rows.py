@@ -232,4 +232,3 @@ def gf(*args: str) -> tuple[int, str]:
 
     r = CliRunner().invoke(cli, list(args))
     return r.exit_code, r.output
-

@@ -49,8 +49,9 @@ def test_call_record_sql_binds_plain_qmarks_only() -> None:
 
     sql = store._CALL_RECORD_SQL
     assert not re.search(r"\?\d", sql)
-    assert sql.count("?") == len(struct.Struct(abi.CALL_RECORD_FMT).unpack(
-        bytes(struct.calcsize(abi.CALL_RECORD_FMT))))
+    assert sql.count("?") == len(
+        struct.Struct(abi.CALL_RECORD_FMT).unpack(bytes(struct.calcsize(abi.CALL_RECORD_FMT)))
+    )
 
 
 # ---- every struct, enum and #define of the header, against abi.py ------------
@@ -82,7 +83,8 @@ def python_value(name: str) -> int:
     name without GF_, or the table entry that stands for it."""
     short = name[3:]
     tables: dict[str, tuple[dict[str, int] | tuple[str, ...], str]] = {
-        "PRED_": (abi.PRED_OPS, "op"), "CORRUPT_": (abi.CORRUPT_OPS, "op"),
+        "PRED_": (abi.PRED_OPS, "op"),
+        "CORRUPT_": (abi.CORRUPT_OPS, "op"),
         "STAT_": (abi.STAT_NAMES, "index"),
     }
     if hasattr(abi, short):
@@ -92,7 +94,7 @@ def python_value(name: str) -> int:
     ops = {"EQ": "==", "NE": "!=", "LT": "<", "GT": ">", "LE": "<=", "GE": ">=", "MASK": "&"}
     for prefix, (table, how) in tables.items():
         if short.startswith(prefix):
-            key = short[len(prefix):]
+            key = short[len(prefix) :]
             if how == "index":
                 return abi.STAT_NAMES.index(key.lower())  # type: ignore[union-attr]
             return table[ops.get(key, key.lower())]  # type: ignore[index]

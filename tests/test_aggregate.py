@@ -19,6 +19,7 @@ import pytest
 from click.testing import CliRunner
 from conftest import requires_root
 from gftarget import LIB, Target
+from procio import finish
 
 from pyctl import paths
 
@@ -281,7 +282,7 @@ def test_ctrl_c_prints_the_summary_and_detaches(target: Target, baseline: int) -
         assert line.startswith("Counting 1 function of "), line
         target.cmd("quiet 2000 1")
         p.send_signal(signal.SIGINT)
-        out, err = p.communicate(timeout=20)
+        out, err = finish(p, 20)
     finally:
         if p.poll() is None:
             p.kill()

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from gftarget import TARGET, Target
+from procio import finish
 
 from pyctl import callers
 
@@ -22,9 +23,32 @@ REPO = Path(__file__).resolve().parent.parent
 
 def _controller(pid: int, db: Path, *extra: str) -> subprocess.Popen[str]:
     ctl = subprocess.Popen(
-        [sys.executable, "-m", "pyctl", "inject", "--pid", str(pid), "--lib", "libc", "--fn",
-         "read", "--action", "fail", "--ret", "-1", "--every", "1", "--no-stack",
-         "--db", str(db), *extra], stderr=subprocess.PIPE, text=True, cwd=REPO)
+        [
+            sys.executable,
+            "-m",
+            "pyctl",
+            "inject",
+            "--pid",
+            str(pid),
+            "--lib",
+            "libc",
+            "--fn",
+            "read",
+            "--action",
+            "fail",
+            "--ret",
+            "-1",
+            "--every",
+            "1",
+            "--no-stack",
+            "--db",
+            str(db),
+            *extra,
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
     assert ctl.stderr is not None
     while "Ctrl-C to end" not in (ln := ctl.stderr.readline()):
         assert ln, "controller exited early"
@@ -42,7 +66,7 @@ def test_only_the_programs_own_reads_fail(tmp_path: Path) -> None:
         second = t.cmd("read 7")
     finally:
         ctl.send_signal(signal.SIGINT)
-        _, err = ctl.communicate(timeout=60)
+        _, err = finish(ctl, 60)
         t.close()
     assert first == ["read n=50 failed=50"] and second == ["read n=7 failed=7"], err
     con = sqlite3.connect(db)
@@ -61,7 +85,7 @@ def test_without_caller_the_librarys_own_read_fails_too(tmp_path: Path) -> None:
             t.cmd("read 1")  # the next fgets() gets -1 from read(): the target quits
     finally:
         ctl.send_signal(signal.SIGINT)
-        ctl.communicate(timeout=60)
+        finish(ctl, 60)
         t.p.wait(timeout=10)
 
 

@@ -62,8 +62,9 @@ def test_multi_link_counts_every_call_of_a_non_main_thread(counter) -> None:
 
 def test_multi_link_pid_filter_leaves_other_processes_alone(counter) -> None:
     obj, path, off = counter
-    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
-                             stdin=subprocess.PIPE)
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
     try:
         obj.attach_uprobe_multi("gf_multi_probe", child.pid, path, [off], [0], False)
         for _ in range(5):
@@ -84,8 +85,9 @@ def test_multi_can_be_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_doctor_reports_the_link_kind() -> None:
-    r = subprocess.run([sys.executable, "-m", "pyctl", "doctor"], capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "pyctl", "doctor"], capture_output=True, text=True, timeout=120
+    )
     (line,) = [x for x in r.stdout.splitlines() if "uprobe_multi links" in x]
     want = "one link per library" if capabilities.uprobe_multi() else "per-site links"
     assert line.startswith("ok") and want in line
@@ -93,8 +95,13 @@ def test_doctor_reports_the_link_kind() -> None:
 
 def _doctor(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
-    return subprocess.run([sys.executable, "-m", "pyctl", "doctor", *args],
-                          capture_output=True, text=True, timeout=120, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "pyctl", "doctor", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
 
 
 def test_doctor_json_says_which_checks_each_feature_needs() -> None:
@@ -107,8 +114,9 @@ def test_doctor_json_says_which_checks_each_feature_needs() -> None:
     assert by["tracefs"]["required"] is False  # the engine needs no tracefs
     assert "inject" in by["process tracepoints"]["required_for"]
     # This host has no NVIDIA driver: xids cannot run, and doctor says so.
-    assert doc["ok"] is (by["nvidia xid tracepoint"]["ok"] and all(
-        c["ok"] for c in doc["checks"] if c["required"]))
+    assert doc["ok"] is (
+        by["nvidia xid tracepoint"]["ok"] and all(c["ok"] for c in doc["checks"] if c["required"])
+    )
     assert r.returncode == (0 if doc["ok"] else 1)
 
 
@@ -125,7 +133,8 @@ def test_doctor_exits_1_only_when_the_requested_work_needs_a_failed_check() -> N
 
 
 def test_doctor_as_non_root_fails_and_names_no_yama_fix_without_yama(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # In-process: this interpreter lives under /root, which another user
     # cannot read; what doctor decides only depends on the euid it sees.
     from click.testing import CliRunner

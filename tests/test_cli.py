@@ -39,8 +39,6 @@ def gf(*args: str, **kw) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*GF, *args], capture_output=True, text=True, timeout=60, **kw)
 
 
-
-
 def armed_controller(pid: int, *args: str) -> subprocess.Popen[str]:
     """`gpufault inject --pid PID --lib LIB --fn gf_victim ARGS`, returned
     once armed (it prints its start-up line only after attaching)."""

@@ -29,8 +29,6 @@ def gf(*args: str, **kw) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*GF, *args], capture_output=True, text=True, timeout=60, **kw)
 
 
-
-
 def one_line(stderr: str) -> str:
     lines = stderr.strip().splitlines()
     assert len(lines) == 1, stderr

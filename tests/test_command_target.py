@@ -36,13 +36,29 @@ print('SIGBLK', blk, 'HANDLED', len(seen), flush=True)
 
 
 def _gf(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pyctl", *args], capture_output=True,
-                          text=True, timeout=120, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "pyctl", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
 
 
 def test_command_starts_with_gpufaults_own_signal_mask(tmp_path: Path) -> None:
-    r = _gf("trace", "--lib", "libz", "--fn", "crc32", "--db", str(tmp_path / "t.db"),
-            "--", sys.executable, "-c", CHILD)
+    r = _gf(
+        "trace",
+        "--lib",
+        "libz",
+        "--fn",
+        "crc32",
+        "--db",
+        str(tmp_path / "t.db"),
+        "--",
+        sys.executable,
+        "-c",
+        CHILD,
+    )
     assert r.returncode == 0, r.stderr
     line = next(ln for ln in r.stdout.splitlines() if ln.startswith("SIGBLK"))
     _, blk, _, handled = line.split()
@@ -54,17 +70,40 @@ def test_sigchld_in_a_faulted_process_is_not_linked_to_the_fault(tmp_path: Path)
     db = tmp_path / "f.db"
     # A fault that leaves the process running (it handles SIGUSR2), then 20
     # children: 20 SIGCHLDs in a faulted process.
-    r = _gf("inject", "--lib", "libz", "--fn", "crc32", "--action", "signal", "--signal",
-            "SIGUSR2", "--nth", "1", "--db", str(db), "--", sys.executable, "-c", CHILD)
+    r = _gf(
+        "inject",
+        "--lib",
+        "libz",
+        "--fn",
+        "crc32",
+        "--action",
+        "signal",
+        "--signal",
+        "SIGUSR2",
+        "--nth",
+        "1",
+        "--db",
+        str(db),
+        "--",
+        sys.executable,
+        "-c",
+        CHILD,
+    )
     assert r.returncode == 0, r.stderr
     con = sqlite3.connect(db)
     links = con.execute("SELECT fault_id, kind, rule, detail FROM links").fetchall()
-    chld = [(f, ru, json.loads(d)) for f, k, ru, d in links
-            if k == "signal" and json.loads(d)["signal"] == 17]
+    chld = [
+        (f, ru, json.loads(d))
+        for f, k, ru, d in links
+        if k == "signal" and json.loads(d)["signal"] == 17
+    ]
     assert len(chld) >= 1
     assert all(f is None and ru == "unattributed" and "why" in d for f, ru, d in chld)
-    usr2 = [(f, ru, json.loads(d)) for f, k, ru, d in links
-             if k == "signal" and json.loads(d)["signal"] == 12]
+    usr2 = [
+        (f, ru, json.loads(d))
+        for f, k, ru, d in links
+        if k == "signal" and json.loads(d)["signal"] == 12
+    ]
     assert len(usr2) == 1 and usr2[0][0] is not None
     assert usr2[0][1] == "signal-in-faulted-process"
     assert usr2[0][2]["cause"] == "injected signal"

@@ -378,7 +378,8 @@ def test_kernel_ptx_assembles_with_ptxas(built: Path, tmp_path: Path) -> None:
 
 @pytest.mark.root
 def test_demo_binds_to_the_double_even_when_ld_library_path_names_another_libcuda(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """On a GPU host LD_LIBRARY_PATH names the real libcuda, and it wins
     over the workload's RUNPATH: the demo once probed the double while its
     workload called the real driver (0 calls traced). A copy of the double
@@ -389,8 +390,13 @@ def test_demo_binds_to_the_double_even_when_ld_library_path_names_another_libcud
     other.mkdir()
     shutil.copy(paths.DOUBLE_LIBCUDA, other / "libcuda.so.1")
     env = {**os.environ, "LD_LIBRARY_PATH": str(other)}
-    r = subprocess.run([sys.executable, "-m", "pyctl", "demo", "--db", str(tmp_path / "d.db")],
-                       capture_output=True, text=True, timeout=180, env=env,
-                       cwd=Path(__file__).resolve().parent.parent)
+    r = subprocess.run(
+        [sys.executable, "-m", "pyctl", "demo", "--db", str(tmp_path / "d.db")],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert "1 fault(s) fired" in r.stdout, r.stdout[-2000:]

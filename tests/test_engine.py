@@ -307,7 +307,8 @@ def test_target_killed_mid_stall(target: Target, tmp_db: Path) -> None:
 
 
 def test_uprobe_multi_one_link_per_file_and_per_site_fallback(
-        target: Target, tmp_db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    target: Target, tmp_db: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Where the kernel has uprobe_multi (6.6+, as here) the engine puts every
     site of a file in one link (per entry/return); a site probed by two specs
     goes into a second link. Without it (older kernels, forced here) each

@@ -17,15 +17,31 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _gpufault(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pyctl", *args], capture_output=True,
-                          text=True, timeout=120, cwd=cwd or REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "pyctl", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd or REPO,
+    )
 
 
 # One bad input per command group; each must be refused the same way.
 BAD = [
     ("--no-such-option",),
-    ("inject", "--lib", "no-such-lib-xyz", "--fn", "f", "--action", "fail", "--ret", "1",
-     "--pid", "1"),
+    (
+        "inject",
+        "--lib",
+        "no-such-lib-xyz",
+        "--fn",
+        "f",
+        "--action",
+        "fail",
+        "--ret",
+        "1",
+        "--pid",
+        "1",
+    ),
     ("trace", "--lib", "libc", "--fn", "getpid", "--duration", "banana", "--", "true"),
     ("show", "no-such-fault", "--db", "/nonexistent-dir/x.db"),
     ("template", "show", "no-such-template"),
@@ -37,8 +53,9 @@ BAD = [
 
 
 @pytest.mark.parametrize("args", BAD, ids=lambda a: " ".join(a[:2]))
-def test_every_group_refuses_bad_input_in_one_line_with_exit_2(args: tuple[str, ...],
-                                                               tmp_path: Path) -> None:
+def test_every_group_refuses_bad_input_in_one_line_with_exit_2(
+    args: tuple[str, ...], tmp_path: Path
+) -> None:
     r = _gpufault(*args, cwd=tmp_path)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2, (r.returncode, r.stderr)
@@ -59,14 +76,16 @@ def boom() -> object:
     cli_mod._DEBUG = False
 
 
-def test_internal_error_is_one_line_with_the_debug_hint(boom: object,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_internal_error_is_one_line_with_the_debug_hint(
+    boom: object, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as e:
         cli_mod.main(["boom-test"])
     assert e.value.code == 70
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["gpufault: internal error: RuntimeError: a bug: "
-                   "run with --debug for the traceback"]
+    assert err == [
+        "gpufault: internal error: RuntimeError: a bug: run with --debug for the traceback"
+    ]
 
 
 def test_debug_lets_the_traceback_through(boom: object) -> None:

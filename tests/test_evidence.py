@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from gftarget import LIB, REPO, TARGET, Target, bpf_progs, no_new_progs
+from procio import finish
 
 from pyctl import query, store
 from pyctl.engine import Engine
@@ -40,11 +41,7 @@ SLACK_S = 5.0
 
 
 def gf(*args: str, **kw) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*GF, *args], capture_output=True, text=True, timeout=90, cwd=REPO, **kw
-    )
-
-
+    return subprocess.run([*GF, *args], capture_output=True, text=True, timeout=90, cwd=REPO, **kw)
 
 
 def q(db: Path, sql: str, *args) -> list[tuple]:
@@ -89,9 +86,25 @@ def start_trace(pid: int, db: Path, *extra: str, **kw) -> subprocess.Popen[str]:
     these tests time the stop, and the summary's cost grows with the rows
     (bounded by its own 2 s budget, test_summary.py)."""
     p = subprocess.Popen(
-        [*GF, "trace", "-q", "--no-summary", "--pid", str(pid), "--lib", str(LIB),
-         "--fn", "gf_empty", "--db", str(db), *extra],
-        stderr=subprocess.PIPE, text=True, cwd=REPO, **kw,
+        [
+            *GF,
+            "trace",
+            "-q",
+            "--no-summary",
+            "--pid",
+            str(pid),
+            "--lib",
+            str(LIB),
+            "--fn",
+            "gf_empty",
+            "--db",
+            str(db),
+            *extra,
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        **kw,
     )
     assert p.stderr is not None
     while "Ctrl-C to end" not in (ln := p.stderr.readline()):
@@ -104,10 +117,10 @@ def ended_within(p: subprocess.Popen[str], limit: float) -> tuple[float, str]:
     """Wait for p (not a sleep): its run time from now and its stderr."""
     t0 = time.monotonic()
     try:
-        _, err = p.communicate(timeout=limit + 30)
+        _, err = finish(p, limit + 30)
     except subprocess.TimeoutExpired:
         p.kill()
-        p.communicate()
+        p.wait()
         pytest.fail(f"gpufault did not stop within {limit + 30:.0f} s")
     took = time.monotonic() - t0
     assert took < limit, (took, err)
@@ -184,9 +197,7 @@ def test_target_exit_ends_a_trace_at_a_high_call_rate(busy: Target, tmp_path: Pa
     assert run_row(db)[0] == "done"
 
 
-def test_size_cap_stops_growth_with_one_message_and_a_count(
-    busy: Target, tmp_path: Path
-) -> None:
+def test_size_cap_stops_growth_with_one_message_and_a_count(busy: Target, tmp_path: Path) -> None:
     db = tmp_path / "gf.db"
     p = start_trace(busy.pid, db, "--duration", "3s", "--max-db-size", "1M")
     _, err = ended_within(p, 3 + SLACK_S)
@@ -206,8 +217,19 @@ def test_size_cap_stops_growth_with_one_message_and_a_count(
 
 
 def test_max_db_size_is_parsed_with_units(target: Target, tmp_path: Path) -> None:
-    res = gf("trace", "--pid", str(target.pid), "--lib", str(LIB), "--fn", "gf_victim",
-             "--max-db-size", "lots", "--db", str(tmp_path / "gf.db"))
+    res = gf(
+        "trace",
+        "--pid",
+        str(target.pid),
+        "--lib",
+        str(LIB),
+        "--fn",
+        "gf_victim",
+        "--max-db-size",
+        "lots",
+        "--db",
+        str(tmp_path / "gf.db"),
+    )
     assert res.returncode == 2 and "--max-db-size" in res.stderr, res
     assert len(res.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "gf.db").exists()
@@ -220,8 +242,23 @@ def test_non_sqlite_db_is_refused_before_arming(target: Target, tmp_path: Path) 
     db = tmp_path / "gf.db"
     db.write_text("not a database\n" * 100)
     before, snap = bpf_progs(), snapshot(tmp_path)
-    res = gf("inject", "--pid", str(target.pid), "--lib", str(LIB), "--fn", "gf_victim",
-             "--action", "fail", "--ret", "-5", "--every", "1", "--db", str(db))
+    res = gf(
+        "inject",
+        "--pid",
+        str(target.pid),
+        "--lib",
+        str(LIB),
+        "--fn",
+        "gf_victim",
+        "--action",
+        "fail",
+        "--ret",
+        "-5",
+        "--every",
+        "1",
+        "--db",
+        str(db),
+    )
     assert res.returncode == 2, res
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "not an SQLite database" in lines[0], res.stderr
@@ -237,7 +274,10 @@ def _in_private_mount_ns(script: str, timeout: float = 120) -> subprocess.Comple
         pytest.skip("needs unshare(1)")
     return subprocess.run(
         ["unshare", "-m", "--propagation", "private", "sh", "-c", script],
-        capture_output=True, text=True, timeout=timeout, cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
     )
 
 
@@ -292,8 +332,19 @@ def test_disk_full_mid_run_stops_faults_and_fails_the_run(busy: Target, tmp_path
 def test_symlink_as_db_is_refused(target: Target, tmp_path: Path) -> None:
     link, dest = tmp_path / "gf.db", tmp_path / "elsewhere.db"
     link.symlink_to(dest)  # dangling
-    res = gf("trace", "--pid", str(target.pid), "--lib", str(LIB), "--fn", "gf_victim",
-             "--duration", "1s", "--db", str(link))
+    res = gf(
+        "trace",
+        "--pid",
+        str(target.pid),
+        "--lib",
+        str(LIB),
+        "--fn",
+        "gf_victim",
+        "--duration",
+        "1s",
+        "--db",
+        str(link),
+    )
     assert res.returncode == 2, res
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "symbolic link" in lines[0], res.stderr
@@ -305,8 +356,20 @@ def test_symlink_as_db_is_refused(target: Target, tmp_path: Path) -> None:
 
 def test_missing_directory_is_not_created(target: Target, tmp_path: Path) -> None:
     db = tmp_path / "no" / "such" / "gf.db"
-    res = gf("trace", "--pid", str(target.pid), "--lib", str(LIB), "--fn", "gf_victim",
-             "--duration", "1s", "--db", str(db), preexec_fn=lambda: os.umask(0))
+    res = gf(
+        "trace",
+        "--pid",
+        str(target.pid),
+        "--lib",
+        str(LIB),
+        "--fn",
+        "gf_victim",
+        "--duration",
+        "1s",
+        "--db",
+        str(db),
+        preexec_fn=lambda: os.umask(0),
+    )
     assert res.returncode == 2 and "no such directory" in res.stderr, res
     assert len(res.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "no").exists()
@@ -322,9 +385,22 @@ def test_foreign_sqlite_db_is_never_modified(target: Target, tmp_path: Path) -> 
     os.chmod(other, 0o644)
     snap = snapshot(tmp_path)
     before = bpf_progs()
-    for args in (["faults"], ["faults", "--json"], ["show", "1a2b3c4d-1"],
-                 ["trace", "--pid", str(target.pid), "--lib", str(LIB), "--fn", "gf_victim",
-                  "--duration", "1s"]):
+    for args in (
+        ["faults"],
+        ["faults", "--json"],
+        ["show", "1a2b3c4d-1"],
+        [
+            "trace",
+            "--pid",
+            str(target.pid),
+            "--lib",
+            str(LIB),
+            "--fn",
+            "gf_victim",
+            "--duration",
+            "1s",
+        ],
+    ):
         res = gf(*args, "--db", str(other))
         assert res.returncode == 2, (args, res)
         lines = res.stderr.strip().splitlines()
@@ -337,9 +413,29 @@ def test_foreign_sqlite_db_is_never_modified(target: Target, tmp_path: Path) -> 
 def test_new_db_is_root_only_and_readers_write_nothing(target: Target, tmp_path: Path) -> None:
     db = tmp_path / "gf.db"
     ctl = subprocess.Popen(
-        [*GF, "inject", "-q", "--pid", str(target.pid), "--lib", str(LIB), "--fn", "gf_victim",
-         "--action", "fail", "--ret", "-5", "--nth", "2", "--db", str(db)],
-        stderr=subprocess.PIPE, text=True, cwd=REPO, preexec_fn=lambda: os.umask(0),
+        [
+            *GF,
+            "inject",
+            "-q",
+            "--pid",
+            str(target.pid),
+            "--lib",
+            str(LIB),
+            "--fn",
+            "gf_victim",
+            "--action",
+            "fail",
+            "--ret",
+            "-5",
+            "--nth",
+            "2",
+            "--db",
+            str(db),
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        preexec_fn=lambda: os.umask(0),
     )
     assert ctl.stderr is not None
     while "Ctrl-C to end" not in (ln := ctl.stderr.readline()):
@@ -351,7 +447,7 @@ def test_new_db_is_root_only_and_readers_write_nothing(target: Target, tmp_path:
     for f in tmp_path.glob("gf.db*"):  # the WAL and SHM siblings too
         assert f.stat().st_mode & 0o777 == 0o600, f
     ctl.send_signal(signal.SIGINT)
-    ctl.communicate(timeout=30)
+    finish(ctl, 30)
     assert db.stat().st_mode & 0o777 == 0o600
     snap = snapshot(tmp_path)
     res = gf("faults", "--json", "--db", str(db))
@@ -406,8 +502,15 @@ def test_no_fire_before_the_copilot_holds_a_busy_target(tmp_db: Path) -> None:
         assert t.p.stdin is not None and t.p.stdout is not None
         t.p.stdin.write(f"pace {n} {rate}\n")
         t.p.stdin.flush()
-        s = FaultSpec(lib=str(LIB), fn="gf_empty", action="fail", ret=-5, nth=100,
-                      tgid=t.pid, capture_stack=False)
+        s = FaultSpec(
+            lib=str(LIB),
+            fn="gf_empty",
+            action="fail",
+            ret=-5,
+            nth=100,
+            tgid=t.pid,
+            capture_stack=False,
+        )
         eng = Engine([s], db_path=tmp_db, pid=t.pid, argv=["test"])
         eng.start()
         try:
@@ -429,9 +532,7 @@ def test_no_fire_before_the_copilot_holds_a_busy_target(tmp_db: Path) -> None:
         assert json.loads(outcome)["injected"] is True, outcome
 
 
-def test_fire_without_a_copilot_stop_is_recorded_not_injected(
-    target: Target, tmp_db: Path
-) -> None:
+def test_fire_without_a_copilot_stop_is_recorded_not_injected(target: Target, tmp_db: Path) -> None:
     s = FaultSpec(lib=str(LIB), fn="gf_victim", action="fail", ret=-5, nth=1, tgid=target.pid)
     eng = Engine([s], db_path=tmp_db, pid=target.pid, argv=["test"], use_regs=False)
     eng.start()
@@ -456,23 +557,43 @@ def test_fire_without_a_copilot_stop_is_recorded_not_injected(
 
 def test_copilot_warnings_are_printed(tmp_path: Path) -> None:
     # A target that handles SIGURG (as Go runtimes do).
-    code = ("import signal, sys; signal.signal(signal.SIGURG, lambda *a: None); "
-            "print('ready', flush=True); sys.stdin.read()")
-    tgt = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
-                           stdout=subprocess.PIPE, text=True)
+    code = (
+        "import signal, sys; signal.signal(signal.SIGURG, lambda *a: None); "
+        "print('ready', flush=True); sys.stdin.read()"
+    )
+    tgt = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert tgt.stdout is not None and tgt.stdout.readline().strip() == "ready"
         ctl = subprocess.Popen(
-            [*GF, "inject", "-q", "--pid", str(tgt.pid), "--lib", "libc", "--fn", "getppid",
-             "--action", "fail", "--ret", "1", "--db", str(tmp_path / "gf.db")],
-            stderr=subprocess.PIPE, text=True, cwd=REPO,
+            [
+                *GF,
+                "inject",
+                "-q",
+                "--pid",
+                str(tgt.pid),
+                "--lib",
+                "libc",
+                "--fn",
+                "getppid",
+                "--action",
+                "fail",
+                "--ret",
+                "1",
+                "--db",
+                str(tmp_path / "gf.db"),
+            ],
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
         )
         assert ctl.stderr is not None
         while "Ctrl-C to end" not in (ln := ctl.stderr.readline()):
             assert ln, ctl.stderr.read()
         # At once, before its loop runs: Ctrl-C still ends the run cleanly.
         ctl.send_signal(signal.SIGINT)
-        _, err = ctl.communicate(timeout=30)
+        _, err = finish(ctl, 30)
     finally:
         tgt.kill()
         tgt.wait()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import subprocess
 import sys
@@ -526,10 +527,18 @@ def test_command_timeout_kills_the_group(tmp_path: Path):
     assert not r.ok and "timeout after 0.3s (killed)" in r.detail
     assert time.monotonic() - t0 < 5
     child = int(marker.read_text())
-    # The shell's child died with its group: it held the stdout pipe, and
-    # the probe read that pipe to EOF after the kill, so it has exited.
-    st = P._stat(child)
-    assert st is None or st[0] in ("Z", "X")
+    # The shell's child got the group's SIGKILL. It closed the stdout pipe
+    # (the probe read it to EOF) early in its exit, before it became a
+    # zombie, so await the exit itself: its pidfd turns readable then. A
+    # child the kill missed would run its 30 s.
+    try:
+        fd = os.pidfd_open(child)
+    except ProcessLookupError:
+        return  # already exited and reaped
+    try:
+        assert select.select([fd], [], [], 5)[0], P._stat(child)
+    finally:
+        os.close(fd)
 
 
 # ---- process -------------------------------------------------------------------

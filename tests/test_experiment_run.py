@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import pytest
+from procio import finish
 
 from pyctl import paths
 from pyctl.experiment import files as F
@@ -345,7 +346,7 @@ def test_ctrl_c_in_the_method_stops_faults_and_rolls_back(tmp_path: Path) -> Non
             assert ln, "ended before arming:\n" + "".join(seen)
         t = time.time()
         p.send_signal(signal.SIGINT)
-        rest, _ = p.communicate(timeout=60)
+        rest, _ = finish(p, 60)
     finally:
         if p.poll() is None:
             p.kill()

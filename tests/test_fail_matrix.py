@@ -139,8 +139,9 @@ def _injected(db: Path) -> int:
 
 
 @pytest.mark.parametrize("threads", [1, 8, 64])
-def test_recorded_fires_equal_what_the_target_saw(target: Target, tmp_db: Path, threads: int,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_recorded_fires_equal_what_the_target_saw(
+    target: Target, tmp_db: Path, threads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Every second call fails, from 1, 8 and 64 threads, with a fires ring
     of 16 KiB (~30 records) so that it fills: a fire that cannot reserve
     its record does not happen (skipped, counted), so the failures the
@@ -150,9 +151,13 @@ def test_recorded_fires_equal_what_the_target_saw(target: Target, tmp_db: Path, 
 
     monkeypatch.setattr(engine_mod, "FIRES_RING_BYTES", 16384)
     calls = 4096
-    eng = run(tmp_db, target,
-              FaultSpec(lib=str(LIB), fn="gf_victim", action="fail", ret=-7, every=2,
-                        capture_stack=False))
+    eng = run(
+        tmp_db,
+        target,
+        FaultSpec(
+            lib=str(LIB), fn="gf_victim", action="fail", ret=-7, every=2, capture_stack=False
+        ),
+    )
     try:
         rows = target.victim(calls // threads, threads=threads)
         eng.drain()
@@ -164,8 +169,10 @@ def test_recorded_fires_equal_what_the_target_saw(target: Target, tmp_db: Path, 
     ok = sum(1 for r in rows if r[3] == r[2] + 1)
     assert failed + ok == calls == c.calls
     recorded = _injected(tmp_db)
-    print(f"\n{threads} threads: target saw {failed} failures, {recorded} recorded, "
-          f"{lost['fires_skipped']} skipped, mechanism {EXPECT}")
+    print(
+        f"\n{threads} threads: target saw {failed} failures, {recorded} recorded, "
+        f"{lost['fires_skipped']} skipped, mechanism {EXPECT}"
+    )
     assert failed == recorded == c.fires
     assert c.fires + lost["fires_skipped"] == calls // 2
     assert lost["fires_lost"] == 0

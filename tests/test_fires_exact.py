@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from gftarget import LIB, TARGET, Target
+from procio import finish
 
 pytestmark = [pytest.mark.root]
 REPO = Path(__file__).resolve().parent.parent
@@ -29,9 +30,32 @@ def _controller(pid: int, db: Path, ring: int | None) -> subprocess.Popen[str]:
     if ring:
         env["GPUFAULT_FIRES_RING_BYTES"] = str(ring)
     ctl = subprocess.Popen(
-        [sys.executable, "-m", "pyctl", "inject", "--pid", str(pid), "--lib", str(LIB),
-         "--fn", "gf_victim", "--action", "fail", "--ret", "-7", "--every", "2", "--no-stack",
-         "--db", str(db)], stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+        [
+            sys.executable,
+            "-m",
+            "pyctl",
+            "inject",
+            "--pid",
+            str(pid),
+            "--lib",
+            str(LIB),
+            "--fn",
+            "gf_victim",
+            "--action",
+            "fail",
+            "--ret",
+            "-7",
+            "--every",
+            "2",
+            "--no-stack",
+            "--db",
+            str(db),
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
     assert ctl.stderr is not None
     while "Ctrl-C to end" not in (ln := ctl.stderr.readline()):
         assert ln, "controller exited early"
@@ -40,8 +64,9 @@ def _controller(pid: int, db: Path, ring: int | None) -> subprocess.Popen[str]:
 
 @pytest.mark.parametrize("threads", [1, 8, 64])
 @pytest.mark.parametrize("ring", [None, 16384], ids=["default-ring", "16KiB-ring"])
-def test_cli_records_exactly_the_failures_the_target_saw(tmp_path: Path, threads: int,
-                                                         ring: int | None) -> None:
+def test_cli_records_exactly_the_failures_the_target_saw(
+    tmp_path: Path, threads: int, ring: int | None
+) -> None:
     t = Target()
     db = tmp_path / "gf.db"
     calls = 8192
@@ -49,7 +74,7 @@ def test_cli_records_exactly_the_failures_the_target_saw(tmp_path: Path, threads
         ctl = _controller(t.pid, db, ring)
         rows = t.victim(calls // threads, threads=threads)
         ctl.send_signal(signal.SIGINT)
-        _, err = ctl.communicate(timeout=60)
+        _, err = finish(ctl, 60)
     finally:
         t.close()
     assert ctl.returncode == 0, err
@@ -63,8 +88,10 @@ def test_cli_records_exactly_the_failures_the_target_saw(tmp_path: Path, threads
     (stats,) = con.execute("SELECT stats FROM runs").fetchone()
     st = json.loads(stats)
     skipped = st.get("fires_skipped", 0)
-    print(f"\n{threads} threads, ring {ring or 'default'}: target saw {failed} failures, "
-          f"{injected} recorded injected, {skipped} skipped")
+    print(
+        f"\n{threads} threads, ring {ring or 'default'}: target saw {failed} failures, "
+        f"{injected} recorded injected, {skipped} skipped"
+    )
     assert failed == injected
     assert failed + skipped == calls // 2  # every selected call fired or was skipped
     if skipped:
@@ -85,8 +112,15 @@ def test_a_burst_is_stored_raw_then_becomes_rows(tmp_path: Path) -> None:
 
     t = Target()
     db = tmp_path / "gf.db"
-    spec = FaultSpec(lib=str(LIB), fn="gf_victim", action="fail", ret=-7, every=1,
-                     capture_stack=False, tgid=t.pid)
+    spec = FaultSpec(
+        lib=str(LIB),
+        fn="gf_victim",
+        action="fail",
+        ret=-7,
+        every=1,
+        capture_stack=False,
+        tgid=t.pid,
+    )
     eng = Engine([spec], db_path=db, pid=t.pid, argv=["test"])
     eng.start()
     try:

@@ -25,8 +25,10 @@ import vmrun  # noqa: E402
 
 pytestmark = pytest.mark.root
 
-UNMOUNT = ("for m in /sys/kernel/tracing /sys/kernel/debug/tracing /sys/kernel/debug "
-           "/sys/fs/bpf; do umount -l $m 2>/dev/null; done; exec sh \"$0\"")
+UNMOUNT = (
+    "for m in /sys/kernel/tracing /sys/kernel/debug/tracing /sys/kernel/debug "
+    '/sys/fs/bpf; do umount -l $m 2>/dev/null; done; exec sh "$0"'
+)
 
 
 def _check(out: str) -> None:
@@ -37,9 +39,14 @@ def _check(out: str) -> None:
 
 
 def test_new_machine_path_on_the_host_without_tracefs(tmp_path: Path) -> None:
-    r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", UNMOUNT,
-                        str(SCRIPT)], cwd=REPO, capture_output=True, text=True, timeout=300,
-                       env={**_env(), "TMPDIR": str(tmp_path)})
+    r = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", UNMOUNT, str(SCRIPT)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**_env(), "TMPDIR": str(tmp_path)},
+    )
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-4000:]
     mounts = next(ln for ln in out.splitlines() if ln.startswith("== mounts:"))
@@ -53,8 +60,7 @@ def test_new_machine_path_in_a_bare_vm() -> None:
     why = vmrun.kernel_available("sid")
     if why:
         pytest.skip(why)
-    res = vmrun.run_in_vm("sid", ["sh", str(SCRIPT)], cwd=REPO, timeout=600, mem="2G",
-                          bare=True)
+    res = vmrun.run_in_vm("sid", ["sh", str(SCRIPT)], cwd=REPO, timeout=600, mem="2G", bare=True)
     assert res.rc == 0, res.output[-4000:]
     mounts = next(ln for ln in res.output.splitlines() if ln.startswith("== mounts:"))
     assert "/sys/kernel/tracing" not in mounts and "/sys/fs/bpf" not in mounts

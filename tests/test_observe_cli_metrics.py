@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from gftarget import LIB, REPO, TARGET, Target
+from procio import finish
 from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = [pytest.mark.root]
@@ -32,10 +33,32 @@ def _scrape(url: str) -> dict[tuple[str, tuple], float]:
 def test_inject_serves_its_fires_while_it_runs(tmp_path: Path) -> None:
     t = Target()
     ctl = subprocess.Popen(
-        [sys.executable, "-m", "pyctl", "inject", "--pid", str(t.pid), "--lib", str(LIB),
-         "--fn", "gf_victim", "--action", "fail", "--ret", "-7", "--every", "3",
-         "--no-stack", "--db", str(tmp_path / "gf.db"), "--metrics-addr", "127.0.0.1:0"],
-        stderr=subprocess.PIPE, text=True, cwd=REPO,
+        [
+            sys.executable,
+            "-m",
+            "pyctl",
+            "inject",
+            "--pid",
+            str(t.pid),
+            "--lib",
+            str(LIB),
+            "--fn",
+            "gf_victim",
+            "--action",
+            "fail",
+            "--ret",
+            "-7",
+            "--every",
+            "3",
+            "--no-stack",
+            "--db",
+            str(tmp_path / "gf.db"),
+            "--metrics-addr",
+            "127.0.0.1:0",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
     )
     assert ctl.stderr is not None
     url = None
@@ -60,11 +83,12 @@ def test_inject_serves_its_fires_while_it_runs(tmp_path: Path) -> None:
         key = ("gpufault_faults_active", ())
         assert got[key] == 1.0
         labels = [dict(lb) for (n, lb) in got if n == "gpufault_faults_fired_total"]
-        assert labels == [{"code": "-7", "experiment": "", "function": "gf_victim",
-                           "slo_id": ""}], labels
+        assert labels == [
+            {"code": "-7", "experiment": "", "function": "gf_victim", "slo_id": ""}
+        ], labels
     finally:
         ctl.send_signal(signal.SIGINT)
-        _, err = ctl.communicate(timeout=60)
+        _, err = finish(ctl, 60)
         t.close()
     assert ctl.returncode == 0, err
     with pytest.raises(OSError):  # closed with the run: nothing left listening
@@ -73,9 +97,26 @@ def test_inject_serves_its_fires_while_it_runs(tmp_path: Path) -> None:
 
 def test_bad_metrics_addr_is_one_line_and_arms_nothing(tmp_path: Path) -> None:
     p = subprocess.run(
-        [sys.executable, "-m", "pyctl", "trace", "--pid", "1", "--lib", str(LIB),
-         "--fn", "gf_victim", "--db", str(tmp_path / "gf.db"), "--metrics-addr", "nope"],
-        capture_output=True, text=True, cwd=REPO, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "pyctl",
+            "trace",
+            "--pid",
+            "1",
+            "--lib",
+            str(LIB),
+            "--fn",
+            "gf_victim",
+            "--db",
+            str(tmp_path / "gf.db"),
+            "--metrics-addr",
+            "nope",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
     )
     assert p.returncode == 2, p.stderr
     assert p.stderr.count("\n") == 1 and "--metrics-addr" in p.stderr, p.stderr

@@ -24,18 +24,22 @@ GF = [sys.executable, "-m", "pyctl"]
 
 def _release(run_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "GPUFAULT_RUN_DIR": str(run_dir)}
-    return subprocess.run([*GF, "release", *args], capture_output=True, text=True, timeout=60,
-                          env=env, cwd=REPO)
+    return subprocess.run(
+        [*GF, "release", *args], capture_output=True, text=True, timeout=60, env=env, cwd=REPO
+    )
 
 
 def test_a_dead_controllers_socket_is_removed_and_nobody_is_signalled(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     # What a SIGKILLed controller leaves: a socket file nobody listens on ...
-    code = ("import sys, signal; from pathlib import Path; from pyctl.control import "
-            "ControlSocket as C; c = C('deadbeef', Path(sys.argv[1])); c.start(); "
-            "print(c.path, flush=True); signal.pause()")
-    owner = subprocess.Popen([sys.executable, "-c", code, str(run_dir)], stdout=subprocess.PIPE,
-                             text=True, cwd=REPO)
+    code = (
+        "import sys, signal; from pathlib import Path; from pyctl.control import "
+        "ControlSocket as C; c = C('deadbeef', Path(sys.argv[1])); c.start(); "
+        "print(c.path, flush=True); signal.pause()"
+    )
+    owner = subprocess.Popen(
+        [sys.executable, "-c", code, str(run_dir)], stdout=subprocess.PIPE, text=True, cwd=REPO
+    )
     assert owner.stdout is not None
     sock = Path(owner.stdout.readline().strip())
     owner.kill()
@@ -48,8 +52,9 @@ def test_a_dead_controllers_socket_is_removed_and_nobody_is_signalled(tmp_path: 
         r = _release(run_dir)
         assert r.returncode == 2
         assert "removed 1 stale control socket" in r.stdout
-        assert r.stderr.strip() == "gpufault: no running gpufault controller found: " \
-            "nothing to release"
+        assert (
+            r.stderr.strip() == "gpufault: no running gpufault controller found: nothing to release"
+        )
         assert not sock.exists()
         assert bystander.poll() is None  # never signalled
     finally:
@@ -84,11 +89,24 @@ def test_a_request_from_another_user_is_refused() -> None:
     try:
         os.chmod(where, 0o755)
         os.chmod(ctl.path, 0o666)
-        code = (f"import socket; s = socket.socket(socket.AF_UNIX); s.connect({str(ctl.path)!r});"
-                "s.sendall(b'release\\n'); print(s.recv(64).decode().strip())")
-        r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                            "/usr/bin/python3", "-c", code], capture_output=True, text=True,
-                           timeout=30)
+        code = (
+            f"import socket; s = socket.socket(socket.AF_UNIX); s.connect({str(ctl.path)!r});"
+            "s.sendall(b'release\\n'); print(s.recv(64).decode().strip())"
+        )
+        r = subprocess.run(
+            [
+                "setpriv",
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "/usr/bin/python3",
+                "-c",
+                code,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert r.stdout.strip() == "refused", r.stderr
         assert hits == []
     finally:
@@ -104,10 +122,28 @@ def test_release_frees_a_live_controllers_stalled_thread(tmp_path: Path) -> None
     run_dir = tmp_path / "run"
     env = {**os.environ, "GPUFAULT_RUN_DIR": str(run_dir)}
     t = Target()
-    ctl = subprocess.Popen([*GF, "inject", "--pid", str(t.pid), "--lib", str(LIB), "--fn",
-                            "gf_victim", "--action", "stall", "--nth", "1", "--db",
-                            str(tmp_path / "gf.db")], stderr=subprocess.PIPE, text=True,
-                           env=env, cwd=REPO)
+    ctl = subprocess.Popen(
+        [
+            *GF,
+            "inject",
+            "--pid",
+            str(t.pid),
+            "--lib",
+            str(LIB),
+            "--fn",
+            "gf_victim",
+            "--action",
+            "stall",
+            "--nth",
+            "1",
+            "--db",
+            str(tmp_path / "gf.db"),
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
     try:
         assert ctl.stderr is not None
         while "Ctrl-C to end" not in (ln := ctl.stderr.readline()):

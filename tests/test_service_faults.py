@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from procio import finish as read_rest
 from service_proc import ServiceProc, percentile, sample
 
 from pyctl import paths
@@ -54,7 +55,7 @@ def armed(pid: int, db: Path, *args: str) -> subprocess.Popen[str]:
 def finish(ctl: subprocess.Popen[str], interrupt: bool = False) -> tuple[int, str]:
     if interrupt and ctl.poll() is None:
         ctl.send_signal(signal.SIGINT)
-    _out, err = ctl.communicate(timeout=60)
+    _out, err = read_rest(ctl, 60)
     return ctl.returncode, err
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from procio import finish
 from service_proc import ServiceProc
 
 from pyctl.service.model import build_model
@@ -358,7 +359,7 @@ def test_stall_in_gloo_allreduce_on_rank1_raises_the_service_p99(tmp_path: Path)
         time.sleep(10)  # the fault window
         t_end = time.time()
         ctl.send_signal(signal.SIGINT)
-        _out, err = ctl.communicate(timeout=60)
+        _out, err = finish(ctl, 60)
         load.stop()
         samples = load.samples()
         base = window_stats(samples, t_base - 8, t_base)
@@ -375,5 +376,5 @@ def test_stall_in_gloo_allreduce_on_rank1_raises_the_service_p99(tmp_path: Path)
         load.stop()
         if ctl is not None and ctl.poll() is None:
             ctl.send_signal(signal.SIGINT)
-            ctl.communicate(timeout=60)
+            finish(ctl, 60)
         assert s.close() == 0, s.stderr()

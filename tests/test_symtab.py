@@ -52,8 +52,9 @@ def _gdb(path: str, addrs: list[int]) -> list[tuple[str, int] | None]:
     res: list[tuple[str, int] | None] = []
     for ln in lines:
         m = re.match(r"(.*?)(?: \+ (\d+))? in section", ln)
-        res.append(None if ln.startswith("No symbol") or not m else (m.group(1),
-                                                                     int(m.group(2) or 0)))
+        res.append(
+            None if ln.startswith("No symbol") or not m else (m.group(1), int(m.group(2) or 0))
+        )
     return res
 
 
@@ -97,8 +98,12 @@ def test_frames_agree_with_gdb(which: str) -> None:
                 start = a - o[1] - t.first_load
                 # gdb also drops a last clone number (x.constprop.0 -> x.constprop).
                 # and writes a .cold part as x[cold].
-                ok = {o[0], re.sub(r"\.\d+$", "", o[0]), re.sub(r"\.cold$", "[cold]", o[0]),
-                      *map(demangle, t.aliases(start))}
+                ok = {
+                    o[0],
+                    re.sub(r"\.\d+$", "", o[0]),
+                    re.sub(r"\.cold$", "[cold]", o[0]),
+                    *map(demangle, t.aliases(start)),
+                }
                 assert g[0] in ok, (hex(a), g, o)
             assert not o[0].startswith(("_Z", "_R")), o  # demangled
             named += 1
@@ -125,13 +130,16 @@ def test_an_address_in_no_function_has_no_name(tmp_path: Path) -> None:
 
 
 def test_demangling() -> None:
-    assert demangle("_ZN3c104cuda20CUDACachingAllocator3getEv") == \
-        "c10::cuda::CUDACachingAllocator::get()"
+    assert (
+        demangle("_ZN3c104cuda20CUDACachingAllocator3getEv")
+        == "c10::cuda::CUDACachingAllocator::get()"
+    )
     assert demangle("_Z3fooi") == "foo(int)"
     assert demangle("_ZN4core3fmt5write17h0123456789abcdefE") == "core::fmt::write"
-    assert demangle("_RNvCsp0gl3UJkm_8tiktoken16byte_pair_encode") == \
-        "tiktoken::byte_pair_encode"
-    assert demangle("_RNvCsp0gl3UJkm_8tiktoken16byte_pair_encode.llvm.123") == \
-        "tiktoken::byte_pair_encode [clone .llvm.123]"
+    assert demangle("_RNvCsp0gl3UJkm_8tiktoken16byte_pair_encode") == "tiktoken::byte_pair_encode"
+    assert (
+        demangle("_RNvCsp0gl3UJkm_8tiktoken16byte_pair_encode.llvm.123")
+        == "tiktoken::byte_pair_encode [clone .llvm.123]"
+    )
     assert demangle("malloc") == "malloc"
     assert demangle("_Znot-a-name") == "_Znot-a-name"

@@ -53,11 +53,14 @@ def test_enabled_knob_adds_faults() -> None:
     assert [s.fn for s in specs] == ["cuMemAllocManaged", "cuMemPrefetchAsync*", "cuMemAdvise*"]
 
 
-@pytest.mark.parametrize("sets, msg", [
-    ({"nope": "1"}, "no knob 'nope'"),
-    ({"after": "lots"}, "not a number"),
-    ({"sticky": "maybe"}, "use true or false"),
-])
+@pytest.mark.parametrize(
+    "sets, msg",
+    [
+        ({"nope": "1"}, "no knob 'nope'"),
+        ({"after": "lots"}, "not a number"),
+        ({"sticky": "maybe"}, "use true or false"),
+    ],
+)
 def test_bad_knob_values_are_one_line_errors(sets: dict[str, str], msg: str) -> None:
     with pytest.raises(T.TemplateError, match=msg):
         T.get("cuda-oom-sticky").specs(sets)
@@ -71,17 +74,22 @@ def test_version_pin_and_unknown_name() -> None:
         T.get("no-such-template")
 
 
-def test_user_directory_template_and_its_validation(tmp_path: Path,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_user_directory_template_and_its_validation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     good = tmp_path / "mine.toml"
-    good.write_text('name = "mine"\nversion = 2\nclass = 1\ntitle = "t"\ndescription = "d"\n'
-                    '[knobs.n]\ndefault = 4\nhelp = "h"\n'
-                    '[[fault]]\nlib = "libc"\nfn = "malloc"\naction = "fail"\nret = 0\n'
-                    'nth = "{n}"\n')
+    good.write_text(
+        'name = "mine"\nversion = 2\nclass = 1\ntitle = "t"\ndescription = "d"\n'
+        '[knobs.n]\ndefault = 4\nhelp = "h"\n'
+        '[[fault]]\nlib = "libc"\nfn = "malloc"\naction = "fail"\nret = 0\n'
+        'nth = "{n}"\n'
+    )
     monkeypatch.setenv(T.ENV_DIRS, str(tmp_path))
     assert T.get("mine").specs()[0].nth == 4
-    (tmp_path / "bad.toml").write_text('name = "bad"\nversion = 1\nclass = 1\ntitle = "t"\n'
-                                       'description = "d"\n[[fault]]\nlib = "x"\nfn = "{k}"\n')
+    (tmp_path / "bad.toml").write_text(
+        'name = "bad"\nversion = 1\nclass = 1\ntitle = "t"\n'
+        'description = "d"\n[[fault]]\nlib = "x"\nfn = "{k}"\n'
+    )
     with pytest.raises(T.TemplateError, match=r"\{k\} used but no \[knobs.k\]"):
         T.get("bad")
     (tmp_path / "bad.toml").write_text('name = "other"\nversion = 1\n')
@@ -92,29 +100,37 @@ def test_user_directory_template_and_its_validation(tmp_path: Path,
 def test_cli_list_and_show() -> None:
     r = CliRunner().invoke(cli, ["template", "list"])
     assert r.exit_code == 0 and "cuda-oom-sticky" in r.output and "class 8" in r.output
-    r = CliRunner().invoke(cli, ["template", "show", "cublas-gemm-exec-failed",
-                                 "--set", "every=11"])
+    r = CliRunner().invoke(
+        cli, ["template", "show", "cublas-gemm-exec-failed", "--set", "every=11"]
+    )
     assert r.exit_code == 0 and "every=11" in r.output and "knobs" in r.output
 
 
 def gf(*args: str, **kw) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pyctl", *args], capture_output=True,
-                          text=True, timeout=120, cwd=REPO, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "pyctl", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        **kw,
+    )
 
 
 def test_cli_bad_input_one_line_exit_2(tmp_path: Path) -> None:
     db = tmp_path / "t.db"
-    for args in (["template", "run", "nope", "--pid", "1"],
-                 ["template", "run", "cuda-oom-sticky", "--set", "after=x", "--pid", "1"],
-                 ["template", "run", "cuda-oom-sticky", "--set", "after"]):
+    for args in (
+        ["template", "run", "nope", "--pid", "1"],
+        ["template", "run", "cuda-oom-sticky", "--set", "after=x", "--pid", "1"],
+        ["template", "run", "cuda-oom-sticky", "--set", "after"],
+    ):
         r = gf(*args, "--db", str(db))
         assert r.returncode == 2, (args, r.stderr)
         assert len(r.stderr.strip().splitlines()) <= 3 and "Traceback" not in r.stderr
     assert not db.exists()
 
 
-needs_double = pytest.mark.skipif(not INFER.exists(),
-                                  reason=paths.hint(INFER))
+needs_double = pytest.mark.skipif(not INFER.exists(), reason=paths.hint(INFER))
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="requires root (BPF, ptrace)")
 
 
@@ -123,8 +139,22 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="requires root (BPF, p
 @needs_double
 def test_run_oom_sticky_on_the_double(tmp_path: Path) -> None:
     db = tmp_path / "t.db"
-    r = gf("template", "run", "cuda-oom-sticky", "--db", str(db), "-q", "--set", "after=3",
-           "--", str(INFER), "--threads", "1", "--steps", "6")
+    r = gf(
+        "template",
+        "run",
+        "cuda-oom-sticky",
+        "--db",
+        str(db),
+        "-q",
+        "--set",
+        "after=3",
+        "--",
+        str(INFER),
+        "--threads",
+        "1",
+        "--steps",
+        "6",
+    )
     # gf-infer exits 1 when a CUDA call failed; it reports each one.
     assert r.returncode == 1, r.stderr
     assert r.stdout.count("cuMemAlloc_v2 -> CUDA_ERROR_OUT_OF_MEMORY (2)") == 3
@@ -138,11 +168,39 @@ def test_run_oom_sticky_on_the_double(tmp_path: Path) -> None:
 @needs_double
 def test_run_launch_failed_and_ctx_destroyed_on_the_double(tmp_path: Path) -> None:
     db = tmp_path / "t.db"
-    r = gf("template", "run", "cuda-launch-failed", "--db", str(db), "-q", "--set", "nth=2",
-           "--", str(INFER), "--threads", "1", "--steps", "4")
+    r = gf(
+        "template",
+        "run",
+        "cuda-launch-failed",
+        "--db",
+        str(db),
+        "-q",
+        "--set",
+        "nth=2",
+        "--",
+        str(INFER),
+        "--threads",
+        "1",
+        "--steps",
+        "4",
+    )
     assert r.returncode == 1 and "cuLaunchKernel -> CUDA_ERROR_LAUNCH_FAILED (719)" in r.stdout
-    r = gf("template", "run", "cuda-ctx-destroyed", "--db", str(db), "-q", "--set", "after=2",
-           "--", str(INFER), "--threads", "1", "--steps", "4")
+    r = gf(
+        "template",
+        "run",
+        "cuda-ctx-destroyed",
+        "--db",
+        str(db),
+        "-q",
+        "--set",
+        "after=2",
+        "--",
+        str(INFER),
+        "--threads",
+        "1",
+        "--steps",
+        "4",
+    )
     assert r.returncode == 1
     assert r.stdout.count("cuStreamSynchronize -> CUDA_ERROR_CONTEXT_IS_DESTROYED (709)") == 2
     con = sqlite3.connect(db)

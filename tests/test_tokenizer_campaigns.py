@@ -241,15 +241,22 @@ def test_exception_text_is_redacted_like_the_input(tmp_path) -> None:  # type: i
     secret = "password=hunter2 \ud800 tail"
     db = sqlite_utils.Database(tmp_path / "t.db")
     rec = Recorder(db, "r1", "fuzz")
-    rec.add("lone_surrogate", secret, "rejected",
-            error=f"UnicodeEncodeError: can't encode {secret!r}: 'hunter2' surrogates")
+    rec.add(
+        "lone_surrogate",
+        secret,
+        "rejected",
+        error=f"UnicodeEncodeError: can't encode {secret!r}: 'hunter2' surrogates",
+    )
     rec.add("long", "x" * 10, "rejected", error="E" * 800)
     keep = Recorder(db, "r2", "fuzz", keep_text=True)
     keep.add("lone_surrogate", secret, "rejected", error=f"bad {secret!r}")
     rec.flush()
     keep.flush()
-    rows = dict(sqlite3.connect(tmp_path / "t.db").execute(
-        "SELECT fault_id, error FROM tok_cases").fetchall())
+    rows = dict(
+        sqlite3.connect(tmp_path / "t.db")
+        .execute("SELECT fault_id, error FROM tok_cases")
+        .fetchall()
+    )
     assert "hunter2" not in rows["r1-1"] and "password" not in rows["r1-1"]
     assert rows["r1-1"].startswith("UnicodeEncodeError: can't encode '<redacted>'")
     assert rows["r1-2"].endswith("[300 more characters cut]")

@@ -161,11 +161,17 @@ def test_uprobe_counter_mounts_tracefs_itself_and_says_so() -> None:
         "    [tok.encode('a b') for _ in range(7)]\n"
         "    print('COUNT', c.counts()[0] - b[0])\n"
     )
-    script = ("umount -l /sys/kernel/tracing 2>/dev/null; umount -l /sys/kernel/debug 2>/dev/null;"
-              f" exec {sys.executable} -c \"$0\"")
-    r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script, code],
-                       capture_output=True, text=True, timeout=120,
-                       cwd=Path(__file__).parent.parent)
+    script = (
+        "umount -l /sys/kernel/tracing 2>/dev/null; umount -l /sys/kernel/debug 2>/dev/null;"
+        f' exec {sys.executable} -c "$0"'
+    )
+    r = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", script, code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).parent.parent,
+    )
     assert r.returncode == 0, r.stderr
     assert "COUNT 7" in r.stdout
     said = [ln for ln in r.stderr.splitlines() if "mounted tracefs" in ln]

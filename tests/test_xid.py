@@ -37,14 +37,23 @@ def test_parse_nvidia_format() -> None:
     assert (lay.dev.offset, lay.dev.data_loc) == (8, True)
     assert (lay.code.offset, lay.code.size, lay.code.data_loc) == (12, 4, False)
     assert lay.msg is not None and (lay.msg.offset, lay.msg.data_loc) == (16, True)
-    assert lay.rodata() == {"off_dev": 8, "dev_loc": 1, "off_code": 12, "size_code": 4,
-                            "off_msg": 16, "msg_loc": 1, "has_msg": 1}
+    assert lay.rodata() == {
+        "off_dev": 8,
+        "dev_loc": 1,
+        "off_code": 12,
+        "size_code": 4,
+        "off_msg": 16,
+        "msg_loc": 1,
+        "has_msg": 1,
+    }
 
 
 def test_parse_inline_char_array_and_common_fields() -> None:
-    text = ("\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n"
-            "\tfield:char comm[16];\toffset:8;\tsize:16;\tsigned:0;\n"
-            "\tfield:u64 code;\toffset:24;\tsize:8;\tsigned:0;\n")
+    text = (
+        "\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n"
+        "\tfield:char comm[16];\toffset:8;\tsize:16;\tsigned:0;\n"
+        "\tfield:u64 code;\toffset:24;\tsize:8;\tsigned:0;\n"
+    )
     f = xid.parse_format(text)
     assert f["comm"] == xid.Field("comm", 8, 16, False)
     lay = xid.Layout.from_format(text, "comm", "code", None)
@@ -62,7 +71,13 @@ def test_event_unpack_matches_c_struct() -> None:
     raw = xid.EVENT_FMT.pack(5, 13, 7, 8, b"0000:18:00.0", b"Graphics Exception")
     x = xid.Xid.unpack(raw)
     assert (x.ts_ns, x.error_code, x.pid, x.tid, x.dev, x.msg) == (
-        5, 13, 7, 8, "0000:18:00.0", "Graphics Exception")
+        5,
+        13,
+        7,
+        8,
+        "0000:18:00.0",
+        "Graphics Exception",
+    )
 
 
 @pytest.mark.root
@@ -89,9 +104,12 @@ def _linked_monitor(tmp_path: Path) -> xid.XidMonitor:
 
 
 # The exec'd file name plays the Xid's dev string, the new pid its code.
-_SCHED: dict = {"category": "sched", "event": "sched_process_exec",
-                "fields": ("filename", "pid", "filename"),
-                "minor_of": lambda dev: 0 if dev.endswith("gfxid-probe") else None}
+_SCHED: dict = {
+    "category": "sched",
+    "event": "sched_process_exec",
+    "fields": ("filename", "pid", "filename"),
+    "minor_of": lambda dev: 0 if dev.endswith("gfxid-probe") else None,
+}
 
 
 @pytest.mark.root
@@ -104,8 +122,9 @@ def test_bpf_program_records_a_real_tracepoint(tmp_path: Path, tracefs_mounted: 
     try:
         # A fault row from a process that "has GPU minor 0 open": linked.
         db = store.open_db(tmp_path / "x.db")  # the engine's side of the store
-        db["faults"].insert({"fault_id": "r1-1", "run_id": "r1", "pid": 4242, "ts_ns": 1},
-                            alter=True)
+        db["faults"].insert(
+            {"fault_id": "r1-1", "run_id": "r1", "pid": 4242, "ts_ns": 1}, alter=True
+        )
         db.close()
         mon._pid_minors[4242] = {0}
         mon.window_ns = 1 << 62
@@ -121,11 +140,13 @@ def test_bpf_program_records_a_real_tracepoint(tmp_path: Path, tracefs_mounted: 
     assert child.returncode == 0 and len(got) == 1
     assert got[0].error_code == got[0].pid  # `pid` field == the exec'ing task
     con = sqlite3.connect(tmp_path / "x.db")
-    rows = con.execute("SELECT fault_id, rule, dev, msg FROM xids WHERE dev=?",
-                       (str(exe),)).fetchall()
+    rows = con.execute(
+        "SELECT fault_id, rule, dev, msg FROM xids WHERE dev=?", (str(exe),)
+    ).fetchall()
     assert rows == [("r1-1", "xid-on-device-of-faulted-process", str(exe), str(exe))]
-    other = con.execute("SELECT count(*) FROM xids WHERE dev != ? AND fault_id IS NOT NULL",
-                        (str(exe),)).fetchone()[0]
+    other = con.execute(
+        "SELECT count(*) FROM xids WHERE dev != ? AND fault_id IS NOT NULL", (str(exe),)
+    ).fetchone()[0]
     assert other == 0  # other execs are not on "device 0": unattributed
 
 
@@ -135,6 +156,7 @@ def test_nvidia_minors_of_self_is_empty_here() -> None:
 
 # ---- one writer: beside an engine, the engine's connection -------------------
 
+
 def _xid(ts_ns: int, pid: int = 42, msg: str = "MMU Fault") -> xid.Xid:
     return xid.Xid(ts_ns, 31, pid, pid, "0000:18:00.0", msg)
 
@@ -143,8 +165,7 @@ def _fake_engine(path: Path, run_id: str = "abcd1234") -> SimpleNamespace:
     """What XidMonitor.beside reads of a started Engine."""
     db = store.open_db(path)
     with db.conn:
-        db["faults"].insert({"fault_id": f"{run_id}-1", "run_id": run_id, "pid": 42,
-                             "ts_ns": 100})
+        db["faults"].insert({"fault_id": f"{run_id}-1", "run_id": run_id, "pid": 42, "ts_ns": 100})
     return SimpleNamespace(db=db, db_path=path, run_id=run_id)
 
 
@@ -156,7 +177,8 @@ def _no_second_connection(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_beside_engine_writes_through_its_connection(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     eng = _fake_engine(tmp_path / "x.db")
     _no_second_connection(monkeypatch)
     mon = xid.XidMonitor.beside(eng, minor_of=lambda dev: 0)
@@ -171,8 +193,10 @@ def test_beside_engine_writes_through_its_connection(
     con = sqlite3.connect(tmp_path / "x.db")
     rows = con.execute("SELECT run_id, fault_id, rule, pid FROM xids ORDER BY ts_ns").fetchall()
     con.close()
-    assert rows == [("abcd1234", None, "unattributed", 7),
-                    ("abcd1234", "abcd1234-1", "xid-on-device-of-faulted-process", 42)]
+    assert rows == [
+        ("abcd1234", None, "unattributed", 7),
+        ("abcd1234", "abcd1234-1", "xid-on-device-of-faulted-process", 42),
+    ]
     with pytest.raises(RuntimeError, match="closed"):
         mon.record([_xid(170)])  # never falls back to a connection of its own
     eng.db.close()
@@ -208,8 +232,10 @@ def test_a_batch_is_one_transaction(tmp_path: Path) -> None:
     eng = _fake_engine(tmp_path / "x.db")
     mon = xid.XidMonitor.beside(eng)
     mon.record([_xid(150)])  # creates the table
-    eng.db.conn.execute("CREATE TRIGGER boom BEFORE INSERT ON xids WHEN NEW.msg = 'boom' "
-                        "BEGIN SELECT RAISE(ABORT, 'boom'); END")
+    eng.db.conn.execute(
+        "CREATE TRIGGER boom BEFORE INSERT ON xids WHEN NEW.msg = 'boom' "
+        "BEGIN SELECT RAISE(ABORT, 'boom'); END"
+    )
     with pytest.raises(sqlite3.IntegrityError, match="boom"):
         mon.record([_xid(160, msg="fine"), _xid(170, msg="boom")])
     msgs = [m for (m,) in eng.db.conn.execute("SELECT msg FROM xids ORDER BY ts_ns")]
@@ -235,6 +261,7 @@ def test_alone_the_monitor_owns_and_closes_its_connection(tmp_path: Path) -> Non
 
 
 # ---- the runner: Xids end before the run row does -----------------------------
+
 
 class _Log:
     def __init__(self, fail_close: bool = False) -> None:
@@ -265,8 +292,9 @@ class _FakeMonitor:
 
 
 def _runner(log: _Log) -> runner.Runner:
-    r = runner.Runner([], runner.Target(pid=1), db_path="unused.db", argv=[], kind="inject",
-                      status=False)
+    r = runner.Runner(
+        [], runner.Target(pid=1), db_path="unused.db", argv=[], kind="inject", status=False
+    )
     r.engine = _FakeEngineForRunner(log)  # type: ignore[assignment]
     r.xids = _FakeMonitor(log)
     return r
@@ -301,7 +329,8 @@ def test_runner_detach_ends_xids_before_the_run() -> None:
 
 @pytest.mark.root
 def test_runner_records_xids_in_its_run_through_the_engine(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tracefs_mounted: str) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tracefs_mounted: str
+) -> None:
     """A real engine and a real tracepoint: the Xid lands in the engine's run,
     linked to its fault, with no second connection, before the run ends."""
     _linked_monitor(tmp_path)  # the same skips
@@ -310,17 +339,20 @@ def test_runner_records_xids_in_its_run_through_the_engine(
     if not TARGET.exists():
         pytest.skip("build/targets/gf_target missing: run make build")
     beside = xid.XidMonitor.beside.__func__  # type: ignore[attr-defined]
-    monkeypatch.setattr(xid.XidMonitor, "beside", classmethod(
-        lambda cls, eng: beside(cls, eng, **_SCHED)))
+    monkeypatch.setattr(
+        xid.XidMonitor, "beside", classmethod(lambda cls, eng: beside(cls, eng, **_SCHED))
+    )
     exe = Path("/tmp") / f"{uuid.uuid4().hex[:8]}-gfxid-probe"
     shutil.copy("/bin/true", exe)
     t = Target()
     db = tmp_path / "x.db"
     # SIGWINCH, ignored: a fault that fires and leaves the target running.
-    sp = FaultSpec(lib=str(LIB), fn="gf_victim", action="signal", signo=28, nth=1,
-                   capture_stack=False)
-    r = runner.Runner([sp], runner.Target(pid=t.pid), db_path=db, argv=["test"],
-                      kind="inject", status=False)
+    sp = FaultSpec(
+        lib=str(LIB), fn="gf_victim", action="signal", signo=28, nth=1, capture_stack=False
+    )
+    r = runner.Runner(
+        [sp], runner.Target(pid=t.pid), db_path=db, argv=["test"], kind="inject", status=False
+    )
     try:
         eng = r.start()
         eng.on_fire = r.note_fire
@@ -340,8 +372,9 @@ def test_runner_records_xids_in_its_run_through_the_engine(
         t.close()
         exe.unlink()
     con = sqlite3.connect(db)
-    rows = con.execute("SELECT run_id, fault_id, rule FROM xids WHERE dev=?",
-                       (str(exe),)).fetchall()
+    rows = con.execute(
+        "SELECT run_id, fault_id, rule FROM xids WHERE dev=?", (str(exe),)
+    ).fetchall()
     ended = con.execute("SELECT status, ended FROM runs WHERE run_id=?", (run_id,)).fetchone()
     con.close()
     assert rows == [(run_id, f"{run_id}-1", "xid-on-device-of-faulted-process")]
@@ -349,8 +382,15 @@ def test_runner_records_xids_in_its_run_through_the_engine(
 
 
 def test_runner_without_xids_starts_no_monitor() -> None:
-    r = runner.Runner([], runner.Target(pid=1), db_path="unused.db", argv=[], kind="inject",
-                      status=False, xids=False)
+    r = runner.Runner(
+        [],
+        runner.Target(pid=1),
+        db_path="unused.db",
+        argv=[],
+        kind="inject",
+        status=False,
+        xids=False,
+    )
     r.engine = _FakeEngineForRunner(_Log())  # type: ignore[assignment]
     r._start_xids()
     assert r.xids is None
@@ -368,8 +408,9 @@ def test_template_run_no_xids_reaches_the_runner(monkeypatch: pytest.MonkeyPatch
     # The run's settings travel as one RunOptions (pyctl/run_options.py).
     monkeypatch.setattr(launch, "run_specs", lambda *a, **kw: seen.append(a[1].xids))
     for flag, want in (("--no-xids", False), ("--xids", True)):
-        res = CliRunner().invoke(templates_cli.template,
-                                 ["run", "cuda-oom-sticky", "--pid", "1", flag])
+        res = CliRunner().invoke(
+            templates_cli.template, ["run", "cuda-oom-sticky", "--pid", "1", flag]
+        )
         assert res.exit_code == 0, res.output
         assert seen[-1] is want
 

@@ -30,9 +30,24 @@ REPO = Path(__file__).resolve().parents[2]
 WORK = Path(os.environ.get("GF_WORK", "/tmp/gf-device"))
 CHECKS: dict[str, Callable[[Path], dict[str, Any]]] = {}
 GROUPS = {
-    "single": ["env", "libs", "trace", "overhead", "oom", "leak", "corrupt_xid",
-               "cublas_torch", "cublas_cupy", "graph", "um", "hooks", "stream_stall", "cufft",
-               "cuda_errors", "nccl1"],
+    "single": [
+        "env",
+        "libs",
+        "trace",
+        "overhead",
+        "oom",
+        "leak",
+        "corrupt_xid",
+        "cublas_torch",
+        "cublas_cupy",
+        "graph",
+        "um",
+        "hooks",
+        "stream_stall",
+        "cufft",
+        "cuda_errors",
+        "nccl1",
+    ],
     "nccl": ["env", "nccl", "trace", "overhead"],
 }
 
@@ -46,13 +61,25 @@ def check(fn: Callable[[Path], dict[str, Any]]) -> Callable[[Path], dict[str, An
 class Workload:
     """A tests.device.workloads process: READY, then commands on stdin."""
 
-    def __init__(self, name: str, *args: str, env: dict[str, str] | None = None,
-                 timeout: float = 120, preexec: Callable[[], None] | None = None):
+    def __init__(
+        self,
+        name: str,
+        *args: str,
+        env: dict[str, str] | None = None,
+        timeout: float = 120,
+        preexec: Callable[[], None] | None = None,
+    ):
         self.name = name
         self.p = subprocess.Popen(
-            [sys.executable, "-m", "tests.device.workloads", name, *args], cwd=REPO,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env={**os.environ, **(env or {})}, preexec_fn=preexec)
+            [sys.executable, "-m", "tests.device.workloads", name, *args],
+            cwd=REPO,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **(env or {})},
+            preexec_fn=preexec,
+        )
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.err: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
@@ -77,17 +104,20 @@ class Workload:
         while True:
             left = end - time.monotonic()
             if left <= 0:
-                raise TimeoutError(f"{self.name}: no {tag} in {timeout:.0f}s; stderr: "
-                                   + " | ".join(self.err[-5:]))
+                raise TimeoutError(
+                    f"{self.name}: no {tag} in {timeout:.0f}s; stderr: " + " | ".join(self.err[-5:])
+                )
             try:
                 line = self.lines.get(timeout=left)
             except queue.Empty:
                 continue
             if line is None:
-                raise RuntimeError(f"{self.name}: exited {self.p.wait()} before {tag}; "
-                                   "stderr: " + " | ".join(self.err[-8:]))
+                raise RuntimeError(
+                    f"{self.name}: exited {self.p.wait()} before {tag}; "
+                    "stderr: " + " | ".join(self.err[-8:])
+                )
             if line.startswith(tag + " "):
-                return json.loads(line[len(tag) + 1:])
+                return json.loads(line[len(tag) + 1 :])
             if line.startswith("CRASH "):
                 raise RuntimeError(f"{self.name} crashed: {json.loads(line[6:])[-600:]}")
 
@@ -110,9 +140,14 @@ class Workload:
 
 
 @contextmanager
-def armed(specs: list[Any], pid: int, db: Path, kind: str = "device",
-          on_fire: Callable[[dict[str, Any]], None] | None = None,
-          extra_poll: Callable[[], None] | None = None) -> Iterator[Any]:
+def armed(
+    specs: list[Any],
+    pid: int,
+    db: Path,
+    kind: str = "device",
+    on_fire: Callable[[dict[str, Any]], None] | None = None,
+    extra_poll: Callable[[], None] | None = None,
+) -> Iterator[Any]:
     """An Engine on pid, owned by one thread (its SQLite connection may only
     be used by the thread that opened it); probes gone on exit."""
     from pyctl.engine import Engine
@@ -183,9 +218,14 @@ def faults_of(db: Path, run_id: str) -> list[dict[str, Any]]:
     con = sqlite3.connect(db)
     con.row_factory = sqlite3.Row
     try:
-        return [dict(r) for r in con.execute(
-            "SELECT fault_id, function, action, retval, call_seq, pid, tid, outcome "
-            "FROM faults WHERE run_id=? ORDER BY seq", (run_id,))]
+        return [
+            dict(r)
+            for r in con.execute(
+                "SELECT fault_id, function, action, retval, call_seq, pid, tid, outcome "
+                "FROM faults WHERE run_id=? ORDER BY seq",
+                (run_id,),
+            )
+        ]
     finally:
         con.close()
 
@@ -203,8 +243,10 @@ def env(out: Path) -> dict[str, Any]:
     info: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "kernel": os.uname().release,
-        "nvidia_smi": sh("nvidia-smi --query-gpu=name,driver_version,memory.total,pci.bus_id "
-                         "--format=csv,noheader"),
+        "nvidia_smi": sh(
+            "nvidia-smi --query-gpu=name,driver_version,memory.total,pci.bus_id "
+            "--format=csv,noheader"
+        ),
         "driver": sh("cat /proc/driver/nvidia/version | head -1"),
         "python": sys.version.split()[0],
         "libcuda": sh("ls -l /usr/local/nvidia/lib64/libcuda.so* 2>&1 | head -3"),
@@ -227,8 +269,9 @@ def env(out: Path) -> dict[str, Any]:
     except Exception as e:  # noqa: BLE001
         info["torch"] = str(e)
     info["ok"] = bool(info["xid_tracepoint"]) and "H200" in info["nvidia_smi"]
-    info["doctor_xids_rc"] = subprocess.run([sys.executable, "-m", "pyctl", "doctor", "--for",
-                                             "xids"], capture_output=True).returncode
+    info["doctor_xids_rc"] = subprocess.run(
+        [sys.executable, "-m", "pyctl", "doctor", "--for", "xids"], capture_output=True
+    ).returncode
     return info
 
 
@@ -252,18 +295,29 @@ def libs(out: Path) -> dict[str, Any]:
     w.send("go")
     w.finish()
     found = sorted({v["lib"] for v in seen.values()})
-    return {"ok": {"cuda", "cublas", "cublasLt", "cufft", "nccl"} <= set(found),
-            "found": found, "mapped": sorted(seen.values(), key=lambda v: v["lib"])}
+    return {
+        "ok": {"cuda", "cublas", "cublasLt", "cufft", "nccl"} <= set(found),
+        "found": found,
+        "mapped": sorted(seen.values(), key=lambda v: v["lib"]),
+    }
 
 
 # The default libcuda probe set of the trace and overhead checks.
-LIBCUDA_PROBES = ["cuLaunchKernel*", "cuMemAlloc*", "cuMemFree*", "cuStreamSynchronize*",
-                  "cuCtxSynchronize*", "cuMemcpy*"]
+LIBCUDA_PROBES = [
+    "cuLaunchKernel*",
+    "cuMemAlloc*",
+    "cuMemFree*",
+    "cuStreamSynchronize*",
+    "cuCtxSynchronize*",
+    "cuMemcpy*",
+]
 
 
 def _trace_specs(entry_only: bool = False) -> list[Any]:
-    return [tspec(lib="libcuda", fn=f, trace=True, entry_only=entry_only, no_stack=True)
-            for f in LIBCUDA_PROBES]
+    return [
+        tspec(lib="libcuda", fn=f, trace=True, entry_only=entry_only, no_stack=True)
+        for f in LIBCUDA_PROBES
+    ]
 
 
 def calls_by_symbol(db: Path, run_id: str) -> dict[str, int]:
@@ -271,10 +325,13 @@ def calls_by_symbol(db: Path, run_id: str) -> dict[str, int]:
 
     con = sqlite3.connect(db)
     try:
-        return dict(con.execute(
-            "SELECT f.symbol, count(*) FROM calls c JOIN funcs f ON c.run_id = f.run_id AND "
-            "c.func = f.func WHERE c.run_id = ? AND c.kind = 1 GROUP BY f.symbol",
-            (run_id,)).fetchall())
+        return dict(
+            con.execute(
+                "SELECT f.symbol, count(*) FROM calls c JOIN funcs f ON c.run_id = f.run_id AND "
+                "c.func = f.func WHERE c.run_id = ? AND c.kind = 1 GROUP BY f.symbol",
+                (run_id,),
+            ).fetchall()
+        )
     finally:
         con.close()
 
@@ -299,8 +356,8 @@ def trace(out: Path) -> dict[str, Any]:
     res["launches"], res["kernels_expected"] = launches, want_k
     res["checks"] = {
         "launches_match_profiler_kernels": launches == want_k,
-        "allocs_match_allocator_segments":
-            by_sym.get("cuMemAlloc_v2", 0) == r["segments_allocated"],
+        "allocs_match_allocator_segments": by_sym.get("cuMemAlloc_v2", 0)
+        == r["segments_allocated"],
         "ctx_syncs_match": cnt["cuCtxSynchronize*"] == steps,
         "stream_syncs_at_least_steps": cnt["cuStreamSynchronize*"] >= steps,
         "nothing_lost": sum(res["lost"].values()) == 0,
@@ -341,8 +398,15 @@ def overhead(out: Path) -> dict[str, Any]:
     never = 2**31 - 1
     conds: dict[str, Callable[[], list[Any]]] = {
         "trace": _trace_specs,
-        "armed_launch": lambda: [tspec(lib="libcuda", fn="cuLaunchKernel", action="fail",
-                                       ret="CUDA_ERROR_LAUNCH_FAILED", nth=never)],
+        "armed_launch": lambda: [
+            tspec(
+                lib="libcuda",
+                fn="cuLaunchKernel",
+                action="fail",
+                ret="CUDA_ERROR_LAUNCH_FAILED",
+                nth=never,
+            )
+        ],
         "armed_alloc": lambda: template_specs("cuda-oom-sticky", after=never),
     }
     for _ in range(3):
@@ -370,13 +434,18 @@ def overhead(out: Path) -> dict[str, Any]:
 
     base_ms = statistics.median(med["base"])
     res: dict[str, Any] = {
-        "steps_per_phase": steps, "rounds": rounds, "kernels_per_step": kps,
-        "workload_cpu": pin, "base_step_ms_median": base_ms,
+        "steps_per_phase": steps,
+        "rounds": rounds,
+        "kernels_per_step": kps,
+        "workload_cpu": pin,
+        "base_step_ms_median": base_ms,
         "base_step_ms_spread": (max(med["base"]) - min(med["base"])) / base_ms,
         "baseline_launches_per_s": kps * 1000 / base_ms,
         "probe_hits_per_phase": {k: v / rounds for k, v in probe_hits.items()},
-        "step_time_ratio": {k: {"median": statistics.median(v), "q25": q(v, 0.25),
-                                "q75": q(v, 0.75)} for k, v in ratios.items()},
+        "step_time_ratio": {
+            k: {"median": statistics.median(v), "q25": q(v, 0.25), "q75": q(v, 0.75)}
+            for k, v in ratios.items()
+        },
         "ratios": {k: [round(x, 4) for x in v] for k, v in ratios.items()},
         "phase_medians_ms": {k: [round(x, 4) for x in v] for k, v in med.items()},
     }
@@ -399,24 +468,40 @@ def oom(out: Path) -> dict[str, Any]:
     res["sticky_faults"] = faults_of(WORK / "oom.db", rid)
     # One failure only: torch frees its cache, retries, and carries on.
     w = Workload("oom", "--mib", "64", "--steps", "8")
-    with armed([tspec(lib="libcuda", fn="cuMemAlloc_v2", action="fail",
-                      ret="CUDA_ERROR_OUT_OF_MEMORY", nth=4)], w.pid, WORK / "oom.db") as eng:
+    with armed(
+        [
+            tspec(
+                lib="libcuda",
+                fn="cuMemAlloc_v2",
+                action="fail",
+                ret="CUDA_ERROR_OUT_OF_MEMORY",
+                nth=4,
+            )
+        ],
+        w.pid,
+        WORK / "oom.db",
+    ) as eng:
         w.send("go")
         res["single"] = w.expect("RESULT", 120)
         rid = eng.run_id
     w.finish()
     res["single_faults"] = faults_of(WORK / "oom.db", rid)
     s = res["sticky"]
-    res["ok"] = (s["raised_at_step"] == 4 and bool(s.get("is_torch_oom"))
-                 and res["single"]["raised_at_step"] is None and len(res["single_faults"]) == 1)
+    res["ok"] = (
+        s["raised_at_step"] == 4
+        and bool(s.get("is_torch_oom"))
+        and res["single"]["raised_at_step"] is None
+        and len(res["single_faults"]) == 1
+    )
     return res
 
 
 @check
 def leak(out: Path) -> dict[str, Any]:
     w = Workload("leak", "--mib", "1024")
-    with armed(template_specs("cuda-oom-leak", after=0, max=1, min_bytes="512M"), w.pid,
-               WORK / "leak.db") as eng:
+    with armed(
+        template_specs("cuda-oom-leak", after=0, max=1, min_bytes="512M"), w.pid, WORK / "leak.db"
+    ) as eng:
         w.send("go")
         r = w.expect("RESULT", 120)
         rid = eng.run_id
@@ -442,8 +527,9 @@ def corrupt_xid(out: Path) -> dict[str, Any]:
         res["xid_monitor"] = str(e)
         mon = None  # type: ignore[assignment]
     w = Workload("corrupt")
-    spec = tspec(lib="libcuda", fn="cuMemAlloc_v2", action="corrupt",
-                 corrupt="arg1:set=0x1000", nth=1)
+    spec = tspec(
+        lib="libcuda", fn="cuMemAlloc_v2", action="corrupt", corrupt="arg1:set=0x1000", nth=1
+    )
     fired: list[dict[str, Any]] = []
 
     def on_fire(row: dict[str, Any]) -> None:
@@ -468,16 +554,24 @@ def corrupt_xid(out: Path) -> dict[str, Any]:
 
         con = sqlite3.connect(db)
         cols = ("fault_id", "dev", "error_code", "msg", "rule")
-        res["xids"] = [dict(zip(cols, row, strict=True)) for row in con.execute(
-                           "SELECT fault_id, dev, error_code, msg, rule FROM xids")]
+        res["xids"] = [
+            dict(zip(cols, row, strict=True))
+            for row in con.execute("SELECT fault_id, dev, error_code, msg, rule FROM xids")
+        ]
         con.close()
     res["dmesg_xid"] = sh("dmesg 2>/dev/null | grep -i xid | tail -5")
     fid = res["faults"][0]["fault_id"] if res["faults"] else None
     # The raw program reads pci_name(pdev) itself: it must look like a BDF.
-    res["xid_dev_is_bdf"] = all(re.fullmatch(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]",
-                                             x["dev"] or "") for x in res.get("xids", []))
-    res["ok"] = bool(r.get("illegal_address")) and bool(res.get("xids")) and any(
-        x["fault_id"] == fid for x in res.get("xids", [])) and res["xid_dev_is_bdf"]
+    res["xid_dev_is_bdf"] = all(
+        re.fullmatch(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]", x["dev"] or "")
+        for x in res.get("xids", [])
+    )
+    res["ok"] = (
+        bool(r.get("illegal_address"))
+        and bool(res.get("xids"))
+        and any(x["fault_id"] == fid for x in res.get("xids", []))
+        and res["xid_dev_is_bdf"]
+    )
     return res
 
 
@@ -491,15 +585,23 @@ def _cublas(out: Path, workload: str) -> dict[str, Any]:
     w.finish()
     w = Workload(workload)
     specs = template_specs("cublas-gemm-exec-failed", every=1, max=1)
-    specs += [tspec(lib="libcublasLt", fn="cublasLtMatmul", action="fail",
-                    ret="CUBLAS_STATUS_EXECUTION_FAILED", max=1)]
+    specs += [
+        tspec(
+            lib="libcublasLt",
+            fn="cublasLtMatmul",
+            action="fail",
+            ret="CUBLAS_STATUS_EXECUTION_FAILED",
+            max=1,
+        )
+    ]
     with armed(specs, w.pid, WORK / "cublas.db") as eng:
         w.send("go")
         res["gemm"] = w.expect("RESULT", 120)
         res["gemm_faults"] = faults_of(WORK / "cublas.db", eng.run_id)
     w.finish()
-    res["ok"] = ("ALLOC_FAILED" in str(res["create"]["first"]) and
-                 "EXECUTION_FAILED" in json.dumps(res["gemm"]))
+    res["ok"] = "ALLOC_FAILED" in str(res["create"]["first"]) and "EXECUTION_FAILED" in json.dumps(
+        res["gemm"]
+    )
     return res
 
 
@@ -516,16 +618,22 @@ def cublas_cupy(out: Path) -> dict[str, Any]:
 @check
 def graph(out: Path) -> dict[str, Any]:
     w = Workload("graph")
-    specs = (template_specs("cuda-graph-instantiate-fail", nth=1)
-             + template_specs("cuda-graph-launch-fail", nth=5))
+    specs = template_specs("cuda-graph-instantiate-fail", nth=1) + template_specs(
+        "cuda-graph-launch-fail", nth=5
+    )
     with armed(specs, w.pid, WORK / "graph.db") as eng:
         w.send("go")
         r = w.expect("RESULT", 120)
         f = faults_of(WORK / "graph.db", eng.run_id)
     w.finish()
     res = {"result": r, "faults": f}
-    res["ok"] = (len(r["builds"]) == 2 and r["builds"][0] != "ok" and r["builds"][1] == "ok"
-                 and [e[0] for e in r["replay_errors"]] == [5] and r["replays_ok"] == 19)
+    res["ok"] = (
+        len(r["builds"]) == 2
+        and r["builds"][0] != "ok"
+        and r["builds"][1] == "ok"
+        and [e[0] for e in r["replay_errors"]] == [5]
+        and r["replays_ok"] == 19
+    )
     return res
 
 
@@ -540,8 +648,9 @@ def um(out: Path) -> dict[str, Any]:
         res["faults"] = faults_of(WORK / "um.db", eng.run_id)
     w.finish()
     f = res["faulted"]
-    res["ok"] = (len(f["alloc_errors"]) == 1 and f["prefetch_rets"] == [0, 1, 0]
-                 and bool(f.get("value_ok")))
+    res["ok"] = (
+        len(f["alloc_errors"]) == 1 and f["prefetch_rets"] == [0, 1, 0] and bool(f.get("value_ok"))
+    )
     return res
 
 
@@ -561,10 +670,15 @@ def stream_stall(out: Path) -> dict[str, Any]:
     w.finish()
     f = faults_of(WORK / "stall.db", rid)
     slow = [i for i, t in enumerate(r["step_ms"]) if t > base["step_ms_median"] + 15]
-    res = {"base": {k: v for k, v in base.items() if k != "step_ms"},
-           "stalled": {k: v for k, v in r.items() if k != "step_ms"},
-           "probe_hits": hits, "fires": len(f), "slow_steps": len(slow),
-           "slow_step_ms": [r["step_ms"][i] for i in slow][:40], "faults": f[:5]}
+    res = {
+        "base": {k: v for k, v in base.items() if k != "step_ms"},
+        "stalled": {k: v for k, v in r.items() if k != "step_ms"},
+        "probe_hits": hits,
+        "fires": len(f),
+        "slow_steps": len(slow),
+        "slow_step_ms": [r["step_ms"][i] for i in slow][:40],
+        "faults": f[:5],
+    }
     # 10% of ~200 syncs: binomial, 99.99% inside [4, 40]
     res["ok"] = 4 <= len(f) <= 40 and len(slow) == len(f)
     return res
@@ -581,15 +695,17 @@ def cufft(out: Path) -> dict[str, Any]:
             sets: dict[str, Any] = {"every": 5}
             if plan:
                 sets["plan"] = "true"
-            with armed(template_specs("cufft-exec-invalid", **sets), w.pid,
-                       WORK / "fft.db") as eng:
+            with armed(template_specs("cufft-exec-invalid", **sets), w.pid, WORK / "fft.db") as eng:
                 w.send("go")
                 r = w.expect("RESULT", 120)
                 rid = eng.run_id
             w.finish()
             f = faults_of(WORK / "fft.db", rid)
-            res[key] = {"result": r, "faults": [(x["function"], x["retval"], x["call_seq"])
-                                                for x in f]}
+            res[key] = {
+                "result": r,
+                "faults": [(x["function"], x["retval"], x["call_seq"]) for x in f],
+            }
+
     # Each fire is one error the application saw, and nothing else failed.
     # (Calls per FFT differ: torch makes two cufftXtExec per successful FFT
     # of this shape, so every=5 shows as an error every 3rd FFT.)
@@ -597,15 +713,21 @@ def cufft(out: Path) -> dict[str, Any]:
         r = res[key]
         execs = [f for f in r["faults"] if "Exec" in f[0]]
         errs = [e[1] for e in r["result"]["errors"]]
-        return bool(execs) and len(errs) == len(r["faults"]) and all(
-            "INVALID_VALUE" in e or "ALLOC_FAILED" in e or "CuFFTError" in e for e in errs)
+        return (
+            bool(execs)
+            and len(errs) == len(r["faults"])
+            and all("INVALID_VALUE" in e or "ALLOC_FAILED" in e or "CuFFTError" in e for e in errs)
+        )
 
     # A failed plan: torch raises at once; cupy (run 6) raised nothing for
     # it: its first error was the first exec fault (it retried the plan).
     tp, cp_ = res["torch_plan"], res["cupy_plan"]
-    res["ok"] = (all(matched(k) for k in ("torch_exec", "cupy_exec", "torch_plan"))
-                 and tp["result"]["errors"][0][0] == 1 and "Plan" in tp["faults"][0][0]
-                 and "Plan" in cp_["faults"][0][0])
+    res["ok"] = (
+        all(matched(k) for k in ("torch_exec", "cupy_exec", "torch_plan"))
+        and tp["result"]["errors"][0][0] == 1
+        and "Plan" in tp["faults"][0][0]
+        and "Plan" in cp_["faults"][0][0]
+    )
     res["cupy_plan_absorbed"] = len(cp_["faults"]) == len(cp_["result"]["errors"]) + 1
     return res
 
@@ -615,8 +737,7 @@ def cuda_errors(out: Path) -> dict[str, Any]:
     """Class 1 templates on the decode loop: cuda-launch-failed (the 100th
     launch) and cuda-ctx-destroyed (after 10 synchronizations)."""
     res: dict[str, Any] = {}
-    for name, sets in (("cuda-launch-failed", {"nth": 100}),
-                       ("cuda-ctx-destroyed", {"after": 10})):
+    for name, sets in (("cuda-launch-failed", {"nth": 100}), ("cuda-ctx-destroyed", {"after": 10})):
         w = Workload("decode")
         kps = w.ready["kernels_per_10_steps"] / 10
         with armed(template_specs(name, **sets), w.pid, WORK / "cuerr.db") as eng:
@@ -624,13 +745,23 @@ def cuda_errors(out: Path) -> dict[str, Any]:
             r = w.expect("RESULT", 120)
             rid = eng.run_id
         rc = w.finish()
-        res[name] = {"result": r, "rc": rc, "kernels_per_step": kps,
-                     "faults": [(x["function"], x["retval"], x["call_seq"])
-                                for x in faults_of(WORK / "cuerr.db", rid)][:4]}
+        res[name] = {
+            "result": r,
+            "rc": rc,
+            "kernels_per_step": kps,
+            "faults": [
+                (x["function"], x["retval"], x["call_seq"])
+                for x in faults_of(WORK / "cuerr.db", rid)
+            ][:4],
+        }
     la, cd = res["cuda-launch-failed"]["result"], res["cuda-ctx-destroyed"]["result"]
     kps = res["cuda-launch-failed"]["kernels_per_step"]
-    res["ok"] = (la.get("error") is not None and la["error"]["step"] == -(-100 // int(kps))
-                 and cd.get("error") is not None and cd["error"]["step"] == 11)
+    res["ok"] = (
+        la.get("error") is not None
+        and la["error"]["step"] == -(-100 // int(kps))
+        and cd.get("error") is not None
+        and cd["error"]["step"] == 11
+    )
     return res
 
 
@@ -643,18 +774,26 @@ def nccl1(out: Path) -> dict[str, Any]:
     for lib in ("cupy", "torch"):
         w = Workload("nccl1", "--lib", lib, env={"NCCL_DEBUG": "WARN"})
         specs = template_specs("nccl-error", nth=5)
-        specs += [tspec(lib="libnccl", fn=f, trace=True, no_stack=True)
-                  for f in ("ncclGroupStart", "ncclGroupEnd", "ncclCommGetAsyncError")]
+        specs += [
+            tspec(lib="libnccl", fn=f, trace=True, no_stack=True)
+            for f in ("ncclGroupStart", "ncclGroupEnd", "ncclCommGetAsyncError")
+        ]
         with armed(specs, w.pid, WORK / "nccl1.db") as eng:
             w.send("go")
             r = w.expect("RESULT", 120)
             rid = eng.run_id
         rc = w.finish()
-        res[lib] = {"result": r, "rc": rc, "faults": faults_of(WORK / "nccl1.db", rid)[:3],
-                    "calls": calls_by_symbol(WORK / "nccl1.db", rid),
-                    "stderr": w.err[-6:]}
-    res["ok"] = all(res[k]["result"]["errors"] and res[k]["result"]["errors"][0][0] == 5
-                    for k in ("cupy", "torch"))
+        res[lib] = {
+            "result": r,
+            "rc": rc,
+            "faults": faults_of(WORK / "nccl1.db", rid)[:3],
+            "calls": calls_by_symbol(WORK / "nccl1.db", rid),
+            "stderr": w.err[-6:],
+        }
+    res["ok"] = all(
+        res[k]["result"]["errors"] and res[k]["result"]["errors"][0][0] == 5
+        for k in ("cupy", "torch")
+    )
     return res
 
 
@@ -665,12 +804,18 @@ def probe_cost(out: Path) -> dict[str, Any]:
     how long attaching the default libcuda probe set to a torch process
     takes. With the decode loop's probe hits per second this bounds the
     trace and armed overheads without the loop's own drift."""
+
     def bench(script: str) -> dict[str, Any]:
-        r = subprocess.run([sys.executable, script], cwd=REPO, capture_output=True, text=True,
-                           timeout=400, env={**os.environ, "GF_BENCH_CALLS": os.environ.get(
-                               "GF_BENCH_CALLS", "1000000")})
+        r = subprocess.run(
+            [sys.executable, script],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=400,
+            env={**os.environ, "GF_BENCH_CALLS": os.environ.get("GF_BENCH_CALLS", "1000000")},
+        )
         try:
-            return dict(json.loads(r.stdout[r.stdout.index("{"):]), rc=r.returncode)
+            return dict(json.loads(r.stdout[r.stdout.index("{") :]), rc=r.returncode)
         except ValueError:
             return {"rc": r.returncode, "stderr": r.stderr[-2000:]}
 
@@ -690,8 +835,14 @@ def probe_cost(out: Path) -> dict[str, Any]:
         eng.start()
         t1 = time.monotonic()
         eng.close()
-        times.append({"start_s": round(t1 - t0, 3), "close_s": round(time.monotonic() - t1, 3),
-                      "probes": len(eng.atts), "uprobe_multi": eng.multi})
+        times.append(
+            {
+                "start_s": round(t1 - t0, 3),
+                "close_s": round(time.monotonic() - t1, 3),
+                "probes": len(eng.atts),
+                "uprobe_multi": eng.multi,
+            }
+        )
     w.finish()
     res["attach_libcuda_trace_set"] = times
     res["ok"] = all(b.get("rc") == 0 for k, b in res.items() if k in ("detach", "engine"))
@@ -700,9 +851,13 @@ def probe_cost(out: Path) -> dict[str, Any]:
 
 @check
 def hooks(out: Path) -> dict[str, Any]:
-    r = subprocess.run([sys.executable, "-m", "pyctl.hooks.gpu_check",
-                        "--out", str(out / "hooks.json")],
-                       cwd=REPO, capture_output=True, text=True, timeout=400)
+    r = subprocess.run(
+        [sys.executable, "-m", "pyctl.hooks.gpu_check", "--out", str(out / "hooks.json")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     try:
         doc = json.loads(Path(out / "hooks.json").read_text())
     except (OSError, ValueError):
@@ -711,26 +866,46 @@ def hooks(out: Path) -> dict[str, Any]:
 
 
 # ---- NCCL on two GPUs --------------------------------------------------------
-NCCL_SAFE = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-             "NVSHMEM_DISABLE_NVLS": "1"}
+NCCL_SAFE = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
 
 
-def _ranks(n_iters: int, extra_env: dict[str, str] | None = None, *, addr: str = "127.0.0.1",
-           preexec: list[Callable[[], None] | None] | None = None,
-           timeout_s: int = 30) -> list[Workload]:
+def _ranks(
+    n_iters: int,
+    extra_env: dict[str, str] | None = None,
+    *,
+    addr: str = "127.0.0.1",
+    preexec: list[Callable[[], None] | None] | None = None,
+    timeout_s: int = 30,
+) -> list[Workload]:
     port = str(29500 + os.getpid() % 1000)
     ws = []
     for r in (0, 1):
-        env = {**NCCL_SAFE, "MASTER_ADDR": addr, "MASTER_PORT": port, "RANK": str(r),
-               "WORLD_SIZE": "2", "LOCAL_RANK": str(r), **(extra_env or {})}
+        env = {
+            **NCCL_SAFE,
+            "MASTER_ADDR": addr,
+            "MASTER_PORT": port,
+            "RANK": str(r),
+            "WORLD_SIZE": "2",
+            "LOCAL_RANK": str(r),
+            **(extra_env or {}),
+        }
         ws.append(Workload.__new__(Workload))
         w = ws[-1]
         w.name = f"nccl rank {r}"
         w.p = subprocess.Popen(
             [sys.executable, "-m", "tests.device.nccl_worker", str(n_iters), str(timeout_s)],
-            cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True, env={**os.environ, **env},
-            preexec_fn=(preexec[r] if preexec else None))
+            cwd=REPO,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **env},
+            preexec_fn=(preexec[r] if preexec else None),
+        )
         w.lines, w.err = queue.Queue(), []
         threading.Thread(target=w._read, daemon=True).start()
         threading.Thread(target=w._read_err, daemon=True).start()
@@ -740,13 +915,15 @@ def _ranks(n_iters: int, extra_env: dict[str, str] | None = None, *, addr: str =
     return ws
 
 
-def _nccl_round(out: Path, label: str, specs_rank1: list[Any] | None, n_iters: int,
-                **kw: Any) -> dict[str, Any]:
+def _nccl_round(
+    out: Path, label: str, specs_rank1: list[Any] | None, n_iters: int, **kw: Any
+) -> dict[str, Any]:
     ws = _ranks(n_iters, **kw)
     res: dict[str, Any] = {}
     try:
-        ctx = (armed(specs_rank1, ws[1].pid, WORK / "nccl.db", label) if specs_rank1
-               else nullcontext())
+        ctx = (
+            armed(specs_rank1, ws[1].pid, WORK / "nccl.db", label) if specs_rank1 else nullcontext()
+        )
         with ctx as eng:
             if eng is not None:
                 res["run_id"] = eng.run_id
@@ -781,14 +958,27 @@ def nccl(out: Path) -> dict[str, Any]:
     # The error rounds also trace rank 1's NCCL entry points (returns on
     # record) and run NCCL with WARN logging: run 3 saw no exception on the
     # failing rank, and this shows what the library returned and what torch did.
-    watch = [tspec(lib="libnccl", fn=f, trace=True, no_stack=True)
-             for f in ("ncclGroupStart", "ncclGroupEnd", "ncclCommGetAsyncError")]
+    watch = [
+        tspec(lib="libnccl", fn=f, trace=True, no_stack=True)
+        for f in ("ncclGroupStart", "ncclGroupEnd", "ncclCommGetAsyncError")
+    ]
     dbg = {"NCCL_DEBUG": "WARN"}
-    res["system_error"] = _nccl_round(out, "syserr", template_specs("nccl-error", nth=50) + watch,
-                                      200, timeout_s=20, extra_env=dbg)
+    res["system_error"] = _nccl_round(
+        out,
+        "syserr",
+        template_specs("nccl-error", nth=50) + watch,
+        200,
+        timeout_s=20,
+        extra_env=dbg,
+    )
     res["remote_error"] = _nccl_round(
-        out, "remerr", template_specs("nccl-error", nth=50, ret="ncclRemoteError") + watch, 200,
-        timeout_s=20, extra_env=dbg)
+        out,
+        "remerr",
+        template_specs("nccl-error", nth=50, ret="ncclRemoteError") + watch,
+        200,
+        timeout_s=20,
+        extra_env=dbg,
+    )
     try:
         res["netem"] = _nccl_netem(out)
     except Exception as e:  # noqa: BLE001
@@ -807,24 +997,32 @@ def _nccl_netem(out: Path) -> dict[str, Any]:
 
     res: dict[str, Any] = {"netem_available": netchaos.netem_available()}
     with netchaos.Link() as link:
+
         def enter(ns: str) -> Callable[[], None]:
             def f() -> None:
                 fd = os.open(f"{netchaos.NETNS_DIR}/{ns}", os.O_RDONLY)
                 os.setns(fd, os.CLONE_NEWNET)
                 os.close(fd)
+
             return f
 
-        env = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_IB_DISABLE": "1",
-               "NCCL_NET": "Socket",
-               "NCCL_SOCKET_IFNAME": os.path.commonprefix([link.a.ifname, link.b.ifname])}
+        env = {
+            "NCCL_P2P_DISABLE": "1",
+            "NCCL_SHM_DISABLE": "1",
+            "NCCL_IB_DISABLE": "1",
+            "NCCL_NET": "Socket",
+            "NCCL_SOCKET_IFNAME": os.path.commonprefix([link.a.ifname, link.b.ifname]),
+        }
         pre = [enter(link.a.ns), enter(link.b.ns)]
         res["ifnames"] = [link.a.ifname, link.b.ifname]
         common = {"addr": link.a.addr, "preexec": pre, "extra_env": env}
         # Each impairment on its own: a kernel without sch_netem refuses delay
         # (netchaos says so) but loss and partitions still work (BPF filter).
         rounds: list[tuple[str, dict[str, Any]]] = [
-            ("socket_baseline", {}), ("rate_200mbit", {"rate_mbit": 200}),
-            ("loss_2pct", {"loss_pct": 2})]
+            ("socket_baseline", {}),
+            ("rate_200mbit", {"rate_mbit": 200}),
+            ("loss_2pct", {"loss_pct": 2}),
+        ]
         if res["netem_available"]:
             rounds.insert(1, ("delay_5ms", {"delay_ms": 5}))
         for label, kw in rounds:
@@ -839,8 +1037,7 @@ def _nccl_netem(out: Path) -> dict[str, Any]:
                 link.clear()
         # Partition after a few iterations: the worker sleeps 3 s at iteration 20
         # (GF_PAUSE_AT), and we cut the link then.
-        ws = _ranks(200, {**env, "GF_PAUSE_AT": "20"}, addr=link.a.addr, preexec=pre,
-                    timeout_s=20)
+        ws = _ranks(200, {**env, "GF_PAUSE_AT": "20"}, addr=link.a.addr, preexec=pre, timeout_s=20)
         for w in ws:
             w.send("go")
         time.sleep(1.5)  # inside the workers' 3 s pause: cut before they resume
@@ -871,8 +1068,11 @@ def run_one(name: str, out: Path) -> dict[str, Any]:
     try:
         res = CHECKS[name](out)
     except Exception as e:  # noqa: BLE001
-        res = {"ok": False, "error": f"{type(e).__name__}: {e}",
-               "traceback": traceback.format_exc()[-2000:]}
+        res = {
+            "ok": False,
+            "error": f"{type(e).__name__}: {e}",
+            "traceback": traceback.format_exc()[-2000:],
+        }
     res["seconds"] = round(time.monotonic() - t0, 1)
     if POLL_ERRORS:
         res["poll_errors"] = POLL_ERRORS[-5:]
@@ -898,20 +1098,37 @@ def main(argv: list[str] | None = None) -> int:
         print(f"== {n}", flush=True)
         limit = a.timeout * (2.5 if n in ("nccl", "hooks", "overhead") else 1)
         try:
-            r = subprocess.run([sys.executable, "-m", "tests.device.checks", "--one", n,
-                                "--out", str(out)], cwd=REPO, capture_output=True, text=True,
-                               timeout=limit)
+            r = subprocess.run(
+                [sys.executable, "-m", "tests.device.checks", "--one", n, "--out", str(out)],
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                timeout=limit,
+            )
             line = [x for x in r.stdout.splitlines() if x.startswith("CHECK ")]
-            results[n] = (json.loads(line[-1][6:]) if line else
-                          {"ok": False, "error": f"no result, rc {r.returncode}",
-                           "stderr": r.stderr[-2000:]})
+            results[n] = (
+                json.loads(line[-1][6:])
+                if line
+                else {
+                    "ok": False,
+                    "error": f"no result, rc {r.returncode}",
+                    "stderr": r.stderr[-2000:],
+                }
+            )
         except subprocess.TimeoutExpired as e:
-            results[n] = {"ok": False, "error": f"timed out after {limit:.0f}s",
-                          "stdout": (e.stdout or b"")[-1500:].decode(errors="replace")
-                          if isinstance(e.stdout, bytes) else str(e.stdout)[-1500:]}
+            results[n] = {
+                "ok": False,
+                "error": f"timed out after {limit:.0f}s",
+                "stdout": (e.stdout or b"")[-1500:].decode(errors="replace")
+                if isinstance(e.stdout, bytes)
+                else str(e.stdout)[-1500:],
+            }
         results[n].setdefault("seconds", round(time.monotonic() - t0, 1))
-        print(f"   {n}: ok={results[n].get('ok')} {results[n].get('error', '')} "
-              f"({results[n]['seconds']}s)", flush=True)
+        print(
+            f"   {n}: ok={results[n].get('ok')} {results[n].get('error', '')} "
+            f"({results[n]['seconds']}s)",
+            flush=True,
+        )
         print("   " + json.dumps(results[n], default=str)[:1200], flush=True)
         (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
     return 0 if all(r.get("ok") for r in results.values()) else 1

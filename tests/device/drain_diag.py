@@ -50,8 +50,9 @@ def sqlite_mem_rows_per_s() -> int:
 
 
 def ring_only(t: Target, d: str) -> dict:
-    spec = FaultSpec(lib=str(LIB), fn="gf_empty", trace=True, entry_only=True,
-                     capture_stack=False, tgid=t.pid)
+    spec = FaultSpec(
+        lib=str(LIB), fn="gf_empty", trace=True, entry_only=True, capture_stack=False, tgid=t.pid
+    )
     eng = Engine([spec], db_path=Path(d) / "r.db", pid=t.pid, argv=["diag"], ring_mib=256)
     eng.start()
     try:
@@ -67,8 +68,10 @@ def ring_only(t: Target, d: str) -> dict:
 
 
 def main() -> None:
-    out: dict = {"fsync_ms_median": {d: fsync_ms(d) for d in ("/tmp", "/dev/shm")},
-                 "sqlite_memory_rows_per_s": sqlite_mem_rows_per_s()}
+    out: dict = {
+        "fsync_ms_median": {d: fsync_ms(d) for d in ("/tmp", "/dev/shm")},
+        "sqlite_memory_rows_per_s": sqlite_mem_rows_per_s(),
+    }
     t = Target()
     try:
         out["ring_read_only"] = ring_only(t, "/dev/shm")

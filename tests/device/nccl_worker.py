@@ -63,9 +63,19 @@ def main() -> None:
     def pct(p: float) -> float:
         return lat_sorted[min(len(lat_sorted) - 1, int(p * len(lat_sorted)))]
 
-    say("RESULT", {"rank": rank, "iterations": len(lat), "p50_ms": pct(0.5), "p99_ms": pct(0.99),
-                   "max_ms": lat_sorted[-1], "error": err, "error_after_s": t_err,
-                   "sum_ok": bool(err is None and float(x[0]) == 2.0)})
+    say(
+        "RESULT",
+        {
+            "rank": rank,
+            "iterations": len(lat),
+            "p50_ms": pct(0.5),
+            "p99_ms": pct(0.99),
+            "max_ms": lat_sorted[-1],
+            "error": err,
+            "error_after_s": t_err,
+            "sum_ok": bool(err is None and float(x[0]) == 2.0),
+        },
+    )
     if err is not None:
         os._exit(1)
     dist.destroy_process_group()

@@ -25,23 +25,30 @@ INFER = paths.DOUBLE_INFER
 @pytest.mark.root
 @pytest.mark.skipif(os.geteuid() != 0, reason="requires root (BPF, ptrace)")
 @pytest.mark.skipif(not INFER.exists(), reason=paths.hint(INFER))
-def test_armed_engine_from_a_polling_thread(tmp_path: Path,
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_armed_engine_from_a_polling_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from pyctl.copilot import block_sigchld
 
     block_sigchld()
     monkeypatch.setattr(C, "WORK", tmp_path)
     # --steps 0: run until stdin closes. gf-infer prints a line per failed
     # CUDA call: the injected launch failure is the event awaited.
-    p = subprocess.Popen([str(INFER), "--threads", "1", "--steps", "0"],
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [str(INFER), "--threads", "1", "--steps", "0"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert p.stdout is not None
     db = tmp_path / "h.db"
     lib = str(INFER.parent / "libcuda.so.1")  # by path: no race with the loader's maps
     seen = ""
     try:
-        specs = [C.tspec(lib=lib, fn="cuMemAlloc_v2", trace=True),
-                 C.tspec(lib=lib, fn="cuLaunchKernel", action="fail", ret=719, nth=3)]
+        specs = [
+            C.tspec(lib=lib, fn="cuMemAlloc_v2", trace=True),
+            C.tspec(lib=lib, fn="cuLaunchKernel", action="fail", ret=719, nth=3),
+        ]
         with C.armed(specs, p.pid, db) as eng:
             ready, _, _ = select.select([p.stdout], [], [], 60)
             seen = p.stdout.readline() if ready else ""

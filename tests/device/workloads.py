@@ -92,8 +92,13 @@ def decode(argv: list[str]) -> None:
     torch.manual_seed(0)
     dev = torch.device("cuda")
     m = _model(torch, d, layers, heads, vocab).to(dev).eval()
-    caches = [(torch.zeros(batch, maxlen, heads, d // heads, device=dev),
-               torch.zeros(batch, maxlen, heads, d // heads, device=dev)) for _ in range(layers)]
+    caches = [
+        (
+            torch.zeros(batch, maxlen, heads, d // heads, device=dev),
+            torch.zeros(batch, maxlen, heads, d // heads, device=dev),
+        )
+        for _ in range(layers)
+    ]
     state = {"t": 0, "tok": torch.zeros(batch, dtype=torch.long, device=dev)}
 
     @torch.no_grad()
@@ -120,15 +125,26 @@ def decode(argv: list[str]) -> None:
             for _ in range(10):
                 step()
         evs = prof.events()
-        kernels = sum(1 for e in evs if e.device_type.name == "CUDA"
-                      and not e.name.startswith(("Memcpy", "Memset")))
-        launches = sum(1 for e in evs if e.name.startswith(("cudaLaunchKernel", "cuLaunchKernel",
-                                                            "cudaLaunchKernelExC")))
+        kernels = sum(
+            1
+            for e in evs
+            if e.device_type.name == "CUDA" and not e.name.startswith(("Memcpy", "Memset"))
+        )
+        launches = sum(
+            1
+            for e in evs
+            if e.name.startswith(("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC"))
+        )
     except Exception as e:  # noqa: BLE001 - report, do not die
         say("NOTE", {"profiler": err_text(e)})
-    cmd = ready({"kernels_per_10_steps": kernels, "launch_calls_per_10_steps": launches,
-                 "batch": batch,
-                 "torch": torch.__version__})
+    cmd = ready(
+        {
+            "kernels_per_10_steps": kernels,
+            "launch_calls_per_10_steps": launches,
+            "batch": batch,
+            "torch": torch.__version__,
+        }
+    )
     while cmd:
         parts = cmd.split()
         n = int(parts[1])
@@ -148,10 +164,16 @@ def decode(argv: list[str]) -> None:
         dt = time.perf_counter() - t0
         seg1 = torch.cuda.memory_stats().get("segment.all.allocated", 0)
         srt = sorted(times) or [0.0]
-        res = {"steps": len(times), "seconds": dt, "tokens_per_s": len(times) * batch / dt,
-               "steps_per_s": len(times) / dt, "segments_allocated": seg1 - seg0,
-               "step_ms_median": srt[len(srt) // 2],
-               "step_ms_p99": srt[min(len(srt) - 1, int(0.99 * len(srt)))], "error": error}
+        res = {
+            "steps": len(times),
+            "seconds": dt,
+            "tokens_per_s": len(times) * batch / dt,
+            "steps_per_s": len(times) / dt,
+            "segments_allocated": seg1 - seg0,
+            "step_ms_median": srt[len(srt) // 2],
+            "step_ms_p99": srt[min(len(srt) - 1, int(0.99 * len(srt)))],
+            "error": error,
+        }
         if "times" in parts:
             res["step_ms"] = [round(x, 3) for x in times]
         say("RESULT", res)
@@ -181,8 +203,11 @@ def oom(argv: list[str]) -> None:
         try:
             held.append(torch.empty(mib << 20, dtype=torch.uint8, device="cuda"))
         except Exception as e:  # noqa: BLE001
-            out.update(raised_at_step=i, error=err_text(e),
-                       is_torch_oom=isinstance(e, torch.OutOfMemoryError))
+            out.update(
+                raised_at_step=i,
+                error=err_text(e),
+                is_torch_oom=isinstance(e, torch.OutOfMemoryError),
+            )
             break
     out["allocated_steps"] = len(held)
     say("RESULT", out)
@@ -206,8 +231,7 @@ def leak(argv: list[str]) -> None:
     except Exception as e:  # noqa: BLE001
         out["error"] = err_text(e)
     n1, r1 = _nvml_used(), torch.cuda.memory_reserved()
-    out.update(nvml_delta=n1 - n0, reserved_delta=r1 - r0, leaked=(n1 - n0) - (r1 - r0),
-               mib=mib)
+    out.update(nvml_delta=n1 - n0, reserved_delta=r1 - r0, leaked=(n1 - n0) - (r1 - r0), mib=mib)
     say("RESULT", out)
 
 
@@ -349,8 +373,12 @@ def um(argv: list[str]) -> None:
         return
     ptr = mem.ptr
     stream = ctypes.c_void_p(0)
-    cu.cuMemPrefetchAsync.argtypes = [ctypes.c_uint64, ctypes.c_size_t, ctypes.c_int,
-                                      ctypes.c_void_p]
+    cu.cuMemPrefetchAsync.argtypes = [
+        ctypes.c_uint64,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_void_p,
+    ]
     for _ in range(3):  # prefetch to device 0 through the driver API itself
         out["prefetch_rets"].append(cu.cuMemPrefetchAsync(ptr, size, 0, stream))
     cupy.cuda.Device().synchronize()
@@ -372,9 +400,14 @@ def um(argv: list[str]) -> None:
         bounced.append(gpu_pass())  # the kernel faults them onto the GPU again
     cupy.cuda.Device().synchronize()
     gb = size / 1e9
-    out.update(size=size, resident_gbps=gb / min(resident), bounced_gbps=gb / min(bounced),
-               resident_s=resident, bounced_s=bounced,
-               value_ok=bool(float(arr[0]) == 1.0 + 3 * rounds))
+    out.update(
+        size=size,
+        resident_gbps=gb / min(resident),
+        bounced_gbps=gb / min(bounced),
+        resident_s=resident,
+        bounced_s=bounced,
+        value_ok=bool(float(arr[0]) == 1.0 + 3 * rounds),
+    )
     say("RESULT", out)
 
 
@@ -403,6 +436,7 @@ def fft(argv: list[str]) -> None:
 
         def one() -> None:
             float(cupy.abs(cupy.fft.fft(x)).sum())
+
     ready({"lib": lib})
     say("RESULT", calls(one, 20))
 
@@ -422,8 +456,9 @@ def nccl1(argv: list[str]) -> None:
         stream = cupy.cuda.Stream.null
 
         def one() -> None:
-            comm.allReduce(x.data.ptr, x.data.ptr, x.size, nccl.NCCL_FLOAT32, nccl.NCCL_SUM,
-                           stream.ptr)
+            comm.allReduce(
+                x.data.ptr, x.data.ptr, x.size, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, stream.ptr
+            )
             stream.synchronize()
     else:
         import datetime
@@ -433,9 +468,14 @@ def nccl1(argv: list[str]) -> None:
 
         torch.cuda.set_device(0)
         store = dist.HashStore()
-        dist.init_process_group("nccl", store=store, rank=0, world_size=1,
-                                timeout=datetime.timedelta(seconds=20),
-                                device_id=torch.device("cuda", 0))
+        dist.init_process_group(
+            "nccl",
+            store=store,
+            rank=0,
+            world_size=1,
+            timeout=datetime.timedelta(seconds=20),
+            device_id=torch.device("cuda", 0),
+        )
         x = torch.ones(1 << 18, device="cuda")
         dist.all_reduce(x)
         torch.cuda.synchronize()
@@ -443,6 +483,7 @@ def nccl1(argv: list[str]) -> None:
         def one() -> None:
             dist.all_reduce(x)
             torch.cuda.synchronize()
+
     ready({"lib": lib})
     say("RESULT", {"lib": lib, **calls(one, 20)})
     os._exit(0)  # no teardown: a failed communicator may hang in destroy
@@ -461,8 +502,10 @@ def libs(argv: list[str]) -> None:
     ready()
 
 
-WORKLOADS = {f.__name__: f for f in (decode, oom, leak, corrupt, cublas_torch, cublas_cupy,
-                                      graph, um, fft, nccl1, libs)}
+WORKLOADS = {
+    f.__name__: f
+    for f in (decode, oom, leak, corrupt, cublas_torch, cublas_cupy, graph, um, fft, nccl1, libs)
+}
 
 if __name__ == "__main__":
     try:
