@@ -32,7 +32,9 @@ trigger_options = bundle(
         "--prob", type=PROBABILITY, default=None, help="fire with this probability (5%, 0.05, ppm)"
     ),
     click.option("--max", default="0", help="fire at most K times"),
-    click.option("--sticky", is_flag=True, help="once fired, fail every later call"),
+    click.option(
+        "--sticky", is_flag=True, help="once fired, fail every call numbered after the first fire"
+    ),
     click.option(
         "--caller",
         default=None,
