@@ -14,11 +14,15 @@ from just before it is spawned to the first call its probe sees:
 gpufault runs cold (an empty GPUFAULT_CACHE_DIR: symbol tables parsed, the
 kernel's capabilities tried) and warm (the same dir again: the tables and
 trial results come from it). Medians of REPS runs, ratios to bpftrace.
+`--baseline DIR` also runs another checkout (another revision, built,
+e.g. a `git worktree`) warm in the same interleaved rounds: a change's
+effect measured under the same load.
 Prints JSON; `--md` appends a table to docs/benchmarks.md. Needs root.
 """
 
 from __future__ import annotations
 
+import compileall
 import json
 import os
 import platform
@@ -61,13 +65,13 @@ def start_target() -> tuple[subprocess.Popen[str], str]:
     return p, libz
 
 
-def gpufault_once(pid: int, cache: Path, db: Path) -> dict[str, float]:
-    env = {**os.environ, "GPUFAULT_CACHE_DIR": str(cache), "PYTHONPATH": str(REPO)}
+def gpufault_once(pid: int, cache: Path, db: Path, tree: Path = REPO) -> dict[str, float]:
+    env = {**os.environ, "GPUFAULT_CACHE_DIR": str(cache), "PYTHONPATH": str(tree)}
     argv = [sys.executable, "-m", "pyctl", "trace", "--pid", str(pid), "--lib", "libz",
             "--fn", "crc32", "--no-stack", "--db", str(db)]  # fmt: skip
     t0 = mono_ns()
     p = subprocess.Popen(
-        argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=tree
     )
     assert p.stderr is not None
     banner = None
@@ -143,19 +147,36 @@ def main() -> int:
     if shutil.which("bpftrace") is None:
         print("bench_attach: bpftrace missing: apt-get install bpftrace", file=sys.stderr)
         return 2
+    # Byte-code first, as an installed wheel has it (pip compiles at
+    # install): with PYTHONDONTWRITEBYTECODE set, as on this machine, every
+    # run would otherwise compile each edited module again (~160 ms seen).
+    baseline = None
+    if "--baseline" in sys.argv:
+        baseline = Path(sys.argv[sys.argv.index("--baseline") + 1]).resolve()
+        if not (baseline / "pyctl" / "data" / "gpufault.bpf.o").exists():
+            print(f"bench_attach: {baseline} is not a built checkout", file=sys.stderr)
+            return 2
+    for tree in (REPO, baseline):
+        if tree is not None:
+            compileall.compile_dir(tree / "pyctl", quiet=1)
     target, libz = start_target()
     tmp = Path(tempfile.mkdtemp(prefix="gf-bench-attach-"))
     try:
         # Interleaved, so load on the machine falls on every column alike.
-        cold, warm, bpft, floor = [], [], [], []
+        cold, warm, bpft, floor, base = [], [], [], [], []
         warm_cache = tmp / "warm-cache"
         db = tmp / "gf.db"
         gpufault_once(target.pid, warm_cache, db)  # fills the warm cache, makes the db
+        if baseline is not None:  # its own cache and db: its formats may differ
+            gpufault_once(target.pid, tmp / "base-cache", tmp / "base.db", baseline)
         for i in range(REPS):
             cold.append(gpufault_once(target.pid, tmp / f"cold-cache-{i}", db))
             warm.append(gpufault_once(target.pid, warm_cache, db))
             bpft.append(bpftrace_once(target.pid, libz))
             floor.append(imports_once())
+            if baseline is not None:
+                base_db = tmp / "base.db"
+                base.append(gpufault_once(target.pid, tmp / "base-cache", base_db, baseline))
     finally:
         target.kill()
         target.wait()
@@ -175,6 +196,16 @@ def main() -> int:
         "load_avg_1m": round(os.getloadavg()[0], 2),
         "raw": {"gpufault_cold": cold, "gpufault_warm": warm, "bpftrace": bpft, "floor": floor},
     }
+    if baseline is not None:
+        res["baseline"] = {"tree": str(baseline), "warm": median(base)}
+        res["raw"]["baseline_warm"] = base
+        # Per round, this tree against the baseline measured seconds apart.
+        res["ratio_to_baseline_warm"] = round(
+            statistics.median(
+                w["first_call_ms"] / b["first_call_ms"] for w, b in zip(warm, base, strict=True)
+            ),
+            3,
+        )
     b = res["bpftrace"]["first_call_ms"]
     res["ratio_to_bpftrace"] = {
         "cold": round(res["gpufault_cold"]["first_call_ms"] / b, 2),

@@ -417,8 +417,6 @@ class FaultSpec:
     def to_bpf(
         self,
         *,
-        mech_regs: bool,
-        retprobe: bool,
         start_mono_ns: int | None = None,
         tgid: int = 0,
         tid: int = 0,
@@ -427,7 +425,9 @@ class FaultSpec:
         """The packed BPF spec. tgid, tid and duration_s are the run's target
         and --duration (pyctl/runner.py's RunOptions, through the engine):
         they apply where the spec sets none of its own, so a run never
-        writes its target into the caller's specs."""
+        writes its target into the caller's specs. How the kernel carries it
+        out (register writes or the copilot, a return probe) is the run's
+        plan's to add: pyctl/engine/mechanism.py Plan.bpf_spec."""
         now = (
             start_mono_ns
             if start_mono_ns is not None
@@ -444,10 +444,6 @@ class FaultSpec:
             flags |= abi.F_TRACE
         if self.capture_stack:
             flags |= abi.F_CAP_STACK
-        if retprobe:
-            flags |= abi.F_RETPROBE
-        if self.action in ("fail", "stall"):
-            flags |= abi.F_REGS if (mech_regs and self.action == "fail") else abi.F_COPILOT
         s.flags = flags
         r = self.ret or 0
         s.retval = r - 2**64 if r > 2**63 - 1 else r  # the unsigned spelling of a negative

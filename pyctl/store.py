@@ -1,9 +1,11 @@
 """The evidence store: one SQLite file per host (or per --db), written by one
 process at a time.
 
-Schema and queries go through sqlite-utils; the hot ingest path (call events)
-uses a plain executemany in batched transactions, which is about 4x faster
-here (see docs/benchmarks.md).
+The schema is pyctl/evidence/schema.py; the connection is plain sqlite3
+with a few table helpers (pyctl/evidence/sqlitedb.py, not sqlite-utils:
+its import alone cost 50-110 ms of every start). The hot ingest path (call
+events) uses a plain executemany in batched transactions (see
+docs/benchmarks.md).
 
 Safety: the file and its WAL/SHM siblings are created 0600 under a umask
 of 077, so the evidence (registers, arguments, stacks) is readable only by
@@ -17,9 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
-import secrets
-import socket
 import sqlite3
 import stat
 import time
@@ -28,37 +27,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-
-def _import_sqlite_utils() -> None:
-    """Import sqlite-utils without the numpy and pandas it imports when they
-    are installed (~110 ms of numpy on every `gpufault trace --pid` before
-    its probes were live): it wants them only to type columns of numpy
-    values, and every table here has its types from pyctl/evidence/schema.py.
-    Either one imported already is left as it is."""
-    import sys
-
-    blocked = [m for m in ("numpy", "pandas") if m not in sys.modules]
-    for m in blocked:
-        sys.modules[m] = None  # type: ignore[assignment]  # import raises ImportError
-    try:
-        import sqlite_utils
-    finally:
-        for m in blocked:
-            if sys.modules.get(m, 0) is None:
-                del sys.modules[m]
-    # No sqlite-utils plugins: loading them scans every installed package's
-    # entry points at the first Database() (~0.1 s), and the evidence store
-    # must not change with whatever plugins a host has (they may add SQL
-    # functions or change how connections are prepared).
-    sqlite_utils.plugins._plugins_loaded = True  # type: ignore[attr-defined]
-
-
-_import_sqlite_utils()
-import sqlite_utils  # noqa: E402
-from sqlite_utils.db import Table  # noqa: E402
-
-from pyctl.evidence import schema  # noqa: E402
-from pyctl.evidence.schema import SCHEMA_VERSION  # noqa: E402
+from pyctl.evidence import schema
+from pyctl.evidence.schema import SCHEMA_VERSION
+from pyctl.evidence.sqlitedb import Database
 
 DEFAULT_DB = Path("/var/lib/gpufault/gpufault.db")
 
@@ -113,11 +84,13 @@ def _check_header(fd: int, p: Path) -> None:
         raise StoreError(f"{p}: not an SQLite database; pass another --db")
 
 
-def _check_ours(db: sqlite_utils.Database, p: Path) -> None:
+def _check_ours(db: Database, p: Path) -> None:
     """Empty (new) or gpufault's: nothing else is touched."""
     try:
-        names = [r[0] for r in db.conn.execute(
-            "SELECT name FROM sqlite_master WHERE type='table'").fetchall()]
+        names = [
+            r[0]
+            for r in db.conn.execute("SELECT name FROM sqlite_master WHERE type='table'").fetchall()
+        ]
         version = db.conn.execute("PRAGMA user_version").fetchone()[0]
     except sqlite3.DatabaseError as e:
         raise StoreError(f"{p}: {e}") from None
@@ -131,12 +104,11 @@ def _check_ours(db: sqlite_utils.Database, p: Path) -> None:
         raise StoreError(f"{p}: written by a newer gpufault (schema {version}); use that one")
     raise StoreError(
         f"{p}: not a gpufault database (tables: {', '.join(sorted(names)[:5]) or 'none'}"
-        f", user_version {version}); pass another --db")
+        f", user_version {version}); pass another --db"
+    )
 
 
-def open_db(
-    path: str | os.PathLike[str] = DEFAULT_DB, *, readonly: bool = False
-) -> sqlite_utils.Database:
+def open_db(path: str | os.PathLike[str] = DEFAULT_DB, *, readonly: bool = False) -> Database:
     """Open the store, checked before anything is written.
 
     Writable (trace, inject): refuses a symlink, a non-regular file, a file
@@ -161,15 +133,17 @@ def open_db(
             if not p.parent.is_dir():
                 if not _is_default(p):
                     raise StoreError(
-                        f"{p.parent}: no such directory (create it, or pass another --db)")
+                        f"{p.parent}: no such directory (create it, or pass another --db)"
+                    )
                 try:
                     p.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
                     os.chmod(p.parent, 0o700)
                 except OSError as e:
                     raise StoreError(f"{p.parent}: {e.strerror}") from None
             try:
-                fd = os.open(p, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW
-                             | os.O_CLOEXEC, 0o600)
+                fd = os.open(
+                    p, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+                )
                 created = True
             except FileExistsError:
                 # Someone created it meanwhile: check it like any existing one.
@@ -191,7 +165,7 @@ def open_db(
         finally:
             os.close(fd)
         try:
-            db = sqlite_utils.Database(sqlite3.connect(p, check_same_thread=False))
+            db = Database(sqlite3.connect(p, check_same_thread=False))
             try:
                 lst = os.lstat(p)
                 if (lst.st_dev, lst.st_ino) != (fst.st_dev, fst.st_ino):
@@ -224,11 +198,11 @@ def open_db(
                 os.chmod(sibling, 0o600)
         except OSError:
             pass
-    db.gf_created = created  # type: ignore[attr-defined]
+    db.gf_created = created
     return db
 
 
-def _open_readonly(p: Path, st: os.stat_result | None) -> sqlite_utils.Database:
+def _open_readonly(p: Path, st: os.stat_result | None) -> Database:
     if st is None:
         raise StoreError(f"no database at {p}: run gpufault trace/inject first, or pass --db")
     fd = _open_nofollow(p, os.O_RDONLY)
@@ -242,7 +216,7 @@ def _open_readonly(p: Path, st: os.stat_result | None) -> sqlite_utils.Database:
     live = os.path.lexists(f"{p}-wal")
     uri = f"file:{quote(str(p.absolute()))}?mode=ro" + ("" if live else "&immutable=1")
     try:
-        db = sqlite_utils.Database(sqlite3.connect(uri, uri=True, check_same_thread=False))
+        db = Database(sqlite3.connect(uri, uri=True, check_same_thread=False))
         _check_ours(db, p)
         # An older file is read as the current schema without converting it.
         schema.overlay(db)
@@ -260,13 +234,7 @@ def remove_db(p: Path) -> None:
             pass
 
 
-def _t(db: sqlite_utils.Database, name: str) -> Table:
-    t = db[name]
-    assert isinstance(t, Table)
-    return t
-
-
-def ensure_schema(db: sqlite_utils.Database) -> None:
+def ensure_schema(db: Database) -> None:
     """Every table of the evidence store, at SCHEMA_VERSION (migrated from
     an older one): pyctl/evidence/schema.py. Idempotent."""
     try:
@@ -276,12 +244,14 @@ def ensure_schema(db: sqlite_utils.Database) -> None:
 
 
 def host_facts() -> dict[str, str]:
-    u = platform.uname()
-    return {"kernel": u.release, "host": socket.gethostname()}
+    # os.uname(), not platform and socket: the same two strings on Linux,
+    # without ~15 ms of imports (secrets, socket) before the probes are live.
+    u = os.uname()
+    return {"kernel": u.release, "host": u.nodename}
 
 
 def new_run(
-    db: sqlite_utils.Database,
+    db: Database,
     argv: Sequence[str],
     kind: str,
     *,
@@ -289,10 +259,10 @@ def new_run(
     capabilities: dict[str, Any] | None = None,
 ) -> str:
     """Insert a run row and return its 8-hex run id."""
-    run_id = secrets.token_hex(4)
+    run_id = os.urandom(4).hex()  # what secrets.token_hex(4) does
     facts = host_facts()
     with db.conn:
-        _t(db, "runs").insert(
+        db["runs"].insert(
             {
                 "run_id": run_id,
                 "argv": json.dumps(list(argv)),
@@ -309,14 +279,14 @@ def new_run(
 
 
 def end_run(
-    db: sqlite_utils.Database,
+    db: Database,
     run_id: str,
     status: str,
     exit_code: int | None = None,
     stats: dict[str, Any] | None = None,
 ) -> None:
     with db.conn:
-        _t(db, "runs").update(
+        db["runs"].update(
             run_id,
             {
                 "ended": time.time(),
@@ -332,7 +302,7 @@ def end_run(
 _CALL_RECORD_SQL = schema.call_insert_sql()
 
 
-def insert_call_records(db: sqlite_utils.Database, run_id: str, records: list[tuple]) -> None:
+def insert_call_records(db: Database, run_id: str, records: list[tuple]) -> None:
     """Insert raw ring records (inside the caller's transaction)."""
     if not all(c in "0123456789abcdef" for c in run_id):
         raise ValueError("run ids are hex")

@@ -7,26 +7,60 @@ waits for "Ctrl-C to end" with readline() and then calls communicate() loses
 the lines printed just after it (the probes, the warnings) whenever the
 controller printed them before the test read the pipe: on a loaded machine,
 often. These helpers read through the buffered objects instead.
+
+start_controller() starts one and returns once it printed its start-up line
+(a controller prints it only after attaching), with the lines up to it.
 """
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import threading
-from typing import IO
+from collections.abc import Sequence
+from typing import IO, Any
+
+
+def _read_until(stream: IO[str] | None, marker: str) -> list[str]:
+    """Lines up to and including the first one that holds `marker`, or all
+    of them when the stream ends first (then the last lacks the marker)."""
+    assert stream is not None
+    seen: list[str] = []
+    while ln := stream.readline():
+        seen.append(ln)
+        if marker in ln:
+            break
+    return seen
 
 
 def lines_until(stream: IO[str] | None, marker: str) -> list[str]:
     """Lines up to and including the first one that holds `marker`; fails
     with what was read when the stream ends first."""
-    assert stream is not None
-    seen: list[str] = []
-    while True:
-        ln = stream.readline()
-        assert ln, f"output ended before {marker!r}: {''.join(seen)}"
-        seen.append(ln)
-        if marker in ln:
-            return seen
+    seen = _read_until(stream, marker)
+    assert seen and marker in seen[-1], f"output ended before {marker!r}: {''.join(seen)}"
+    return seen
+
+
+def start_controller(
+    argv: Sequence[str], marker: str = "Ctrl-C to end", **popen_kw: Any
+) -> tuple[subprocess.Popen[str], list[str]]:
+    """Start argv (stderr a text pipe; popen_kw as for Popen: cwd, env,
+    stdout, preexec_fn...) and return it once its stderr printed a line that
+    holds `marker`, with the lines up to and including that one. The rest of
+    stderr stays in the pipe for readline() or finish(). Fails with the exit
+    status and what it printed when it ends first."""
+    proc = subprocess.Popen(list(argv), stderr=subprocess.PIPE, text=True, **popen_kw)
+    lines = _read_until(proc.stderr, marker)
+    if lines and marker in lines[-1]:
+        return proc, lines
+    # stderr is at EOF: the process is exiting, so its status is the clue.
+    # One that closed stderr and runs on is killed, not left to the test run.
+    try:
+        code = proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        code = proc.wait()
+    raise AssertionError(f"{shlex.join(argv)} exited {code} before {marker!r}:\n{''.join(lines)}")
 
 
 def finish(proc: subprocess.Popen[str], timeout: float) -> tuple[str, str]:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from gftarget import TARGET, Target
-from procio import finish
+from procio import finish, start_controller
 
 from pyctl import callers
 
@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _controller(pid: int, db: Path, *extra: str) -> subprocess.Popen[str]:
-    ctl = subprocess.Popen(
+    ctl, _ = start_controller(
         [
             sys.executable,
             "-m",
@@ -45,13 +45,8 @@ def _controller(pid: int, db: Path, *extra: str) -> subprocess.Popen[str]:
             str(db),
             *extra,
         ],
-        stderr=subprocess.PIPE,
-        text=True,
         cwd=REPO,
     )
-    assert ctl.stderr is not None
-    while "Ctrl-C to end" not in (ln := ctl.stderr.readline()):
-        assert ln, "controller exited early"
     return ctl
 
 

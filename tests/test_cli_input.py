@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from gftarget import LIB, Target, bpf_progs, no_new_progs
+from procio import start_controller
 
 from pyctl import resolve
 from pyctl.cli import cli, start_notes
@@ -169,7 +170,7 @@ def test_counters_out_of_the_u64_range_are_refused() -> None:
     with pytest.raises(SpecError, match="--ret"):
         FaultSpec(lib="x", fn="y", action="fail", ret=2**64).validate()
     s = FaultSpec(lib="x", fn="y", action="fail", ret=2**64 - 1).validate()
-    assert s.to_bpf(mech_regs=False, retprobe=False).retval == -1
+    assert s.to_bpf().retval == -1
 
 
 # ---- 4 and 6: what a run says at start ----------------------------------------
@@ -324,14 +325,7 @@ def test_gpufault_in_a_nested_pid_namespace_is_refused(tmp_path: Path) -> None:
 
 
 def _controller(*args: str) -> tuple[subprocess.Popen[str], list[str]]:
-    ctl = subprocess.Popen([*GF, *args], stderr=subprocess.PIPE, text=True)
-    assert ctl.stderr is not None
-    lines = []
-    while "Ctrl-C to end" not in (ln := ctl.stderr.readline()):
-        assert ln, f"controller exited early: {lines}"
-        lines.append(ln)
-    lines.append(ln)
-    return ctl, lines
+    return start_controller([*GF, *args])
 
 
 @pytest.mark.root

@@ -328,12 +328,11 @@ def test_from_fields_reads_cli_text_and_toml_values_alike() -> None:
 
 def test_the_target_and_duration_reach_bpf_not_the_spec() -> None:
     s = FaultSpec(lib="l", fn="f", tgid=0).validate()
-    b = s.to_bpf(mech_regs=False, retprobe=False, start_mono_ns=1000, tgid=42, tid=43,
-                 duration_s=2.0)  # fmt: skip
+    b = s.to_bpf(start_mono_ns=1000, tgid=42, tid=43, duration_s=2.0)
     assert (b.tgid, b.tid, b.deadline_ns) == (42, 43, 1000 + 2_000_000_000)
     assert (s.tgid, s.tid, s.duration_s) == (0, 0, 0.0)
     own = FaultSpec(lib="l", fn="f", tgid=7, duration_s=1.0).validate()
-    b = own.to_bpf(mech_regs=False, retprobe=False, start_mono_ns=0, tgid=42, duration_s=9.0)
+    b = own.to_bpf(start_mono_ns=0, tgid=42, duration_s=9.0)
     assert (b.tgid, b.deadline_ns) == (7, 1_000_000_000)
 
 

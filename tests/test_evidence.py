@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from gftarget import LIB, REPO, TARGET, Target, bpf_progs, no_new_progs
-from procio import finish
+from procio import finish, start_controller
 
 from pyctl import query, store
 from pyctl.engine import Engine
@@ -42,6 +42,12 @@ SLACK_S = 5.0
 
 def gf(*args: str, **kw) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*GF, *args], capture_output=True, text=True, timeout=90, cwd=REPO, **kw)
+
+
+def on_victim(cmd: str, pid: int) -> list[str]:
+    """`CMD --pid PID --lib LIB --fn gf_victim`, the head of a gpufault
+    command on the target's test function; each test adds its options."""
+    return [cmd, "--pid", str(pid), "--lib", str(LIB), "--fn", "gf_victim"]
 
 
 def q(db: Path, sql: str, *args) -> list[tuple]:
@@ -85,7 +91,7 @@ def start_trace(pid: int, db: Path, *extra: str, **kw) -> subprocess.Popen[str]:
     returned once it prints its start-up line (after attaching). No summary:
     these tests time the stop, and the summary's cost grows with the rows
     (bounded by its own 2 s budget, test_summary.py)."""
-    p = subprocess.Popen(
+    p, _ = start_controller(
         [
             *GF,
             "trace",
@@ -101,15 +107,9 @@ def start_trace(pid: int, db: Path, *extra: str, **kw) -> subprocess.Popen[str]:
             str(db),
             *extra,
         ],
-        stderr=subprocess.PIPE,
-        text=True,
         cwd=REPO,
         **kw,
     )
-    assert p.stderr is not None
-    while "Ctrl-C to end" not in (ln := p.stderr.readline()):
-        if not ln:
-            pytest.fail(f"trace exited early ({p.wait()}): {p.stderr.read()}")
     return p
 
 
@@ -218,13 +218,7 @@ def test_size_cap_stops_growth_with_one_message_and_a_count(busy: Target, tmp_pa
 
 def test_max_db_size_is_parsed_with_units(target: Target, tmp_path: Path) -> None:
     res = gf(
-        "trace",
-        "--pid",
-        str(target.pid),
-        "--lib",
-        str(LIB),
-        "--fn",
-        "gf_victim",
+        *on_victim("trace", target.pid),
         "--max-db-size",
         "lots",
         "--db",
@@ -243,13 +237,7 @@ def test_non_sqlite_db_is_refused_before_arming(target: Target, tmp_path: Path) 
     db.write_text("not a database\n" * 100)
     before, snap = bpf_progs(), snapshot(tmp_path)
     res = gf(
-        "inject",
-        "--pid",
-        str(target.pid),
-        "--lib",
-        str(LIB),
-        "--fn",
-        "gf_victim",
+        *on_victim("inject", target.pid),
         "--action",
         "fail",
         "--ret",
@@ -333,13 +321,7 @@ def test_symlink_as_db_is_refused(target: Target, tmp_path: Path) -> None:
     link, dest = tmp_path / "gf.db", tmp_path / "elsewhere.db"
     link.symlink_to(dest)  # dangling
     res = gf(
-        "trace",
-        "--pid",
-        str(target.pid),
-        "--lib",
-        str(LIB),
-        "--fn",
-        "gf_victim",
+        *on_victim("trace", target.pid),
         "--duration",
         "1s",
         "--db",
@@ -357,13 +339,7 @@ def test_symlink_as_db_is_refused(target: Target, tmp_path: Path) -> None:
 def test_missing_directory_is_not_created(target: Target, tmp_path: Path) -> None:
     db = tmp_path / "no" / "such" / "gf.db"
     res = gf(
-        "trace",
-        "--pid",
-        str(target.pid),
-        "--lib",
-        str(LIB),
-        "--fn",
-        "gf_victim",
+        *on_victim("trace", target.pid),
         "--duration",
         "1s",
         "--db",
@@ -390,13 +366,7 @@ def test_foreign_sqlite_db_is_never_modified(target: Target, tmp_path: Path) -> 
         ["faults", "--json"],
         ["show", "1a2b3c4d-1"],
         [
-            "trace",
-            "--pid",
-            str(target.pid),
-            "--lib",
-            str(LIB),
-            "--fn",
-            "gf_victim",
+            *on_victim("trace", target.pid),
             "--duration",
             "1s",
         ],
@@ -412,7 +382,7 @@ def test_foreign_sqlite_db_is_never_modified(target: Target, tmp_path: Path) -> 
 
 def test_new_db_is_root_only_and_readers_write_nothing(target: Target, tmp_path: Path) -> None:
     db = tmp_path / "gf.db"
-    ctl = subprocess.Popen(
+    ctl, _ = start_controller(
         [
             *GF,
             "inject",
@@ -432,14 +402,9 @@ def test_new_db_is_root_only_and_readers_write_nothing(target: Target, tmp_path:
             "--db",
             str(db),
         ],
-        stderr=subprocess.PIPE,
-        text=True,
         cwd=REPO,
         preexec_fn=lambda: os.umask(0),
     )
-    assert ctl.stderr is not None
-    while "Ctrl-C to end" not in (ln := ctl.stderr.readline()):
-        assert ln, ctl.stderr.read()
     assert [r[3] for r in target.victim(3)] == [2, -5, 4]
     deadline = time.monotonic() + 20
     while not q(db, "SELECT count(*) FROM faults WHERE outcome LIKE '%injected%'")[0][0]:
@@ -566,7 +531,7 @@ def test_copilot_warnings_are_printed(tmp_path: Path) -> None:
     )
     try:
         assert tgt.stdout is not None and tgt.stdout.readline().strip() == "ready"
-        ctl = subprocess.Popen(
+        ctl, _ = start_controller(
             [
                 *GF,
                 "inject",
@@ -584,13 +549,8 @@ def test_copilot_warnings_are_printed(tmp_path: Path) -> None:
                 "--db",
                 str(tmp_path / "gf.db"),
             ],
-            stderr=subprocess.PIPE,
-            text=True,
             cwd=REPO,
         )
-        assert ctl.stderr is not None
-        while "Ctrl-C to end" not in (ln := ctl.stderr.readline()):
-            assert ln, ctl.stderr.read()
         # At once, before its loop runs: Ctrl-C still ends the run cleanly.
         ctl.send_signal(signal.SIGINT)
         _, err = finish(ctl, 30)

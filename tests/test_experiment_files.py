@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -507,6 +508,16 @@ def _steps(tmp_path: Path, extra: str) -> F.Experiment:
     return F.load(str(write(tmp_path, STEP.replace("EXTRA", extra))))
 
 
+def _one_line_refusal(
+    load: Callable[[Path, str], F.Experiment], tmp_path: Path, text: str, key: str, what: str
+) -> None:
+    """load(tmp_path, text) is refused in one line that names key and says what."""
+    with pytest.raises(F.ExperimentError) as ei:
+        load(tmp_path, text)
+    msg = str(ei.value)
+    assert "\n" not in msg and key in msg and what in msg, msg
+
+
 def test_a_step_pid_tid_and_arm_timeout(tmp_path: Path) -> None:
     s = _steps(tmp_path, 'pid = "{rank1_pid}"\narm_timeout = "120s"').steps[0]
     assert (s.pid, s.tid, s.arm_timeout) == ("{rank1_pid}", None, 120.0)
@@ -533,10 +544,7 @@ def test_a_step_pid_tid_and_arm_timeout(tmp_path: Path) -> None:
     ],
 )
 def test_bad_step_targets(tmp_path: Path, extra: str, key: str, what: str) -> None:
-    with pytest.raises(F.ExperimentError) as ei:
-        _steps(tmp_path, extra)
-    msg = str(ei.value)
-    assert "\n" not in msg and key in msg and what in msg, msg
+    _one_line_refusal(_steps, tmp_path, extra, key, what)
 
 
 TRAFFIC = """
@@ -578,10 +586,7 @@ def test_a_traffic_step(tmp_path: Path) -> None:
     ],
 )
 def test_bad_traffic_steps(tmp_path: Path, table: str, key: str, what: str) -> None:
-    with pytest.raises(F.ExperimentError) as ei:
-        _traffic(tmp_path, table)
-    msg = str(ei.value)
-    assert "\n" not in msg and key in msg and what in msg, msg
+    _one_line_refusal(_traffic, tmp_path, table, key, what)
 
 
 def test_traffic_steps_take_no_process(tmp_path: Path) -> None:

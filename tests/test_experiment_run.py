@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import pytest
-from procio import finish
+from procio import finish, lines_until
 
 from pyctl import paths
 from pyctl.experiment import files as F
@@ -326,24 +326,31 @@ def test_worker_hang_is_aborted_and_every_fault_stops_within_a_second(tmp_path: 
     )
 
 
-def test_ctrl_c_in_the_method_stops_faults_and_rolls_back(tmp_path: Path) -> None:
-    db = tmp_path / "gf.db"
-    marker = tmp_path / "rolled-back"
-    f = copy_with(tmp_path, "tokenizer-stall", f'[[rollback]]\ncommand = ["touch", "{marker}"]\n')
-    before = gf_progs()
+def _run_until_armed(*args: str) -> tuple[subprocess.Popen[str], list[str]]:
+    """`gpufault experiment run ARGS`, stderr merged into stdout, returned
+    once a step armed, with the lines up to and including that one."""
     p = subprocess.Popen(
-        [*GF_EXP, "run", str(f), "--db", str(db), "--set", "duration=60s"],
+        [*GF_EXP, "run", *args],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     )
-    assert p.stdout is not None
-    seen = []
     try:
-        while ": armed (run" not in (ln := p.stdout.readline()):
-            seen.append(ln)
-            assert ln, "ended before arming:\n" + "".join(seen)
+        return p, lines_until(p.stdout, ": armed (run")
+    except BaseException:  # ended first, or the test was interrupted: leave nothing running
+        p.kill()
+        p.wait()
+        raise
+
+
+def test_ctrl_c_in_the_method_stops_faults_and_rolls_back(tmp_path: Path) -> None:
+    db = tmp_path / "gf.db"
+    marker = tmp_path / "rolled-back"
+    f = copy_with(tmp_path, "tokenizer-stall", f'[[rollback]]\ncommand = ["touch", "{marker}"]\n')
+    before = gf_progs()
+    p, seen = _run_until_armed(str(f), "--db", str(db), "--set", "duration=60s")
+    try:
         t = time.time()
         p.send_signal(signal.SIGINT)
         rest, _ = finish(p, 60)
@@ -366,19 +373,8 @@ def test_sigkill_of_the_runner_stops_its_faults_and_its_service(tmp_path: Path) 
     experiment row stays "running" (an honest trace)."""
     db = tmp_path / "gf.db"
     before = gf_progs()
-    p = subprocess.Popen(
-        [*GF_EXP, "run", "tokenizer-stall", "--db", str(db), "--set", "duration=60s"],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    assert p.stdout is not None
-    seen = []
+    p, _ = _run_until_armed("tokenizer-stall", "--db", str(db), "--set", "duration=60s")
     try:
-        while ": armed (run" not in (ln := p.stdout.readline()):
-            seen.append(ln)
-            assert ln, "ended before arming:\n" + "".join(seen)
         p.kill()
         p.wait(10)
     finally:

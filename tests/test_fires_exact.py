@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from gftarget import LIB, TARGET, Target
-from procio import finish
+from procio import finish, start_controller
 
 pytestmark = [pytest.mark.root]
 REPO = Path(__file__).resolve().parent.parent
@@ -29,7 +29,7 @@ def _controller(pid: int, db: Path, ring: int | None) -> subprocess.Popen[str]:
     env = dict(os.environ)
     if ring:
         env["GPUFAULT_FIRES_RING_BYTES"] = str(ring)
-    ctl = subprocess.Popen(
+    ctl, _ = start_controller(
         [
             sys.executable,
             "-m",
@@ -51,14 +51,9 @@ def _controller(pid: int, db: Path, ring: int | None) -> subprocess.Popen[str]:
             "--db",
             str(db),
         ],
-        stderr=subprocess.PIPE,
-        text=True,
         env=env,
         cwd=REPO,
     )
-    assert ctl.stderr is not None
-    while "Ctrl-C to end" not in (ln := ctl.stderr.readline()):
-        assert ln, "controller exited early"
     return ctl
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from gftarget import LIB, REPO, TARGET, Target
-from procio import finish
+from procio import finish, start_controller
 from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = [pytest.mark.root]
@@ -32,39 +32,40 @@ def _scrape(url: str) -> dict[tuple[str, tuple], float]:
 
 def test_inject_serves_its_fires_while_it_runs(tmp_path: Path) -> None:
     t = Target()
-    ctl = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pyctl",
-            "inject",
-            "--pid",
-            str(t.pid),
-            "--lib",
-            str(LIB),
-            "--fn",
-            "gf_victim",
-            "--action",
-            "fail",
-            "--ret",
-            "-7",
-            "--every",
-            "3",
-            "--no-stack",
-            "--db",
-            str(tmp_path / "gf.db"),
-            "--metrics-addr",
-            "127.0.0.1:0",
-        ],
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-    )
+    try:  # an early end fails here: close the target, as the finally below does
+        ctl, started = start_controller(
+            [
+                sys.executable,
+                "-m",
+                "pyctl",
+                "inject",
+                "--pid",
+                str(t.pid),
+                "--lib",
+                str(LIB),
+                "--fn",
+                "gf_victim",
+                "--action",
+                "fail",
+                "--ret",
+                "-7",
+                "--every",
+                "3",
+                "--no-stack",
+                "--db",
+                str(tmp_path / "gf.db"),
+                "--metrics-addr",
+                "127.0.0.1:0",
+            ],
+            cwd=REPO,
+        )
+    except BaseException:
+        t.close()
+        raise
     assert ctl.stderr is not None
     url = None
     try:
-        while "Ctrl-C to end" not in (ln := ctl.stderr.readline()):
-            assert ln, f"inject ended early: {ctl.wait()}"
+        for ln in started[:-1]:  # the last is the start-up line itself
             if m := re.search(r"metrics: (http://\S+)", ln):
                 url = m.group(1)
         assert url, "no metrics line before the start-up line"

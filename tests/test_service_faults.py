@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from procio import finish as read_rest
+from procio import start_controller
 from service_proc import ServiceProc, percentile, sample
 
 from pyctl import paths
@@ -39,16 +40,7 @@ GF = [sys.executable, "-m", "pyctl"]
 def armed(pid: int, db: Path, *args: str) -> subprocess.Popen[str]:
     """`gpufault inject --pid PID ARGS`, returned once armed (its start-up
     line comes only after attaching)."""
-    ctl = subprocess.Popen(
-        [*GF, "inject", "--pid", str(pid), "--db", str(db), *args],
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert ctl.stderr is not None
-    seen = []
-    while "Ctrl-C to end" not in (ln := ctl.stderr.readline()):
-        seen.append(ln)
-        assert ln, "controller exited early:\n" + "".join(seen)
+    ctl, _ = start_controller([*GF, "inject", "--pid", str(pid), "--db", str(db), *args])
     return ctl
 
 

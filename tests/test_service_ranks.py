@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from procio import finish
+from procio import finish, start_controller
 from service_proc import ServiceProc
 
 from pyctl.service.model import build_model
@@ -329,7 +329,6 @@ def test_partition_between_the_ranks_namespaces_degrades_then_recovers(
 def test_stall_in_gloo_allreduce_on_rank1_raises_the_service_p99(tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("requires root (BPF uprobes)")
-    import subprocess
     import sys
     import time
 
@@ -344,17 +343,11 @@ def test_stall_in_gloo_allreduce_on_rank1_raises_the_service_p99(tmp_path: Path)
         load.start()
         time.sleep(8)  # baseline window
         t_base = time.time()
-        ctl = subprocess.Popen(
+        ctl, _ = start_controller(
             [sys.executable, "-m", "pyctl", "inject", "--pid", str(r1), "--db",
              str(tmp_path / "gf.db"), "-q", "--lib", _libtorch_cpu(), "--fn", GLOO_ALLREDUCE,
              "--action", "stall", "--stall", "5ms", "--prob", "5%", "--duration", "60s"],
-            stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
-        assert ctl.stderr is not None
-        seen = []
-        while "Ctrl-C to end" not in (ln := ctl.stderr.readline()):
-            seen.append(ln)
-            assert ln, "controller exited early:\n" + "".join(seen)
         t_armed = time.time()
         time.sleep(10)  # the fault window
         t_end = time.time()

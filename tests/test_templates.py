@@ -134,27 +134,20 @@ needs_double = pytest.mark.skipif(not INFER.exists(), reason=paths.hint(INFER))
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="requires root (BPF, ptrace)")
 
 
+def run_on_double(name: str, db: Path, knob: str, steps: int) -> subprocess.CompletedProcess[str]:
+    """`gpufault template run NAME --set KNOB -- gf-infer --threads 1 --steps STEPS`."""
+    return gf(
+        "template", "run", name, "--db", str(db), "-q", "--set", knob,
+        "--", str(INFER), "--threads", "1", "--steps", str(steps),
+    )  # fmt: skip
+
+
 @pytest.mark.root
 @needs_root
 @needs_double
 def test_run_oom_sticky_on_the_double(tmp_path: Path) -> None:
     db = tmp_path / "t.db"
-    r = gf(
-        "template",
-        "run",
-        "cuda-oom-sticky",
-        "--db",
-        str(db),
-        "-q",
-        "--set",
-        "after=3",
-        "--",
-        str(INFER),
-        "--threads",
-        "1",
-        "--steps",
-        "6",
-    )
+    r = run_on_double("cuda-oom-sticky", db, "after=3", steps=6)
     # gf-infer exits 1 when a CUDA call failed; it reports each one.
     assert r.returncode == 1, r.stderr
     assert r.stdout.count("cuMemAlloc_v2 -> CUDA_ERROR_OUT_OF_MEMORY (2)") == 3
@@ -168,39 +161,9 @@ def test_run_oom_sticky_on_the_double(tmp_path: Path) -> None:
 @needs_double
 def test_run_launch_failed_and_ctx_destroyed_on_the_double(tmp_path: Path) -> None:
     db = tmp_path / "t.db"
-    r = gf(
-        "template",
-        "run",
-        "cuda-launch-failed",
-        "--db",
-        str(db),
-        "-q",
-        "--set",
-        "nth=2",
-        "--",
-        str(INFER),
-        "--threads",
-        "1",
-        "--steps",
-        "4",
-    )
+    r = run_on_double("cuda-launch-failed", db, "nth=2", steps=4)
     assert r.returncode == 1 and "cuLaunchKernel -> CUDA_ERROR_LAUNCH_FAILED (719)" in r.stdout
-    r = gf(
-        "template",
-        "run",
-        "cuda-ctx-destroyed",
-        "--db",
-        str(db),
-        "-q",
-        "--set",
-        "after=2",
-        "--",
-        str(INFER),
-        "--threads",
-        "1",
-        "--steps",
-        "4",
-    )
+    r = run_on_double("cuda-ctx-destroyed", db, "after=2", steps=4)
     assert r.returncode == 1
     assert r.stdout.count("cuStreamSynchronize -> CUDA_ERROR_CONTEXT_IS_DESTROYED (709)") == 2
     con = sqlite3.connect(db)

@@ -12,8 +12,7 @@ cd "$(dirname "$0")/.."
 OUT=.device
 # Pinned so the bundle is the same every time; the image already has click,
 # pluggy, python-dateutil, tabulate and six (see KINDS.md's package list).
-WHEELS=(sqlite-utils==4.2.1 sqlite-fts4==1.0.3 click-default-group==1.2.4
-        pyelftools==0.33 pyroute2==0.9.7 rust-demangler==1.0)
+WHEELS=(pyelftools==0.33 pyroute2==0.9.7 rust-demangler==1.0)
 
 PYTHON=${PYTHON:-python3}
 

@@ -4,7 +4,7 @@
 Runs as root in the guest with the host's python3 and pyctl; loads the
 built gpufa.ko against QEMU's edu device, exercises every anchor and the
 device file, and writes what it saw to OUTDIR/result.json plus the records
-to OUTDIR/anchors.db (sqlite-utils). It asserts nothing itself: each check
+to OUTDIR/anchors.db. It asserts nothing itself: each check
 stores facts (or the error it hit) and pytest judges them on the host.
 
 usage: guest.py KO OUTDIR [--fire-test-ko KO2] [--unplug-marker TEXT]
@@ -18,6 +18,7 @@ import glob
 import json
 import os
 import select
+import sqlite3
 import sys
 import threading
 import time
@@ -26,12 +27,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import sqlite_utils
-
 from pyctl.anchors import AnchorDevice, store_records, uapi
 from pyctl.anchors.device import raw_ioctl
 from pyctl.anchors.modload import insmod, loaded, rmmod
 from pyctl.anchors.record import AnchorRecord
+from pyctl.evidence.sqlitedb import Database
 
 EDU = ("0x1234", "0x11e8")
 # 0x0 identification, 0x4 liveness, 0x8 factorial; 0xffffc inside the 1 MiB
@@ -413,7 +413,7 @@ def main() -> int:
         "gone",
     ):
         getattr(g, name)()
-    db = sqlite_utils.Database(os.path.join(args.outdir, "anchors.db"))
+    db = Database(sqlite3.connect(os.path.join(args.outdir, "anchors.db")))
     result["stored"] = store_records(db, all_records)
     result["guest_seconds"] = round(time.monotonic() - t0, 3)
     result["record_size"] = uapi.RECORD_SIZE

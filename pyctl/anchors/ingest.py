@@ -10,14 +10,13 @@ from __future__ import annotations
 import os
 import select
 
-import sqlite_utils
-
 from pyctl.anchors.device import AnchorDevice
 from pyctl.anchors.store import store_records
+from pyctl.evidence.sqlitedb import Database
 
 
 class Ingest:
-    def __init__(self, dev: AnchorDevice, db: sqlite_utils.Database, batch: int = 64) -> None:
+    def __init__(self, dev: AnchorDevice, db: Database, batch: int = 64) -> None:
         self.dev = dev
         self.db = db
         self.batch = batch

@@ -1,4 +1,4 @@
-"""Anchor records into SQLite (sqlite-utils), table `anchors` keyed by fault_id.
+"""Anchor records into SQLite, table `anchors` keyed by fault_id.
 
 A reset's begin and end share one fault ID, so the key is an index on
 fault_id, not the primary key; the row id is the primary key."""
@@ -8,15 +8,14 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 
-import sqlite_utils
-
 from pyctl.anchors.record import AnchorRecord
 from pyctl.evidence import schema
+from pyctl.evidence.sqlitedb import Database, Table
 
 TABLE = "anchors"
 
 
-def ensure_schema(db: sqlite_utils.Database) -> sqlite_utils.db.Table:
+def ensure_schema(db: Database) -> Table:
     """The anchors table (with every other one: pyctl/evidence/schema.py)."""
     schema.ensure_schema(db)
     return db.table(TABLE)
@@ -48,7 +47,7 @@ def to_row(rec: AnchorRecord) -> dict[str, object]:
     }
 
 
-def store_records(db: sqlite_utils.Database, records: Iterable[AnchorRecord]) -> int:
+def store_records(db: Database, records: Iterable[AnchorRecord]) -> int:
     """Insert records; returns how many."""
     table = ensure_schema(db)
     rows = [to_row(r) for r in records]
@@ -56,7 +55,7 @@ def store_records(db: sqlite_utils.Database, records: Iterable[AnchorRecord]) ->
     return len(rows)
 
 
-def by_fault(db: sqlite_utils.Database, fault_id: str) -> list[dict[str, object]]:
+def by_fault(db: Database, fault_id: str) -> list[dict[str, object]]:
     """Every anchor of one fault, oldest first."""
     ensure_schema(db)
     return list(db[TABLE].rows_where("fault_id = ?", [fault_id], order_by="mono_ns, id"))

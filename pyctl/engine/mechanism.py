@@ -140,15 +140,12 @@ class Plan:
         --caller range (None: not mapped yet) where the spec asks for them."""
         sp = self.specs[i]
         has_ret = any(a.retprobe for a in atts if a.spec == i)
-        cfg = sp.to_bpf(
-            mech_regs=self.regs,
-            retprobe=has_ret,
-            start_mono_ns=start_mono_ns,
-            tgid=tgid,
-            tid=tid,
-            duration_s=duration_s,
-        )
-        if sp.action == "corrupt" and not self.user_writes:
+        cfg = sp.to_bpf(start_mono_ns=start_mono_ns, tgid=tgid, tid=tid, duration_s=duration_s)
+        if has_ret:
+            cfg.flags |= abi.F_RETPROBE
+        if sp.action == "fail":
+            cfg.flags |= abi.F_REGS if self.regs else abi.F_COPILOT
+        elif sp.action == "stall" or (sp.action == "corrupt" and not self.user_writes):
             cfg.flags |= abi.F_COPILOT
         if sp.caller:
             # Not mapped (yet): an empty range matches no call until it is.

@@ -602,9 +602,7 @@ def views() -> dict[str, str]:
 
 
 def view_sql(name: str, *, temp: bool = False) -> str:
-    return (
-        f"CREATE {'TEMP ' if temp else ''}VIEW {_q(name)} AS /* {_VIEW_MARK} */ {views()[name]}"
-    )
+    return f"CREATE {'TEMP ' if temp else ''}VIEW {_q(name)} AS /* {_VIEW_MARK} */ {views()[name]}"
 
 
 _VIEW_MARK = f"gpufault views {VIEWS_VERSION}"
@@ -648,7 +646,7 @@ def script(names: Iterable[str]) -> str:
 
 
 def _conn(db: Any) -> sqlite3.Connection:
-    """A sqlite_utils.Database or a plain connection."""
+    """A Database (pyctl/evidence/sqlitedb.py) or a plain connection."""
     return db.conn if hasattr(db, "conn") else db
 
 

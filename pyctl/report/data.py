@@ -32,18 +32,6 @@ def _rows(db: Any, sql: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any
     return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
 
 
-def _has(db: Any, table: str) -> bool:
-    return bool(
-        db.conn.execute(
-            "SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (table,)
-        ).fetchone()
-    )
-
-
-def _opt(db: Any, table: str, sql: str, params: tuple[Any, ...]) -> list[dict[str, Any]]:
-    return _rows(db, sql, params) if _has(db, table) else []
-
-
 @dataclass
 class Marker:
     """A point on the timeline: a fault, an Xid or an anchor."""
@@ -161,7 +149,9 @@ def _number(v: Any) -> float | None:
 
 
 def load(db: Any, experiment_id: str) -> ExperimentData:
-    if not _has(db, "experiments"):
+    # store.open_db gives every table of the current schema (an older file
+    # is overlaid), so only rows can be missing, never a table.
+    if not db.conn.execute("SELECT 1 FROM experiments LIMIT 1").fetchone():
         raise ReportError(
             "this database holds no experiments: run `gpufault experiment run` "
             "first, or pass its --db"
@@ -173,43 +163,35 @@ def load(db: Any, experiment_id: str) -> ExperimentData:
             "`gpufault experiment list` shows the recorded ones"
         )
     eid = (experiment_id,)
-    steps = _opt(
+    steps = _rows(
         db,
-        "experiment_steps",
         "SELECT * FROM experiment_steps WHERE experiment_id = ? ORDER BY idx",
         eid,
     )
-    windows = _opt(
-        db, "load_windows", "SELECT * FROM load_windows WHERE experiment_id = ? ORDER BY start", eid
-    )
-    hyp = _opt(
+    windows = _rows(db, "SELECT * FROM load_windows WHERE experiment_id = ? ORDER BY start", eid)
+    hyp = _rows(
         db,
-        "hypothesis_results",
         "SELECT * FROM hypothesis_results WHERE experiment_id = ? ORDER BY rowid",
         eid,
     )
-    judg = _opt(
-        db, "judgements", "SELECT * FROM judgements WHERE experiment_id = ? ORDER BY rowid", eid
-    )
+    judg = _rows(db, "SELECT * FROM judgements WHERE experiment_id = ? ORDER BY rowid", eid)
     expect = {
         r["name"]: r
-        for r in _opt(
+        for r in _rows(
             db,
-            "expectations",
             "SELECT * FROM expectations WHERE experiment_id = ? ORDER BY rowid",
             eid,
         )
     }
-    rem = _opt(
+    rem = _rows(
         db,
-        "remediations",
         "SELECT * FROM remediations WHERE experiment_id = ? ORDER BY started_at",
         eid,
     )
     run_ids = [s["run_id"] for s in steps if s.get("run_id")]
     faults: list[dict[str, Any]] = []
     for rid in dict.fromkeys(run_ids):
-        faults += _opt(db, "faults", "SELECT * FROM faults WHERE run_id = ? ORDER BY seq", (rid,))
+        faults += _rows(db, "SELECT * FROM faults WHERE run_id = ? ORDER BY seq", (rid,))
     faults.sort(key=lambda f: (f.get("wall") or 0, f.get("seq") or 0))
     chains = []
     for f in faults[:MAX_CHAINS]:
@@ -228,9 +210,8 @@ def load(db: Any, experiment_id: str) -> ExperimentData:
         chains,
         chains_left_out=max(0, len(faults) - MAX_CHAINS),
     )
-    for r in _opt(
+    for r in _rows(
         db,
-        "probe_samples",
         "SELECT probe, at, ok FROM probe_samples WHERE experiment_id = ? ORDER BY at",
         eid,
     ):
@@ -260,7 +241,7 @@ def _markers(db: Any, d: ExperimentData, run_ids: list[str]) -> list[Marker]:
                 f["fault_id"],
             )
         )
-    if run_ids and _has(db, "xids"):
+    if run_ids:
         qs = ",".join("?" for _ in run_ids)
         fids = list(by_id)
         fq = ",".join("?" for _ in fids) or "NULL"
@@ -285,7 +266,7 @@ def _markers(db: Any, d: ExperimentData, run_ids: list[str]) -> list[Marker]:
                     x.get("fault_id"),
                 )
             )
-    if by_id and _has(db, "anchors"):
+    if by_id:
         fids = list(by_id)
         qs = ",".join("?" for _ in fids)
         for a in _rows(

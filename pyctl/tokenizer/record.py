@@ -50,8 +50,12 @@ def redact_error(error: str, text: str) -> str:
     literal, since a message may quote a piece of the input."""
     if not error:
         return error
-    forms = {text, repr(text)[1:-1], ascii(text)[1:-1],
-             text_bytes(text).decode("utf-8", "backslashreplace")}
+    forms = {
+        text,
+        repr(text)[1:-1],
+        ascii(text)[1:-1],
+        text_bytes(text).decode("utf-8", "backslashreplace"),
+    }
     for f in sorted(forms, key=len, reverse=True):
         if len(f) >= 4:
             error = error.replace(f, "<redacted>")
@@ -121,9 +125,7 @@ class Recorder:
                     latency_ns=latency_ns,
                     outcome={
                         "campaign": self.campaign,
-                        "case": "/".join(
-                            str(x) for x in (kind, (details or {}).get("case")) if x
-                        ),
+                        "case": "/".join(str(x) for x in (kind, (details or {}).get("case")) if x),
                         "result": outcome,
                         **({"error": stored_error} if stored_error else {}),
                         **({"injected": injected} if injected else {}),
@@ -159,7 +161,7 @@ class Recorder:
     def flush(self) -> None:
         if self.db is not None and self._rows:
             with self.db.conn:
-                self.db[TABLE].insert_all(self._rows, pk="fault_id")
+                self.db[TABLE].insert_all(self._rows)
                 # The findings' faults rows, in the same transaction.
                 layers.insert_faults(self.db, self._faults)
         self._rows.clear()
