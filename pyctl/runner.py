@@ -124,7 +124,7 @@ def _start_with_original_mask(argv: list[str], fd: int) -> subprocess.Popen[byte
     mask is set around the Popen (no copilot runs yet to miss a SIGCHLD).
     Dispositions need nothing: handlers reset at exec, and Python's
     restore_signals puts back SIGPIPE/SIGXFSZ."""
-    from pyctl.copilot.tracer import original_sigmask
+    from pyctl.sigmask import original_sigmask
 
     old = signal.pthread_sigmask(signal.SIG_SETMASK, original_sigmask())
     try:

@@ -15,6 +15,7 @@ import click
 import pytest
 from click.testing import CliRunner
 from gftarget import LIB, Target, bpf_progs, no_new_progs
+from procio import start_controller
 
 from pyctl.cli import cli
 
@@ -42,14 +43,9 @@ def gf(*args: str, **kw) -> subprocess.CompletedProcess[str]:
 def armed_controller(pid: int, *args: str) -> subprocess.Popen[str]:
     """`gpufault inject --pid PID --lib LIB --fn gf_victim ARGS`, returned
     once armed (it prints its start-up line only after attaching)."""
-    ctl = subprocess.Popen(
-        [*GF, "inject", "--pid", str(pid), "--lib", str(LIB), "--fn", "gf_victim", *args],
-        stderr=subprocess.PIPE,
-        text=True,
+    ctl, _ = start_controller(
+        [*GF, "inject", "--pid", str(pid), "--lib", str(LIB), "--fn", "gf_victim", *args]
     )
-    assert ctl.stderr is not None
-    while "Ctrl-C to end" not in (ln := ctl.stderr.readline()):
-        assert ln, "controller exited early"
     return ctl
 
 

@@ -226,13 +226,10 @@ def run_specs(
         raise UserError("give a target: --pid PID, --tid TID or -- CMD ARGS")
     if (pid is not None or tid is not None) and cmd:
         raise UserError("use either --pid/--tid or -- CMD, not both")
-    try:
-        from pyctl.copilot import block_sigchld
+    from pyctl.sigmask import block_sigchld
 
-        # Before any thread starts: only the copilot's tracer may take SIGCHLD.
-        block_sigchld()
-    except ImportError:
-        pass
+    # Before any thread starts: only the copilot's tracer may take SIGCHLD.
+    block_sigchld()
 
     metrics = _metrics(options)
 

@@ -35,6 +35,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
 
+from pyctl.sigmask import SIGCHLD_SET
+
 from . import procfs, ptrace, rewrite
 from .model import GF_ACT_FAIL, GF_ACT_STALL, GF_F_AFTER, CopilotError, Injection, Outcome
 from .watchdog import Watchdog
@@ -57,7 +59,6 @@ STOP_SIGNALS = frozenset({signal.SIGSTOP, signal.SIGTSTP, signal.SIGTTIN, signal
 SAFETY_WAIT_HOT_NS = 1_000_000
 SAFETY_WAIT_IDLE_NS = 50_000_000
 HOT_NS = 200_000_000
-_SIGCHLD_SET = {signal.SIGCHLD}
 STOP_GRACE_NS = 2_000_000_000  # stop(): wait this long for threads to stop
 # The watchdog kills the controller this long after the latest planned
 # stall end if the tracer has not ended (and disarmed) it by then. A live
@@ -359,7 +360,7 @@ class Copilot:
                 # them to the kernel, which detaches them as this thread exits.
                 log.warning("copilot: threads %s did not stop; detaching on exit", self._threads)
                 return
-            signal.sigtimedwait(_SIGCHLD_SET, self._next_timeout())
+            signal.sigtimedwait(SIGCHLD_SET, self._next_timeout())
 
     def _next_timeout(self) -> float:
         now = time.monotonic_ns()
@@ -684,31 +685,6 @@ def check_not_traced(pid: int) -> None:
                 f"pid {pid} is already traced by pid {tracer} ({_comm(tracer)}): "
                 "detach that debugger/tracer (gdb, strace) first"
             )
-
-
-def block_sigchld() -> None:
-    """Block SIGCHLD in the calling thread and the threads it creates later.
-
-    Call it in the controller's main thread before starting other threads:
-    then no thread but the copilot's can take a tracee's SIGCHLD, and every
-    stop wakes the tracer at once. Children inherit a thread's mask through
-    fork and exec, so a command gpufault starts must be started with
-    original_sigmask() (runner.py does), or its own SIGCHLD handler never runs.
-    """
-    global _ORIGINAL_MASK
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGCHLD_SET)
-    if _ORIGINAL_MASK is None:
-        _ORIGINAL_MASK = set(old)
-
-
-_ORIGINAL_MASK: set[int] | None = None
-
-
-def original_sigmask() -> set[int]:
-    """The calling thread's signal mask before block_sigchld() changed it."""
-    if _ORIGINAL_MASK is not None:
-        return set(_ORIGINAL_MASK)
-    return set(signal.pthread_sigmask(signal.SIG_BLOCK, set()))
 
 
 def _comm(pid: int) -> str:
