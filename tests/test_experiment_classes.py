@@ -120,7 +120,7 @@ def test_a_traffic_step_that_gets_5xx_fails_and_names_the_cases(tmp_path: Path) 
     assert "invalid_utf8/" in out or "lone_surrogate/" in out, out
 
 
-# ---- classes 1, 2, 11: faults (root) -----------------------------------------------------
+# ---- classes 1, 2, 6, 7, 11: faults (root) -----------------------------------------------------
 
 
 @root
@@ -182,6 +182,63 @@ def test_class2_leak_outlives_the_fault(tmp_path: Path) -> None:
         xid,
     )
     assert err == 1
+
+
+def _during_ok(db: Path, xid: str, probe: str) -> int:
+    (ok,) = one(
+        db,
+        "SELECT ok FROM hypothesis_results WHERE phase='during' AND probe=? AND experiment_id=?",
+        probe,
+        xid,
+    )
+    return int(ok)
+
+
+def _after_value(db: Path, xid: str, probe: str) -> float:
+    (value,) = one(
+        db,
+        "SELECT value FROM hypothesis_results WHERE phase='after' AND probe=? AND experiment_id=?",
+        probe,
+        xid,
+    )
+    return float(value)
+
+
+@root
+def test_class6_graph_replay_failures_fall_back_to_eager_and_pass(tmp_path: Path) -> None:
+    rc, out, db = _run("cuda-graph-replay-degrade", tmp_path, retry=True)
+    assert rc == 0 and "verdict PASS" in out, out
+    xid = _last(db)
+    ((_i, status, fires, _s, run_id),) = _steps(db, xid)
+    assert status == "done" and fires >= 3, (status, fires)
+    assert q(db, "SELECT DISTINCT function FROM faults WHERE run_id=?", run_id) == [
+        ("cuGraphLaunch",)
+    ]
+    # Every failed replay sent its batch to eager launches once, and only that.
+    assert _after_value(db, xid, "fallbacks-counted") == fires, out
+    assert _during_ok(db, xid, "no-device-errors") == 1  # the breaker never saw one
+    assert _during_ok(db, xid, "load.p99") == 1 and _during_ok(db, xid, "load.error_rate") == 1
+    ex = _expect(db, xid)
+    assert ex["alert_fired"][0] == 1 and ex["degradation_worked"][0] == 1, ex
+    assert ex["recovered_within"][0] == 1, ex
+
+
+@root
+def test_class7_prefetch_failures_are_ignored_and_pass(tmp_path: Path) -> None:
+    rc, out, db = _run("cuda-managed-prefetch-fail", tmp_path, retry=True)
+    assert rc == 0 and "verdict PASS" in out, out
+    xid = _last(db)
+    ((_i, status, fires, _s, run_id),) = _steps(db, xid)
+    assert status == "done" and fires >= 3, (status, fires)
+    # Only prefetches fail (nth = 0: no managed allocation), in the _v2 the service calls.
+    assert q(db, "SELECT DISTINCT function FROM faults WHERE run_id=?", run_id) == [
+        ("cuMemPrefetchAsync_v2",)
+    ]
+    assert _after_value(db, xid, "prefetch-failures-counted") == fires, out
+    for probe in ("no-device-errors", "healthy", "load.p99", "load.error_rate"):
+        assert _during_ok(db, xid, probe) == 1, probe
+    ex = _expect(db, xid)
+    assert ex["alert_fired"][0] == 1 and ex["recovered_within"][0] == 1, ex
 
 
 @root

@@ -25,7 +25,7 @@ import torch
 from pyctl.service.batcher import Outcome, Pending, QueueFull, Worker, error_body
 from pyctl.service.breaker import CLOSED, OPEN, STATE_VALUE, CircuitBreaker
 from pyctl.service.config import ServiceConfig
-from pyctl.service.device import DeviceError, make_backend
+from pyctl.service.device import CudaGraphStep, DeviceError, make_backend
 from pyctl.service.generate import GenRequest, generate
 from pyctl.service.metrics import ServiceMetrics
 from pyctl.service.model import TinyCausalLM, build_model
@@ -65,7 +65,16 @@ class Service:
         self.fallback = model(cfg.fallback_layers, cfg.seed + 1)
         self.primary_name = f"gf-tiny-{cfg.model_layers}l"
         self.fallback_name = f"gf-tiny-{cfg.fallback_layers}l-fallback"
-        self.backend = make_backend(cfg.device, cfg.bytes_per_token)
+        # graph mode's static buffer on the double: a full context's activations.
+        self.backend = make_backend(
+            cfg.device,
+            cfg.bytes_per_token,
+            mode=cfg.cuda_mode,
+            static_bytes=cfg.bytes_per_token * cfg.max_context,
+        )
+        self.backend.on_event = self._device_event
+        self._graph_step: CudaGraphStep | None = None  # --device cuda --cuda-mode graph
+        self._logged: set[str] = set()
         self.metrics = m = ServiceMetrics(cfg.device if cfg.device != "cuda" else "cuda:0")
         self.breaker = CircuitBreaker(
             cfg.breaker_errors,
@@ -90,6 +99,7 @@ class Service:
                 "model": self.primary_name,
                 "fallback": self.fallback_name,
                 "degrade": cfg.degrade,
+                "cuda_mode": cfg.cuda_mode,
                 "libcuda_test_double": str(self.backend.double).lower(),
             }
         )
@@ -114,6 +124,30 @@ class Service:
         warm = [GenRequest(self.tok.encode("warm up"), 1)]
         generate(self.primary, warm, pad_id=self.tok.pad_id, device=self.backend.torch_device)
         generate(self.fallback, warm, pad_id=self.tok.pad_id)
+        if self.cfg.cuda_mode == "graph" and self.cfg.device == "cuda":
+            try:
+                self._graph_step = CudaGraphStep(
+                    self.primary, self.cfg.max_batch, self.cfg.max_context, self._device_event
+                )
+            except RuntimeError as e:  # e.g. a failed cudaGraphInstantiate: serve eagerly
+                self._device_event("graph_fallback", "CUDA_ERROR_OTHER")
+                log(f"CUDA graph capture failed ({str(e).splitlines()[0]}): decoding eagerly")
+
+    def _device_event(self, event: str, code: str) -> None:
+        """What --cuda-mode graph / managed report from the worker thread."""
+        m = self.metrics
+        if event == "graph_replay":
+            m.graph_replays.inc()
+            return
+        if event == "graph_fallback":
+            m.graph_fallbacks.labels(code=code).inc()
+            what = "CUDA graph replay failed; batches fall back to eager launches"
+        else:
+            m.prefetch_failures.labels(code=code).inc()
+            what = "managed-memory prefetch failed; ignored (pages migrate on first touch)"
+        if event not in self._logged:  # once: the counters say how often
+            self._logged.add(event)
+            log(f"{what} ({code}; counted in /metrics)")
 
     # ---- the request path (HTTP threads) -------------------------------------
     def complete(self, body: Any, t0: float | None = None) -> Outcome:
@@ -274,6 +308,9 @@ class Service:
             if hook is not None:
                 hook(step)
 
+        graph = self._graph_step if model is self.primary else None
+        if graph is not None:
+            graph.begin_batch()
         return generate(
             model,
             reqs,
@@ -281,6 +318,7 @@ class Service:
             banned=self.tok.special_ids,
             device=device,
             on_step=on_step,
+            forward=graph,
         )
 
     def _answer(self, batch: list[Pending], outs: list[list[int]], *, degraded: bool) -> None:
@@ -350,6 +388,7 @@ class Service:
             "model": self.primary_name,
             "fallback": self.fallback_name,
             "degrade": self.cfg.degrade,
+            "cuda_mode": self.cfg.cuda_mode,
             "breaker": {
                 "state": snap.state,
                 "consecutive_errors": snap.consecutive_errors,

@@ -19,7 +19,7 @@ from typing import Any
 import click
 
 from pyctl.cli.options import Duration  # the one duration type of every command
-from pyctl.service.config import DEGRADE_MODES, DEVICES, DIST_BACKENDS, ServiceConfig
+from pyctl.service.config import CUDA_MODES, DEGRADE_MODES, DEVICES, DIST_BACKENDS, ServiceConfig
 
 
 def _write_ready(path: Path, info: dict[str, Any]) -> None:
@@ -98,6 +98,15 @@ def _write_ready(path: Path, info: dict[str, Any]) -> None:
     default="fallback",
     show_default=True,
     help="while open: answer from the 1-layer fallback (degraded) or reject with 503",
+)
+@click.option(
+    "--cuda-mode",
+    type=click.Choice(CUDA_MODES),
+    default="eager",
+    show_default=True,
+    help="cpu-double/cuda: eager launches; graph: replay a captured CUDA graph per "
+    "token (eager for a batch whose replay fails); managed: activations in "
+    "Unified Memory, prefetched (cpu-double only)",
 )
 @click.option(
     "--model-layers", type=int, default=2, show_default=True, help="layers of the primary model"
@@ -216,6 +225,7 @@ def service(
     breaker_window: float,
     breaker_cooldown: float,
     degrade: str,
+    cuda_mode: str,
     model_layers: int,
     d_model: int,
     n_heads: int,
@@ -267,6 +277,7 @@ def service(
         breaker_window_s=breaker_window,
         breaker_cooldown_s=breaker_cooldown,
         degrade=degrade,
+        cuda_mode=cuda_mode,
         model_layers=model_layers,
         d_model=d_model,
         n_heads=n_heads,

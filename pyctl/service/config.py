@@ -21,6 +21,11 @@ DEGRADE_MODES = ("fallback", "reject")
 # primary model). gloo runs on the CPU (and is what runs in CI); nccl needs
 # --device cuda and two GPUs (rank r on cuda:r).
 DIST_BACKENDS = ("gloo", "nccl")
+# How the primary model's per-token device work is issued (docs/service.md,
+# "CUDA modes"): eager launches; a captured CUDA graph replayed per token
+# (falls back to eager for a batch whose replay fails); or activations in
+# Unified Memory (cuMemAllocManaged + cuMemPrefetchAsync).
+CUDA_MODES = ("eager", "graph", "managed")
 
 
 @dataclass
@@ -50,6 +55,7 @@ class ServiceConfig:
     breaker_window_s: float = 30.0
     breaker_cooldown_s: float = 2.0
     degrade: str = "fallback"
+    cuda_mode: str = "eager"
     # health: a worker that has made no progress for this long is hung
     hang_after_s: float = 5.0
     # cpu-double: bytes of "activations" per token of a batch (allocated
@@ -79,6 +85,12 @@ class ServiceConfig:
             self.degrade in DEGRADE_MODES,
             f"--degrade {self.degrade}: choose one of {', '.join(DEGRADE_MODES)}",
         )
+        need(
+            self.cuda_mode in CUDA_MODES,
+            f"--cuda-mode {self.cuda_mode}: choose one of {', '.join(CUDA_MODES)}",
+        )
+        if self.cuda_mode != "eager":
+            self._check_cuda_mode(need)
         need(0 <= self.port <= 65535, f"--port {self.port}: give 0..65535 (0 picks a free port)")
         need(self.model_layers >= 1, "--model-layers must be at least 1")
         need(self.fallback_layers >= 1, "--fallback-layers must be at least 1")
@@ -111,6 +123,20 @@ class ServiceConfig:
         if self.ranks != 1:
             self._check_ranks(need)
         return self
+
+    def _check_cuda_mode(self, need) -> None:  # type: ignore[no-untyped-def]
+        m = self.cuda_mode
+        need(
+            self.device in ("cpu-double", "cuda"),
+            f"--cuda-mode {m} needs --device cpu-double (the libcuda TEST DOUBLE) or cuda",
+        )
+        # torch's CUDA allocator has no managed (cudaMallocManaged) mode.
+        need(
+            not (m == "managed" and self.device == "cuda"),
+            "--cuda-mode managed: torch has no managed-memory allocator; "
+            "use it with --device cpu-double",
+        )
+        need(self.ranks == 1, f"--cuda-mode {m} runs with --ranks 1 only")
 
     def _check_ranks(self, need) -> None:  # type: ignore[no-untyped-def]
         need(self.ranks == 2, f"--ranks {self.ranks}: give 1 or 2")

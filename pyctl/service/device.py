@@ -13,18 +13,33 @@ and `memory()` for the GPU-memory gauge.
   generated token a gf_fill cuLaunchKernel and cuCtxSynchronize, then
   cuMemFree_v2. A failed call (for example one gpufault made fail) is the
   batch's device error, named by its CUresult.
+
+--cuda-mode (docs/service.md, "CUDA modes") changes how the per-token work
+is issued: `graph` replays a captured graph (cuGraphLaunch) per token and
+falls back to eager launches for a batch whose replay failed; `managed`
+allocates the activations with cuMemAllocManaged and prefetches them
+(cuMemPrefetchAsync_v2), ignoring a failed prefetch. Both report what
+they did through `on_event(event, code)`: graph_replay, graph_fallback,
+prefetch_failed (the service counts them in /metrics).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Protocol, TypeVar
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
 
 from pyctl.service.double import CudaCallError, DoubleDriver
 
 T = TypeVar("T")
 StepHook = Callable[[int], None]
+# (event, CUresult name or ""): graph_replay, graph_fallback, prefetch_failed.
+EventHook = Callable[[str, str], None]
+
+
+def _no_event(event: str, code: str) -> None:
+    pass
 
 
 class DeviceError(Exception):
@@ -40,6 +55,7 @@ class Backend(Protocol):
     name: str
     torch_device: str
     double: bool  # True where the batch goes through the libcuda TEST DOUBLE
+    on_event: EventHook  # the service sets it to count graph fallbacks etc.
 
     def open(self) -> None: ...
     def close(self) -> None: ...
@@ -51,6 +67,9 @@ class CpuBackend:
     name = "cpu"
     torch_device = "cpu"
     double = False
+
+    def __init__(self) -> None:
+        self.on_event: EventHook = _no_event
 
     def open(self) -> None:
         pass
@@ -104,6 +123,9 @@ class CudaBackend:
     torch_device = "cuda"
     double = False
 
+    def __init__(self) -> None:
+        self.on_event: EventHook = _no_event
+
     def open(self) -> None:
         import torch
 
@@ -149,6 +171,76 @@ class CudaBackend:
             return {}
 
 
+def pad_into(static_ids: Any, static_valid: Any, ids: Any, valid: Any) -> int:
+    """Left-pad a step's (B, T) ids and mask into graph mode's static
+    (rows, width) tensors; the rest is padding (valid False). Returns B."""
+    b, t = ids.shape
+    static_ids.zero_()
+    static_valid.zero_()
+    static_ids[:b, -t:].copy_(ids)
+    static_valid[:b, -t:].copy_(valid)
+    return int(b)
+
+
+class CudaGraphStep:
+    """--device cuda --cuda-mode graph: the primary model's forward captured
+    once with torch.cuda.CUDAGraph and replayed per generated token.
+
+    A graph replays fixed shapes, so it is captured at max_batch rows x
+    max_context positions and each step's input is left-padded into its
+    static tensors (left padding leaves the answers unchanged: positions
+    count only real tokens). A replay that raises (a failed cudaGraphLaunch)
+    is counted and the rest of the batch runs the eager forward; the next
+    batch replays again. A sticky error fails the eager forward too, and
+    CudaBackend.run_batch makes it the batch's device error."""
+
+    def __init__(self, model: Any, rows: int, width: int, on_event: EventHook) -> None:
+        import torch
+
+        self.model, self.on_event, self.eager = model, on_event, False
+        dev = next(model.parameters()).device
+        with torch.inference_mode():
+            self.ids = torch.zeros(rows, width, dtype=torch.long, device=dev)
+            self.valid = torch.zeros(rows, width, dtype=torch.bool, device=dev)
+            side = torch.cuda.Stream()  # warm up off the default stream (torch's recipe)
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    model(self.ids, self.valid)
+            torch.cuda.current_stream().wait_stream(side)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.logits = model(self.ids, self.valid)
+
+    def begin_batch(self) -> None:
+        self.eager = False
+
+    def __call__(self, ids: Any, valid: Any) -> Any:
+        if self.eager:
+            return self.model(ids, valid)
+        b = pad_into(self.ids, self.valid, ids, valid)
+        try:
+            self.graph.replay()
+        except RuntimeError as e:
+            err = classify_torch_cuda(e)
+            self.on_event("graph_fallback", err.code if err else "CUDA_ERROR_OTHER")
+            self.eager = True
+            return self.model(ids, valid)
+        self.on_event("graph_replay", "")
+        return self.logits[:b].clone()  # the static output is overwritten by the next replay
+
+
+@dataclass
+class _DoubleGraph:
+    """--cuda-mode graph on the double: a static activation buffer (graphs
+    bake their pointers in, so it outlives batches) and the per-token graph."""
+
+    dptr: int
+    nbytes: int
+    exe: int | None  # None: re-capture before the next replay
+    generation: int  # the driver's context generation it belongs to
+
+
 class DoubleBackend:
     """torch on the CPU plus the libcuda TEST DOUBLE per batch (not real CUDA)."""
 
@@ -156,11 +248,23 @@ class DoubleBackend:
     torch_device = "cpu"
     double = True
 
-    def __init__(self, bytes_per_token: int, path: str | None = None) -> None:
+    def __init__(
+        self,
+        bytes_per_token: int,
+        path: str | None = None,
+        *,
+        mode: str = "eager",
+        static_bytes: int = 0,
+    ) -> None:
         self.bytes_per_token = bytes_per_token
         self.path = path
+        self.mode = mode
+        # graph mode's static buffer: the activations of a full-context sequence.
+        self.static_bytes = max(4096, static_bytes)
         self.drv: DoubleDriver | None = None
         self.allocated = 0  # bytes this service holds in the double right now
+        self.on_event: EventHook = _no_event
+        self._graph: _DoubleGraph | None = None
 
     def open(self) -> None:
         self.drv = DoubleDriver(self.path)
@@ -176,43 +280,113 @@ class DoubleBackend:
     def run_batch(self, fn: Callable[[StepHook | None], T], n_tokens: int) -> T:
         drv = self.drv
         assert drv is not None, "open() first (in the worker thread)"
-        nbytes = max(4096, n_tokens * self.bytes_per_token)
         try:
             drv.reopen_if_poisoned()
-            dptr = drv.alloc(nbytes)
+            if self.mode == "graph":
+                return self._run_graph(drv, fn, n_tokens)
+            return self._run_eager(drv, fn, n_tokens)
         except CudaCallError as e:
             raise DeviceError(e.name, str(e), e.call) from e
+
+    def _run_eager(self, drv: DoubleDriver, fn: Callable[[StepHook | None], T], n: int) -> T:
+        """Per batch: alloc (managed: + prefetch), per token launch + sync, free."""
+        nbytes = max(4096, n * self.bytes_per_token)
+        dptr = drv.alloc_managed(nbytes) if self.mode == "managed" else drv.alloc(nbytes)
         self.allocated = nbytes
-        failed: CudaCallError | None = None
-
-        def on_step(step: int) -> None:
-            drv.launch_fill(dptr, nbytes, step)
-            drv.synchronize()
-
+        failed = False
         try:
+            if self.mode == "managed":
+                self._prefetch(drv, dptr, nbytes)
+
+            def on_step(step: int) -> None:
+                drv.launch_fill(dptr, nbytes, step)
+                drv.synchronize()
+
             return fn(on_step)
-        except CudaCallError as e:
-            failed = e
-            raise DeviceError(e.name, str(e), e.call) from e
+        except CudaCallError:
+            failed = True
+            raise
         finally:
             try:
                 drv.free(dptr)
-            except CudaCallError as e:
-                # A failed free fails the batch unless it already failed.
-                if failed is None:
-                    raise DeviceError(e.name, str(e), e.call) from e
+            except CudaCallError:
+                if not failed:  # a failed free fails the batch unless it already failed
+                    raise
             finally:
                 self.allocated = 0
 
+    def _prefetch(self, drv: DoubleDriver, dptr: int, nbytes: int) -> None:
+        try:
+            drv.prefetch(dptr, nbytes)
+        except CudaCallError as e:
+            if drv.poisoned:  # a sticky error: the context is gone, the batch too
+                raise
+            # A prefetch is a hint: without it the pages migrate on first
+            # touch (slower, still correct), so the batch goes on.
+            self.on_event("prefetch_failed", e.name)
+
+    def _graph_ready(self, drv: DoubleDriver) -> _DoubleGraph:
+        """The graph of the current context, (re-)captured when needed."""
+        g = self._graph
+        if g is None or g.generation != drv.generation:
+            # First batch, or a re-created context: its memory died with the
+            # old one (the double keeps old execs apart: free that one).
+            if g is not None and g.exe is not None:
+                drv.graph_destroy(g.exe)
+            self._graph = None
+            g = self._graph = _DoubleGraph(
+                drv.alloc(self.static_bytes), self.static_bytes, None, drv.generation
+            )
+        if g.exe is None:
+            g.exe = drv.capture_fill_graph(g.dptr, g.nbytes)
+        return g
+
+    def _run_graph(self, drv: DoubleDriver, fn: Callable[[StepHook | None], T], n: int) -> T:
+        """Per token one cuGraphLaunch; after a failed replay (or capture) the
+        rest of the batch runs eager launches, so no request fails for it.
+        Sticky errors (a poisoned context) and a failed static allocation
+        stay device errors: eager launches could not do better."""
+        try:
+            g = self._graph_ready(drv)
+        except CudaCallError as e:
+            if drv.poisoned or self._graph is None:
+                raise
+            self.on_event("graph_fallback", e.name)
+            return self._run_eager(drv, fn, n)
+        eager = False
+
+        def on_step(step: int) -> None:
+            nonlocal eager
+            if not eager and g.exe is not None:
+                try:
+                    drv.graph_launch(g.exe)
+                    self.on_event("graph_replay", "")
+                    return
+                except CudaCallError as e:
+                    if drv.poisoned:
+                        raise
+                    # Drop the exec (it may be what broke): the next batch
+                    # captures a fresh one; this batch goes on eagerly.
+                    drv.graph_destroy(g.exe)
+                    g.exe, eager = None, True
+                    self.on_event("graph_fallback", e.name)
+            drv.launch_fill(g.dptr, g.nbytes, step)
+            drv.synchronize()
+
+        return fn(on_step)
+
     def memory(self) -> dict[str, float]:
-        return {"double_allocated": float(self.allocated)}
+        held = self._graph.nbytes if self._graph is not None else 0  # graph mode's static buffer
+        return {"double_allocated": float(self.allocated + held)}
 
 
-def make_backend(device: str, bytes_per_token: int) -> Backend:
+def make_backend(
+    device: str, bytes_per_token: int, *, mode: str = "eager", static_bytes: int = 0
+) -> Backend:
     if device == "cpu":
         return CpuBackend()
     if device == "cuda":
         return CudaBackend()
     if device == "cpu-double":
-        return DoubleBackend(bytes_per_token)
+        return DoubleBackend(bytes_per_token, mode=mode, static_bytes=static_bytes)
     raise ValueError(f"unknown device {device!r}")

@@ -32,6 +32,17 @@ PTX = b"""
 # does) until it is destroyed: the next batch opens a new one.
 STICKY = {700, 714, 715, 716, 717, 718, 719}
 
+CU_STREAM_NON_BLOCKING = 1
+CU_STREAM_CAPTURE_MODE_GLOBAL = 0
+CU_MEM_ATTACH_GLOBAL = 1
+CU_MEM_LOCATION_TYPE_DEVICE = 1
+
+
+class CUmemLocation(C.Structure):
+    """cuda.h's CUmemLocation, passed by value to cuMemPrefetchAsync_v2."""
+
+    _fields_ = [("type", C.c_int), ("id", C.c_int)]
+
 
 class CudaCallError(Exception):
     """A CUDA driver call of the double returned an error code."""
@@ -46,7 +57,9 @@ def double_path() -> Path:
 
 
 class DoubleDriver:
-    """Just the calls a batch needs: alloc, launch, synchronize, free."""
+    """Just the calls a batch needs: alloc, launch, synchronize, free; and
+    for --cuda-mode graph / managed: a stream, stream capture into a graph,
+    its replay, managed allocation and prefetch."""
 
     def __init__(self, path: str | Path | None = None) -> None:
         self.path = Path(path) if path else double_path()
@@ -81,6 +94,16 @@ class DoubleDriver:
                 C.POINTER(vp),
             ],
             "cuGetErrorName": [C.c_int, C.POINTER(C.c_char_p)],
+            "cuStreamCreate": [C.POINTER(vp), C.c_uint],
+            "cuStreamSynchronize": [vp],
+            "cuStreamBeginCapture_v2": [vp, C.c_int],
+            "cuStreamEndCapture": [vp, C.POINTER(vp)],
+            "cuGraphInstantiateWithFlags": [C.POINTER(vp), vp, C.c_ulonglong],
+            "cuGraphDestroy": [vp],
+            "cuGraphLaunch": [vp, vp],
+            "cuGraphExecDestroy": [vp],
+            "cuMemAllocManaged": [C.POINTER(u64), sz, C.c_uint],
+            "cuMemPrefetchAsync_v2": [u64, sz, CUmemLocation, C.c_uint, vp],
         }
         for name, args in sigs.items():
             fn = getattr(L, name)
@@ -88,7 +111,10 @@ class DoubleDriver:
             fn.restype = C.c_int
         self.ctx = C.c_void_p()
         self.fill = C.c_void_p()
+        self.stream = C.c_void_p()  # created on demand: capture needs a non-NULL stream
         self.poisoned = False
+        # +1 per open(): handles of an older context (stream, graph, memory) are dead.
+        self.generation = 0
 
     def error_name(self, code: int) -> str:
         s = C.c_char_p()
@@ -114,6 +140,7 @@ class DoubleDriver:
             "cuModuleGetFunction", self.lib.cuModuleGetFunction(C.byref(self.fill), mod, b"gf_fill")
         )
         self.poisoned = False
+        self.generation += 1
 
     def reopen_if_poisoned(self) -> None:
         if self.poisoned:
@@ -124,6 +151,7 @@ class DoubleDriver:
         if self.ctx.value:
             self.lib.cuCtxDestroy_v2(self.ctx)  # best effort: the process is leaving
             self.ctx = C.c_void_p()
+            self.stream = C.c_void_p()  # destroyed with its context
 
     def alloc(self, nbytes: int) -> int:
         d = C.c_uint64()
@@ -133,8 +161,9 @@ class DoubleDriver:
     def free(self, dptr: int) -> None:
         self._ck("cuMemFree_v2", self.lib.cuMemFree_v2(dptr))
 
-    def launch_fill(self, dptr: int, nbytes: int, value: int) -> None:
-        """gf_fill over the allocation on the NULL stream (synchronous in the double)."""
+    def launch_fill(self, dptr: int, nbytes: int, value: int, stream: int | None = None) -> None:
+        """gf_fill over the allocation, on the NULL stream (synchronous in
+        the double) unless `stream` is given."""
         n = C.c_uint64(nbytes // 4)
         v = C.c_uint32(value & 0xFFFFFFFF)
         y = C.c_uint64(dptr)
@@ -142,7 +171,7 @@ class DoubleDriver:
         grid = max(1, (n.value + 255) // 256)
         self._ck(
             "cuLaunchKernel",
-            self.lib.cuLaunchKernel(self.fill, grid, 1, 1, 256, 1, 1, 0, None, params, None),
+            self.lib.cuLaunchKernel(self.fill, grid, 1, 1, 256, 1, 1, 0, stream, params, None),
         )
 
     def synchronize(self) -> None:
@@ -153,3 +182,61 @@ class DoubleDriver:
         free, total = C.c_size_t(), C.c_size_t()
         self._ck("cuMemGetInfo_v2", self.lib.cuMemGetInfo_v2(C.byref(free), C.byref(total)))
         return free.value, total.value
+
+    # ---- --cuda-mode graph ------------------------------------------------------
+    def ensure_stream(self) -> int:
+        if not self.stream.value:
+            self._ck(
+                "cuStreamCreate",
+                self.lib.cuStreamCreate(C.byref(self.stream), CU_STREAM_NON_BLOCKING),
+            )
+        return int(self.stream.value or 0)
+
+    def capture_fill_graph(self, dptr: int, nbytes: int) -> int:
+        """A graph of one token's work (gf_fill over dptr), made by stream
+        capture as torch.cuda.graph does, instantiated; returns the CUgraphExec."""
+        s = self.ensure_stream()
+        self._ck(
+            "cuStreamBeginCapture_v2",
+            self.lib.cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_GLOBAL),
+        )
+        graph = C.c_void_p()
+        try:
+            self.launch_fill(dptr, nbytes, 1, stream=s)
+        finally:
+            # Always end the capture, or the stream stays in capture mode.
+            ended = self.lib.cuStreamEndCapture(s, C.byref(graph))
+        self._ck("cuStreamEndCapture", ended)
+        exe = C.c_void_p()
+        try:
+            self._ck(
+                "cuGraphInstantiateWithFlags",
+                self.lib.cuGraphInstantiateWithFlags(C.byref(exe), graph, 0),
+            )
+        finally:
+            self.lib.cuGraphDestroy(graph)  # the exec keeps its own copy of the nodes
+        return int(exe.value or 0)
+
+    def graph_launch(self, exe: int) -> None:
+        """One replay on the stream, waited for (so its errors are this step's)."""
+        self._ck("cuGraphLaunch", self.lib.cuGraphLaunch(exe, self.stream))
+        self._ck("cuStreamSynchronize", self.lib.cuStreamSynchronize(self.stream))
+
+    def graph_destroy(self, exe: int) -> None:
+        self.lib.cuGraphExecDestroy(exe)  # best effort: it may be the failing one
+
+    # ---- --cuda-mode managed ----------------------------------------------------
+    def alloc_managed(self, nbytes: int) -> int:
+        d = C.c_uint64()
+        self._ck(
+            "cuMemAllocManaged",
+            self.lib.cuMemAllocManaged(C.byref(d), nbytes, CU_MEM_ATTACH_GLOBAL),
+        )
+        return d.value
+
+    def prefetch(self, dptr: int, nbytes: int) -> None:
+        """Migrate managed memory to device 0 ahead of the kernels (a hint)."""
+        loc = CUmemLocation(CU_MEM_LOCATION_TYPE_DEVICE, 0)
+        self._ck(
+            "cuMemPrefetchAsync_v2", self.lib.cuMemPrefetchAsync_v2(dptr, nbytes, loc, 0, None)
+        )

@@ -34,6 +34,7 @@ def generate(
     device: str | torch.device = "cpu",
     on_step: Callable[[int], None] | None = None,
     sync_next: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> list[list[int]]:
     """The generated ids of each request (exactly max_tokens each).
 
@@ -59,7 +60,7 @@ def generate(
                 on_step(step)
             # Keep at most max_context positions (the oldest fall out).
             ids_in, valid_in = ids[:, -model.max_context :], valid[:, -model.max_context :]
-            logits = model(ids_in, valid_in).float()
+            logits = (forward or model)(ids_in, valid_in).float()
             if len(ban):
                 # Specials are never sampled: every answer is max_tokens long.
                 logits[:, ban] = float("-inf")

@@ -148,6 +148,26 @@ class ServiceMetrics(_WorkerSeries):
             ["to"],
             registry=r,
         )
+        # --cuda-mode graph / managed (docs/service.md, "CUDA modes")
+        self.graph_replays = Counter(
+            "gf_service_graph_replays_total",
+            "--cuda-mode graph: per-token CUDA graph replays (cuGraphLaunch) that succeeded",
+            registry=r,
+        )
+        self.graph_fallbacks = Counter(
+            "gf_service_graph_fallbacks_total",
+            "--cuda-mode graph: batches finished with eager launches after a failed graph "
+            "replay or capture, by CUresult",
+            ["code"],
+            registry=r,
+        )
+        self.prefetch_failures = Counter(
+            "gf_service_managed_prefetch_failures_total",
+            "--cuda-mode managed: failed prefetches of the managed activations, by CUresult "
+            "(ignored: the pages migrate on first touch)",
+            ["code"],
+            registry=r,
+        )
         self.device = device
         # Pre-create the label sets experiments alert on, so a query for
         # them finds 0 rather than nothing before the first error.
@@ -157,6 +177,8 @@ class ServiceMetrics(_WorkerSeries):
             self.breaker_transitions.labels(to=state)
         for model in ("primary", "fallback"):
             self.tokens.labels(model=model)
+        self.graph_fallbacks.labels(code="")
+        self.prefetch_failures.labels(code="")
 
     def watch_memory(self, read: Callable[[], dict[str, float]]) -> None:
         self.registry.register(_MemoryCollector(read, self.device))
