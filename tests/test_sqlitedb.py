@@ -8,8 +8,6 @@ purpose (no table or column made on the fly) the difference is asserted."""
 from __future__ import annotations
 
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -80,13 +78,3 @@ def test_update_of_a_missing_row_or_a_wrong_key_fails(tmp_path: Path) -> None:
         ours["runs"].update("nope", {"status": "done"})
     with pytest.raises(ValueError, match="primary key"):
         ours["pairs"].update(1, {"v": "x"})
-
-
-def test_the_controller_does_not_import_sqlite_utils() -> None:
-    # Its import was 50-110 ms of every start (docs/benchmarks.md "Attach time").
-    code = (
-        "import sys, pyctl.cli.launch, pyctl.engine, pyctl.store; "
-        "print([m for m in ('sqlite_utils', 'dateutil', 'pluggy') if m in sys.modules])"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]", out
