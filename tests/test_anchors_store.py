@@ -1,14 +1,17 @@
-"""Anchor records stored with sqlite-utils, table `anchors` keyed by fault_id."""
+"""Anchor records in table `anchors` keyed by fault_id: through sqlite-utils
+(as a user's script would) and through the store's own connection."""
 
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 
 import sqlite_utils
 
 from pyctl.anchors import by_fault, decode, store_records, uapi
 from pyctl.anchors.synth import make_record
+from pyctl.evidence.sqlitedb import Database
 
 
 def records() -> list:
@@ -44,3 +47,14 @@ def test_store_appends(tmp_db: Path) -> None:
     store_records(db, records()[:1])
     assert db["anchors"].count == 4
     assert store_records(db, []) == 0
+
+
+def test_stored_records_are_committed_through_the_stores_own_connection(tmp_db: Path) -> None:
+    # The recorder and the VM guest call store_records alone, with the
+    # store's connection (no sqlite-utils, whose every call commits): the
+    # rows must be there for another reader without a commit of the caller's.
+    db = Database(sqlite3.connect(tmp_db))
+    assert store_records(db, records()) == 3
+    other = sqlite3.connect(tmp_db)
+    assert other.execute("SELECT count(*) FROM anchors").fetchone() == (3,)
+    assert [r["kind"] for r in by_fault(db, "1a2b3c4d-7")] == ["reset_begin", "reset_end"]

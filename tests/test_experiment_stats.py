@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from pyctl.experiment.stats import judge, mann_whitney_u, recovery_time
+from pyctl.experiment.stats import fisher_greater, judge, mann_whitney_u, recovery_time, tail_test
 
 try:
     from scipy.stats import mannwhitneyu
@@ -163,6 +163,65 @@ def test_effect_is_cliffs_delta():
     # window [3, 4] vs baseline [1, 3]: pairs (3>1, 3=3, 4>1, 4>3): (3 - 0)/4 with the tie 0
     j = judge([1.0, 3.0], [3.0, 4.0])
     assert j.effect == pytest.approx((3 - 0) / 4)
+
+
+def test_a_tail_only_stall_is_worse_though_the_ranks_cancel():
+    # tokenizer-stall's CI run: 1 request in 5 stalled 50 ms while the rest
+    # ran ~8 % faster: U found nothing (p = 0.95), the tail test must.
+    rnd = random.Random(5)
+    base = [0.0061 + rnd.gauss(0, 0.0008) for _ in range(240)]
+    win = [0.0056 + rnd.gauss(0, 0.0008) + (0.05 if rnd.random() < 0.2 else 0) for _ in range(240)]
+    shift_only = judge(base, win, alpha=0.05, min_effect=0.1, min_tail_effect=2.0)
+    assert not shift_only.worse  # what the rank test alone said
+    j = judge(base, win, alpha=0.05, min_effect=0.1)
+    assert j.worse and j.tail_p < 1e-6 and j.tail_effect > 0.1, j.reason
+    assert j.reason.startswith("worse: the window's upper tail is heavier"), j.reason
+
+
+def test_the_tail_of_lower_is_worse_is_the_low_one():
+    rnd = random.Random(6)
+    base = [100 + rnd.gauss(0, 5) for _ in range(300)]
+    win = [(10.0 if rnd.random() < 0.2 else 100 + rnd.gauss(0, 5)) for _ in range(300)]
+    assert judge(base, win, higher_is_worse=False).worse
+    assert not judge(base, win, higher_is_worse=True).worse
+
+
+def test_two_tests_keep_the_false_alarm_rate_at_alpha():
+    # Same distribution, 400 trials: each test runs at alpha/2, so the
+    # judge says worse in about alpha of them, not 2 alpha.
+    rnd = random.Random(7)
+    alarms = sum(
+        judge([rnd.expovariate(1) for _ in range(120)], [rnd.expovariate(1) for _ in range(120)],
+              alpha=0.05, min_effect=0.0, min_tail_effect=0.0).worse
+        for _ in range(400)
+    )  # fmt: skip
+    assert alarms <= 30, alarms  # 5 % of 400 is 20; 2 alpha would be ~40
+
+
+@pytest.mark.parametrize("a, n1, c, n2", [(12, 240, 12, 240), (48, 240, 12, 240), (0, 5, 3, 7),
+                                          (5, 5, 0, 7), (3, 10, 1, 30)])  # fmt: skip
+def test_fisher_exact_by_hand_and_against_scipy(a: int, n1: int, c: int, n2: int) -> None:
+    # P(X >= a), X hypergeometric: by the definition, in fractions.
+    from fractions import Fraction
+
+    k, n = a + c, n1 + n2
+    want = sum(
+        Fraction(math.comb(k, x) * math.comb(n - k, n1 - x), math.comb(n, n1))
+        for x in range(a, min(k, n1) + 1)
+    )
+    assert fisher_greater(a, n1, c, n2) == pytest.approx(float(want), rel=1e-12)
+    try:
+        from scipy.stats import fisher_exact
+    except ImportError:  # pragma: no cover - scipy is optional
+        return
+    _, p = fisher_exact([[a, n1 - a], [c, n2 - c]], alternative="greater")
+    assert fisher_greater(a, n1, c, n2) == pytest.approx(p, rel=1e-9)
+
+
+def test_tail_cut_is_the_baselines_p95():
+    base = [float(x) for x in range(1, 101)]  # p95 (nearest rank) = 95
+    p, effect, cut, nw, nb = tail_test(base, [96.0] * 10 + [1.0] * 90)
+    assert (cut, nb, nw) == (95.0, 5, 10) and effect == pytest.approx(0.05)
 
 
 # ---- recovery_time -------------------------------------------------------------

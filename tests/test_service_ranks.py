@@ -326,13 +326,14 @@ def test_partition_between_the_ranks_namespaces_degrades_then_recovers(
 
 
 @pytest.mark.root
-def test_stall_in_gloo_allreduce_on_rank1_raises_the_service_p99(tmp_path: Path) -> None:
+def test_stall_in_gloo_allreduce_on_rank1_makes_the_service_slower(tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("requires root (BPF uprobes)")
     import sys
     import time
 
     from pyctl.experiment.loadgen import OpenLoopLoad, window_stats
+    from pyctl.experiment.stats import judge
 
     rf = tmp_path / "ready.json"
     s = ServiceProc("--ranks", "2", "--batch-wait", "0", "--ready-file", str(rf))
@@ -364,7 +365,16 @@ def test_stall_in_gloo_allreduce_on_rank1_raises_the_service_p99(tmp_path: Path)
             f"({base.count}/{stall.count} requests); {' '.join(fires)}"
         )
         assert base.error_rate == 0 and stall.error_rate == 0
-        assert stall.p99 > base.p99 + 0.004, (base, stall)
+        # The experiment judge, not one p99 of 160 requests against another
+        # (a single slow baseline request once made it 104 ms, above the
+        # stalled window's 64 ms, though p50 and p95 rose by 8 and 13 ms).
+        j = judge(
+            [x.latency for x in load.samples(t_base - 8, t_base)],
+            [x.latency for x in load.samples(t_armed, t_end)],
+            alpha=0.01,
+        )
+        print(j.reason)
+        assert j.worse, j.reason
     finally:
         load.stop()
         if ctl is not None and ctl.poll() is None:

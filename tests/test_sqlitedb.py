@@ -78,3 +78,19 @@ def test_update_of_a_missing_row_or_a_wrong_key_fails(tmp_path: Path) -> None:
         ours["runs"].update("nope", {"status": "done"})
     with pytest.raises(ValueError, match="primary key"):
         ours["pairs"].update(1, {"v": "x"})
+
+
+def test_a_write_joins_the_callers_transaction(tmp_path: Path) -> None:
+    # Not sqlite-utils' commit per call: rows of one batch land together.
+    ours, _ = _both(tmp_path)
+    other = sqlite3.connect(tmp_path / "ours.db")
+    ours["runs"].insert({"run_id": "a1"})
+    assert other.execute("SELECT count(*) FROM runs").fetchone() == (0,)
+    with pytest.raises(sqlite3.OperationalError):
+        with ours.conn:
+            ours["runs"].insert({"run_id": "b2"})
+            ours["runz"].insert({"run_id": "c3"})
+    assert other.execute("SELECT count(*) FROM runs").fetchone() == (0,)  # rolled back whole
+    with ours.conn:
+        ours["runs"].insert({"run_id": "d4"})
+    assert other.execute("SELECT run_id FROM runs").fetchall() == [("d4",)]

@@ -122,9 +122,8 @@ def test_bpf_program_records_a_real_tracepoint(tmp_path: Path, tracefs_mounted: 
     try:
         # A fault row from a process that "has GPU minor 0 open": linked.
         db = store.open_db(tmp_path / "x.db")  # the engine's side of the store
-        db["faults"].insert(
-            {"fault_id": "r1-1", "run_id": "r1", "pid": 4242, "ts_ns": 1}, alter=True
-        )
+        with db.conn:
+            db["faults"].insert({"fault_id": "r1-1", "run_id": "r1", "pid": 4242, "ts_ns": 1})
         db.close()
         mon._pid_minors[4242] = {0}
         mon.window_ns = 1 << 62

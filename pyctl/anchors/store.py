@@ -51,7 +51,8 @@ def store_records(db: Database, records: Iterable[AnchorRecord]) -> int:
     """Insert records; returns how many."""
     table = ensure_schema(db)
     rows = [to_row(r) for r in records]
-    table.insert_all(rows)
+    with db.conn:  # committed here: the recorder and the guest call this alone
+        table.insert_all(rows)
     return len(rows)
 
 

@@ -9,6 +9,11 @@ comes from pyctl/evidence/schema.py, so an insert into a missing table or
 column is a bug that must fail, never a table created on the fly. The
 method names follow sqlite-utils', so a sqlite_utils.Database passed in by
 a test or a user's script works with the same code.
+
+One difference on purpose: a write here never commits by itself (each
+sqlite-utils call does, which splits a caller's transaction). Writes join
+the caller's transaction: wrap them in `with db.conn:` (or the engine's
+_tx), so a batch of rows is committed whole or not at all.
 """
 
 from __future__ import annotations

@@ -312,7 +312,8 @@ class Traffic(Load):
 @dataclass
 class Judge:
     alpha: float
-    min_effect: float
+    min_effect: float  # Cliff's delta of the shift test
+    min_tail_effect: float = 0.05  # the tail test's share difference (pyctl/experiment/stats.py)
 
 
 @dataclass
@@ -817,12 +818,17 @@ def _steady(
         if j is True:
             j = {}
         if not isinstance(j, dict):
-            raise r.err("steady_state.judge", "expected true or a table {alpha, min_effect}")
-        r.keys(j, "steady_state.judge", {"alpha", "min_effect"})
+            want = "expected true or a table {alpha, min_effect, min_tail_effect}"
+            raise r.err("steady_state.judge", want)
+        r.keys(j, "steady_state.judge", {"alpha", "min_effect", "min_tail_effect"})
         alpha = r.num(j, "steady_state.judge", "alpha", 0.01)
         if not 0 < alpha < 1:
             raise r.err("steady_state.judge.alpha", f"{alpha:g}: give 0 < alpha < 1")
-        judge = Judge(alpha=alpha, min_effect=r.num(j, "steady_state.judge", "min_effect", 0.2))
+        judge = Judge(
+            alpha=alpha,
+            min_effect=r.num(j, "steady_state.judge", "min_effect", 0.2),
+            min_tail_effect=r.num(j, "steady_state.judge", "min_tail_effect", 0.05),
+        )
     hyp = [n for n, w in where.items() if w.startswith("steady_state.")]
     quorum = 0.8
     if "quorum" in t:

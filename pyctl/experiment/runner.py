@@ -1138,13 +1138,12 @@ class Run:
                         higher_is_worse=True,
                         alpha=exp.steady.judge.alpha,
                         min_effect=exp.steady.judge.min_effect,
+                        min_tail_effect=exp.steady.judge.min_tail_effect,
                     )
                     self.rec.judgements.append(("latency", j))
                     if j.worse and not f.abort:
                         f.failures.append(
-                            f"latency worse in the fault window than the baseline "
-                            f"(Mann-Whitney U p={j.p_value:.2g}, effect "
-                            f"{j.effect:.2f}): {j.reason}"
+                            f"latency worse in the fault window than the baseline: {j.reason}"
                         )
             # Expectations.
             if not f.abort:
