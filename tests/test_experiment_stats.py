@@ -198,24 +198,29 @@ def test_two_tests_keep_the_false_alarm_rate_at_alpha():
     assert alarms <= 30, alarms  # 5 % of 400 is 20; 2 alpha would be ~40
 
 
-@pytest.mark.parametrize("a, n1, c, n2", [(12, 240, 12, 240), (48, 240, 12, 240), (0, 5, 3, 7),
-                                          (5, 5, 0, 7), (3, 10, 1, 30)])  # fmt: skip
+@pytest.mark.parametrize(
+    "a, n1, c, n2",
+    [(12, 240, 12, 240), (48, 240, 12, 240), (0, 5, 3, 7), (5, 5, 0, 7), (3, 10, 1, 30),
+     # a long window (40,000 requests): in exact integers this took minutes
+     (3200, 40000, 2000, 40000)],
+)  # fmt: skip
 def test_fisher_exact_by_hand_and_against_scipy(a: int, n1: int, c: int, n2: int) -> None:
-    # P(X >= a), X hypergeometric: by the definition, in fractions.
-    from fractions import Fraction
+    got = fisher_greater(a, n1, c, n2)
+    if n1 + n2 <= 1000:  # by the definition, in fractions (minutes for the long window)
+        from fractions import Fraction
 
-    k, n = a + c, n1 + n2
-    want = sum(
-        Fraction(math.comb(k, x) * math.comb(n - k, n1 - x), math.comb(n, n1))
-        for x in range(a, min(k, n1) + 1)
-    )
-    assert fisher_greater(a, n1, c, n2) == pytest.approx(float(want), rel=1e-12)
+        k, n = a + c, n1 + n2
+        want = sum(
+            Fraction(math.comb(k, x) * math.comb(n - k, n1 - x), math.comb(n, n1))
+            for x in range(a, min(k, n1) + 1)
+        )
+        assert got == pytest.approx(float(want), rel=1e-9)
     try:
         from scipy.stats import fisher_exact
     except ImportError:  # pragma: no cover - scipy is optional
         return
     _, p = fisher_exact([[a, n1 - a], [c, n2 - c]], alternative="greater")
-    assert fisher_greater(a, n1, c, n2) == pytest.approx(p, rel=1e-9)
+    assert got == pytest.approx(p, rel=1e-9)
 
 
 def test_tail_cut_is_the_baselines_p95():

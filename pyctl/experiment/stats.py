@@ -34,7 +34,7 @@ outliers.
   tail at a time: is the share of window values beyond the baseline's
   95th percentile (its 5th when lower is worse) larger than the
   baseline's own share? One-sided Fisher exact test on that 2x2 table
-  (hypergeometric, in exact integers), effect = the difference of the two
+  (hypergeometric, summed in log space), effect = the difference of the two
   shares (>= `min_tail_effect`, default 0.05: the tail at least doubled).
 - Worse when either test says so, each at alpha / 2 (Bonferroni), so
   asking two questions does not raise the false-alarm rate above alpha.
@@ -124,14 +124,27 @@ def mann_whitney_u(
     return u1, 0.5 * math.erfc(z / math.sqrt(2)), "normal"
 
 
+def _lchoose(n: int, k: int) -> float:
+    return math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+
+
 def fisher_greater(a: int, n1: int, c: int, n2: int) -> float:
     """One-sided Fisher exact p: P(X >= a) for X the number of the K = a + c
     "beyond" values that fall in the first sample of n1 (of N = n1 + n2),
-    drawn without replacement (hypergeometric)."""
+    drawn without replacement (hypergeometric). The terms in log space
+    (lgamma): in exact integers a 10,000-request window took 5.5 s and a
+    40,000 one over 3 minutes; this is O(K) floats, good to ~1e-10
+    relative (checked against fractions and scipy in the tests)."""
     k, n = a + c, n1 + n2
-    total = math.comb(n, n1)
-    hits = sum(math.comb(k, x) * math.comb(n - k, n1 - x) for x in range(a, min(k, n1) + 1))
-    return min(1.0, hits / total)
+    hi = min(k, n1)
+    if a > hi:
+        return 0.0
+    if a <= max(0, k - n2):
+        return 1.0  # every possible outcome is >= a
+    base = _lchoose(n, n1)
+    logs = [_lchoose(k, x) + _lchoose(n - k, n1 - x) - base for x in range(a, hi + 1)]
+    top = max(logs)
+    return min(1.0, math.exp(top) * math.fsum(math.exp(t - top) for t in logs))
 
 
 def tail_test(
