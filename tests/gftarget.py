@@ -82,3 +82,9 @@ def no_new_progs(before: int, timeout: float = 10.0) -> bool:
             return False
         time.sleep(0.05)  # a kernel count, no event to wait on: poll it
     return True
+
+
+def on_victim(cmd: str, pid: int) -> list[str]:
+    """`CMD --pid PID --lib LIB --fn gf_victim`, the head of a gpufault
+    command on the target's test function; each test adds its options."""
+    return [cmd, "--pid", str(pid), "--lib", str(LIB), "--fn", "gf_victim"]

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from gftarget import LIB, REPO, TARGET, Target, bpf_progs, no_new_progs
+from gftarget import LIB, REPO, TARGET, Target, bpf_progs, no_new_progs, on_victim
 from procio import finish, start_controller
 
 from pyctl import query, store
@@ -42,12 +42,6 @@ SLACK_S = 5.0
 
 def gf(*args: str, **kw) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*GF, *args], capture_output=True, text=True, timeout=90, cwd=REPO, **kw)
-
-
-def on_victim(cmd: str, pid: int) -> list[str]:
-    """`CMD --pid PID --lib LIB --fn gf_victim`, the head of a gpufault
-    command on the target's test function; each test adds its options."""
-    return [cmd, "--pid", str(pid), "--lib", str(LIB), "--fn", "gf_victim"]
 
 
 def q(db: Path, sql: str, *args) -> list[tuple]:
@@ -385,14 +379,8 @@ def test_new_db_is_root_only_and_readers_write_nothing(target: Target, tmp_path:
     ctl, _ = start_controller(
         [
             *GF,
-            "inject",
+            *on_victim("inject", target.pid),
             "-q",
-            "--pid",
-            str(target.pid),
-            "--lib",
-            str(LIB),
-            "--fn",
-            "gf_victim",
             "--action",
             "fail",
             "--ret",

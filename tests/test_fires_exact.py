@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from gftarget import LIB, TARGET, Target
+from gftarget import LIB, TARGET, Target, on_victim
 from procio import finish, start_controller
 
 pytestmark = [pytest.mark.root]
@@ -34,13 +34,7 @@ def _controller(pid: int, db: Path, ring: int | None) -> subprocess.Popen[str]:
             sys.executable,
             "-m",
             "pyctl",
-            "inject",
-            "--pid",
-            str(pid),
-            "--lib",
-            str(LIB),
-            "--fn",
-            "gf_victim",
+            *on_victim("inject", pid),
             "--action",
             "fail",
             "--ret",

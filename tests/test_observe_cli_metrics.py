@@ -11,7 +11,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from gftarget import LIB, REPO, TARGET, Target
+from gftarget import LIB, REPO, TARGET, Target, on_victim
 from procio import finish, start_controller
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -38,13 +38,7 @@ def test_inject_serves_its_fires_while_it_runs(tmp_path: Path) -> None:
                 sys.executable,
                 "-m",
                 "pyctl",
-                "inject",
-                "--pid",
-                str(t.pid),
-                "--lib",
-                str(LIB),
-                "--fn",
-                "gf_victim",
+                *on_victim("inject", t.pid),
                 "--action",
                 "fail",
                 "--ret",
