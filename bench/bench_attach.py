@@ -17,6 +17,10 @@ trial results come from it). Medians of REPS runs, ratios to bpftrace.
 `--baseline DIR` also runs another checkout (another revision, built,
 e.g. a `git worktree`) warm in the same interleaved rounds: a change's
 effect measured under the same load.
+`--target torch` (the GPU host) probes the real libcuda's cuLaunchKernel
+in a torch process instead; `--installed` runs the gpufault on sys.path
+(the wheel) rather than this checkout; `--no-bpftrace` where it is not
+installed (the GPU image has none).
 Prints JSON; `--md` appends a table to docs/benchmarks.md. Needs root.
 """
 
@@ -52,23 +56,46 @@ while True:
     time.sleep(0.0002)
 """
 
+# `--target torch` (the GPU host): torch launches one tiny kernel every
+# ~0.2 ms, so the probe is on the real libcuda's cuLaunchKernel (a 30 MB
+# library with thousands of symbols, the case the attach goal names).
+TORCH_TARGET = """
+import time, torch
+x = torch.zeros(16, device="cuda")
+torch.cuda.synchronize()
+print("ready", flush=True)
+while True:
+    x.add_(1)
+    time.sleep(0.0002)
+"""
+TARGETS = {  # --target: (program, library as mapped, function)
+    "libz": (TARGET, "/libz.so", "crc32"),
+    "torch": (TORCH_TARGET, "/libcuda.so", "cuLaunchKernel"),
+}
+
 
 def mono_ns() -> int:
     return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
 
 
-def start_target() -> tuple[subprocess.Popen[str], str]:
-    p = subprocess.Popen([sys.executable, "-c", TARGET], stdout=subprocess.PIPE, text=True)
+def start_target(kind: str = "libz") -> tuple[subprocess.Popen[str], str]:
+    prog, mapped, _fn = TARGETS[kind]
+    p = subprocess.Popen([sys.executable, "-c", prog], stdout=subprocess.PIPE, text=True)
     assert p.stdout is not None and p.stdout.readline().strip() == "ready"
     maps = Path(f"/proc/{p.pid}/maps").read_text().splitlines()
-    libz = next(ln.split()[-1] for ln in maps if "/libz.so" in ln)
-    return p, libz
+    lib = next(ln.split()[-1] for ln in maps if mapped in ln)
+    return p, lib
 
 
-def gpufault_once(pid: int, cache: Path, db: Path, tree: Path = REPO) -> dict[str, float]:
-    env = {**os.environ, "GPUFAULT_CACHE_DIR": str(cache), "PYTHONPATH": str(tree)}
-    argv = [sys.executable, "-m", "pyctl", "trace", "--pid", str(pid), "--lib", "libz",
-            "--fn", "crc32", "--no-stack", "--db", str(db)]  # fmt: skip
+def gpufault_once(
+    pid: int, cache: Path, db: Path, tree: Path | None = REPO, lib: str = "libz", fn: str = "crc32"
+) -> dict[str, float]:
+    """tree None: the installed gpufault (the wheel on the GPU host)."""
+    env = {**os.environ, "GPUFAULT_CACHE_DIR": str(cache)}
+    if tree is not None:
+        env["PYTHONPATH"] = str(tree)
+    argv = [sys.executable, "-m", "pyctl", "trace", "--pid", str(pid), "--lib", lib,
+            "--fn", fn, "--no-stack", "--db", str(db)]  # fmt: skip
     t0 = mono_ns()
     p = subprocess.Popen(
         argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=tree
@@ -102,10 +129,12 @@ def gpufault_once(pid: int, cache: Path, db: Path, tree: Path = REPO) -> dict[st
     }
 
 
-def imports_once() -> dict[str, float]:
+def imports_once(tree: Path | None = REPO) -> dict[str, float]:
     """The floor under gpufault's number: the interpreter's start and the
     imports of `trace` (its --help), without resolving or loading."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = dict(os.environ)
+    if tree is not None:
+        env["PYTHONPATH"] = str(tree)
     t0 = mono_ns()
     subprocess.run([sys.executable, "-c", "pass"], check=True)
     t1 = mono_ns()
@@ -115,10 +144,10 @@ def imports_once() -> dict[str, float]:
     return {"python_start_ms": (t1 - t0) / 1e6, "trace_help_ms": (t2 - t1) / 1e6}
 
 
-def bpftrace_once(pid: int, libz: str) -> dict[str, float]:
+def bpftrace_once(pid: int, libz: str, fn: str = "crc32") -> dict[str, float]:
     prog = (
         'BEGIN { printf("begin %llu\\n", nsecs); } '
-        f'uprobe:{libz}:crc32 /pid == {pid}/ {{ printf("first %llu\\n", nsecs); exit(); }}'
+        f'uprobe:{libz}:{fn} /pid == {pid}/ {{ printf("first %llu\\n", nsecs); exit(); }}'
     )
     t0 = mono_ns()
     r = subprocess.run(["bpftrace", "-e", prog], capture_output=True, text=True,
@@ -140,12 +169,28 @@ def median(runs: list[dict[str, float]]) -> dict[str, float]:
     return {k: round(statistics.median(r[k] for r in runs), 1) for k in runs[0]}
 
 
+def _opt(name: str, default: str | None = None) -> str | None:
+    return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else default
+
+
 def main() -> int:
     if os.geteuid() != 0:
         print("bench_attach: needs root (BPF)", file=sys.stderr)
         return 2
-    if shutil.which("bpftrace") is None:
-        print("bench_attach: bpftrace missing: apt-get install bpftrace", file=sys.stderr)
+    kind = _opt("--target", "libz") or "libz"
+    if kind not in TARGETS:
+        print(f"bench_attach: --target {kind}: use one of {', '.join(TARGETS)}", file=sys.stderr)
+        return 2
+    fn = TARGETS[kind][2]
+    # --installed: the gpufault on sys.path (the wheel on the GPU host), not
+    # this checkout, which has sources only there.
+    tree: Path | None = None if "--installed" in sys.argv else REPO
+    have_bpftrace = shutil.which("bpftrace") is not None
+    if not have_bpftrace and "--no-bpftrace" not in sys.argv:
+        print(
+            "bench_attach: bpftrace missing: apt-get install bpftrace (or --no-bpftrace)",
+            file=sys.stderr,
+        )
         return 2
     # Byte-code first, as an installed wheel has it (pip compiles at
     # install): with PYTHONDONTWRITEBYTECODE set, as on this machine, every
@@ -156,27 +201,32 @@ def main() -> int:
         if not (baseline / "pyctl" / "data" / "gpufault.bpf.o").exists():
             print(f"bench_attach: {baseline} is not a built checkout", file=sys.stderr)
             return 2
-    for tree in (REPO, baseline):
-        if tree is not None:
-            compileall.compile_dir(tree / "pyctl", quiet=1)
-    target, libz = start_target()
+    import pyctl
+
+    for t in (Path(pyctl.__file__).parent.parent if tree is None else tree, baseline):
+        if t is not None:
+            compileall.compile_dir(t / "pyctl", quiet=1)
+    target, lib = start_target(kind)
     tmp = Path(tempfile.mkdtemp(prefix="gf-bench-attach-"))
     try:
         # Interleaved, so load on the machine falls on every column alike.
         cold, warm, bpft, floor, base = [], [], [], [], []
         warm_cache = tmp / "warm-cache"
         db = tmp / "gf.db"
-        gpufault_once(target.pid, warm_cache, db)  # fills the warm cache, makes the db
+        gpufault_once(target.pid, warm_cache, db, tree, lib, fn)  # fills the cache, makes the db
         if baseline is not None:  # its own cache and db: its formats may differ
-            gpufault_once(target.pid, tmp / "base-cache", tmp / "base.db", baseline)
+            gpufault_once(target.pid, tmp / "base-cache", tmp / "base.db", baseline, lib, fn)
         for i in range(REPS):
-            cold.append(gpufault_once(target.pid, tmp / f"cold-cache-{i}", db))
-            warm.append(gpufault_once(target.pid, warm_cache, db))
-            bpft.append(bpftrace_once(target.pid, libz))
-            floor.append(imports_once())
+            cold.append(gpufault_once(target.pid, tmp / f"cold-cache-{i}", db, tree, lib, fn))
+            warm.append(gpufault_once(target.pid, warm_cache, db, tree, lib, fn))
+            if have_bpftrace:
+                bpft.append(bpftrace_once(target.pid, lib, fn))
+            floor.append(imports_once(tree))
             if baseline is not None:
                 base_db = tmp / "base.db"
-                base.append(gpufault_once(target.pid, tmp / "base-cache", base_db, baseline))
+                base.append(
+                    gpufault_once(target.pid, tmp / "base-cache", base_db, baseline, lib, fn)
+                )
     finally:
         target.kill()
         target.wait()
@@ -187,11 +237,12 @@ def main() -> int:
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
         },  # fmt: skip
-        "function": f"{libz}:crc32",
+        "function": f"{lib}:{fn}",
+        "library_bytes": os.path.getsize(lib),
         "reps": REPS,
         "gpufault_cold": median(cold),
         "gpufault_warm": median(warm),
-        "bpftrace": median(bpft),
+        "bpftrace": median(bpft) if bpft else None,
         "floor": median(floor),
         "load_avg_1m": round(os.getloadavg()[0], 2),
         "raw": {"gpufault_cold": cold, "gpufault_warm": warm, "bpftrace": bpft, "floor": floor},
@@ -206,13 +257,14 @@ def main() -> int:
             ),
             3,
         )
-    b = res["bpftrace"]["first_call_ms"]
-    res["ratio_to_bpftrace"] = {
-        "cold": round(res["gpufault_cold"]["first_call_ms"] / b, 2),
-        "warm": round(res["gpufault_warm"]["first_call_ms"] / b, 2),
-    }
+    if bpft:
+        b = res["bpftrace"]["first_call_ms"]
+        res["ratio_to_bpftrace"] = {
+            "cold": round(res["gpufault_cold"]["first_call_ms"] / b, 2),
+            "warm": round(res["gpufault_warm"]["first_call_ms"] / b, 2),
+        }
     print(json.dumps(res, indent=2))
-    if "--md" in sys.argv:
+    if "--md" in sys.argv and bpft:
         md(res)
     return 0
 

@@ -245,6 +245,9 @@ class Runner:
             mon.start()
         except (ImportError, XidError, OSError):
             return
+        pid = getattr(self.engine, "pid", None)
+        if pid:
+            mon.note_pid(pid)  # while it is alive: a fault may kill it
         self.xids = mon
 
     def _close_xids(self) -> None:

@@ -348,12 +348,20 @@ class XidMonitor:
         obj.links.append(int(link))
 
     # ---- linking ------------------------------------------------------
+    def note_pid(self, pid: int) -> None:
+        """Remember which GPUs a process has open, now (at attach: a target
+        that a fault kills at once, an abort on a dead CUDA context, is gone
+        before its fire is read, and with it /proc/PID/fd)."""
+        minors = nvidia_minors_of(pid)
+        if minors or pid not in self._pid_minors:
+            self._pid_minors[pid] = minors
+
     def note_fault(self, row: dict[str, Any]) -> None:
         """Remember which GPUs a faulted process has open (call from on_fire:
         the process may be gone by the time its Xid is read)."""
         pid = int(row["pid"])
-        if pid not in self._pid_minors:
-            self._pid_minors[pid] = nvidia_minors_of(pid)
+        if not self._pid_minors.get(pid):
+            self.note_pid(pid)
 
     def _link(self, x: Xid) -> tuple[str | None, str]:
         minor = self.minor_of(x.dev)

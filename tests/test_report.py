@@ -106,7 +106,9 @@ def test_markdown(db) -> None:
     md = render_markdown(db, ["e1", "e3"])
     assert md.startswith("# gpufault experiment report: tokenizer-stall, worker-hang-abort\n")
     assert (
-        "| tokenizer-stall (`e1`) | chat-p99 | ✓ after 4.20 s | ✓ yes (87 % of samples) | "
+        # rate 50 is not the shipped tokenizer-stall's default (30): its --set is shown
+        "| tokenizer-stall (`e1`) `--set rate=50` | chat-p99 | ✓ after 4.20 s | "
+        "✓ yes (87 % of samples) | "
         "✓ 3.00 s (N = 30 s) | **fail** |" in md
     )
     assert "| worker-hang-abort (`e3`) | chat-p99 | ✗ no |" in md

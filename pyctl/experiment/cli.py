@@ -132,6 +132,8 @@ def describe(e: F.Experiment) -> list[str]:
             if s.template
             else "traffic"
             if s.traffic is not None
+            else "in-process bit flips, armed by the service"
+            if s.perturb is not None
             else "inline fault"
         )
         out.append(f"  {s.idx + 1}. at +{s.start:g}s for {s.duration:g}s{who}: {s.name} ({src})")
@@ -144,6 +146,12 @@ def describe(e: F.Experiment) -> list[str]:
                 f"every answer's status in [{lo}, {hi}]"
                 + (f" but {tr.max_bad:.0%}" if tr.max_bad else "")
                 + " (a 5xx, a dropped connection or a timeout fails the experiment)"
+            )
+        if s.perturb is not None:
+            pt = s.perturb
+            out.append(
+                f"       POST {pt['url']}: rules {', '.join(pt['rules'])}, seed {pt['seed']} "
+                "(the service ends them at the step's end itself)"
             )
         if s.arm_timeout is not None:
             out.append(f"       armed within {s.arm_timeout:g}s")
@@ -170,6 +178,9 @@ def describe(e: F.Experiment) -> list[str]:
             f"expect recovered_within {ex.recovered_within:g}s: {by} holds for "
             f"{ex.recovery_hold:g}s from then on"
         )
+    for what in ex.linked:
+        table = F.LINKABLE[what]
+        out.append(f"expect linked {what}: a row of {table} names a fault ID of this experiment")
     for rb in e.rollbacks:
         out.append(f"rollback (always): {' '.join(rb.command)}")
     if e.remediation is not None:
@@ -368,7 +379,9 @@ def render_results(doc: dict[str, Any]) -> list[str]:
     for s in doc["steps"]:
         spec = s.get("spec") if isinstance(s.get("spec"), dict) else {}
         traffic = "traffic" in spec
-        kind = s["template"] or ("traffic" if traffic else "inline")
+        kind = s["template"] or (
+            "traffic" if traffic else "perturb" if "perturb" in spec else "inline"
+        )
         out.append(
             f"    {s['idx'] + 1}. {s['name']} [{kind}] "
             f"{s['status']}: run {s['run_id'] or '-'}, planned {rel(s['planned_start'])} "

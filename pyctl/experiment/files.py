@@ -265,9 +265,14 @@ class Step:
     tid: str | None = None
     arm_timeout: float | None = None  # None: the FaultHost's own (60 s)
     traffic: Traffic | None = None  # a traffic step: requests, not a fault
+    # A perturb step: {"rules": [...], "seed": N, "url": ...}, bit flips the
+    # service arms in its own model (pyctl/experiment/perturb_step.py).
+    perturb: dict[str, Any] | None = None
 
     @property
     def label(self) -> str:
+        if self.perturb is not None:
+            return "perturb"
         return self.template or ("traffic" if self.traffic is not None else "inline")
 
 
@@ -357,6 +362,12 @@ class Expect:
     recovered_within: float | None = None
     recovery_probe: str | None = None
     recovery_hold: float = 3.0
+    # Evidence rows that must name one of the experiment's fault IDs: "xid"
+    # (the NVIDIA driver's Xid tracepoint), "anchor" (gpufa.ko's anchors).
+    linked: tuple[str, ...] = ()
+
+
+LINKABLE = {"xid": "xids", "anchor": "anchors"}  # expectation word -> evidence table
 
 
 @dataclass
@@ -405,7 +416,7 @@ class Experiment:
 
     def probe_table(self, name: str, facts: dict[str, Any]) -> dict[str, Any]:
         """A probe's table with the target's facts filled in."""
-        return _render_facts(copy.deepcopy(self.probes[name]), facts)
+        return render_facts(copy.deepcopy(self.probes[name]), facts)
 
 
 def _render(v: Any, vals: dict[str, Any]) -> Any:
@@ -425,7 +436,7 @@ def _render(v: Any, vals: dict[str, Any]) -> Any:
     )
 
 
-def _render_facts(v: Any, facts: dict[str, Any]) -> Any:
+def render_facts(v: Any, facts: dict[str, Any]) -> Any:
     return _render(v, {k: x for k, x in facts.items() if is_fact(k) and x is not None})
 
 
@@ -766,7 +777,7 @@ def _probe_table(r: _Reader, key: str, v: Any) -> tuple[dict[str, Any], str]:
     facts.update({ph: os.getpid() for ph in _placeholders(v) if _RANK_FACT.fullmatch(ph)})
     try:
         p = P.probe_from_toml(
-            key.rsplit(".", 1)[-1], _render_facts(copy.deepcopy(v), facts), f"{r.where}: {key}"
+            key.rsplit(".", 1)[-1], render_facts(copy.deepcopy(v), facts), f"{r.where}: {key}"
         )
     except P.ProbeError as e:
         msg = str(e)
@@ -856,6 +867,30 @@ def _steady(
     )
 
 
+def _perturb(r: _Reader, key: str, v: Any) -> dict[str, Any]:
+    """A perturb step's table: rules checked here with the hooks' own
+    parser, so a bad bit name is refused before anything starts."""
+    from pyctl.hooks.bitflip import BitSpecError
+    from pyctl.hooks.tc_perturb import parse_rule
+
+    if not isinstance(v, dict):
+        raise r.err(key, 'expected {rules = ["PATTERN@BITS@RATE[@DTYPE]", ...], seed = 0}')
+    r.keys(v, key, {"rules", "seed", "url"})
+    rules = v.get("rules")
+    if not isinstance(rules, list) or not rules or not all(isinstance(x, str) for x in rules):
+        raise r.err(
+            f"{key}.rules", 'a list of PATTERN@BITS@RATE[@DTYPE], e.g. ["blocks.*@sign@1e-3"]'
+        )
+    for x in rules:
+        try:
+            parse_rule(x)
+        except BitSpecError as e:
+            raise r.err(f"{key}.rules", str(e)) from None
+    seed = r.int_(v, key, "seed", 0)
+    url = r.str_(v, key, "url", "{url}/admin/perturb")
+    return {"rules": list(rules), "seed": seed, "url": url}
+
+
 def _method(r: _Reader, doc: dict[str, Any], values: dict[str, Any]) -> list[Step]:
     raw = doc.get("method", [])
     if not isinstance(raw, list) or not all(isinstance(x, dict) for x in raw):
@@ -873,6 +908,7 @@ def _method(r: _Reader, doc: dict[str, Any], values: dict[str, Any]) -> list[Ste
                 "set",
                 "fault",
                 "traffic",
+                "perturb",
                 "start",
                 "duration",
                 "parallel",
@@ -882,11 +918,11 @@ def _method(r: _Reader, doc: dict[str, Any], values: dict[str, Any]) -> list[Ste
                 "arm_timeout",
             },
         )
-        if sum(k in m for k in ("template", "fault", "traffic")) != 1:
+        if sum(k in m for k in ("template", "fault", "traffic", "perturb")) != 1:
             raise r.err(
                 key,
-                'give exactly one of template = "NAME", fault = {lib=..., ...} '
-                'or traffic = {corpus = "...", rate = ...}',
+                'give exactly one of template = "NAME", fault = {lib=..., ...}, '
+                'traffic = {corpus = "...", rate = ...} or perturb = {rules = [...]}',
             )
         duration = r.duration(m, key, "duration")
         parallel = r.bool_(m, key, "parallel", False)
@@ -918,6 +954,26 @@ def _method(r: _Reader, doc: dict[str, Any], values: dict[str, Any]) -> list[Ste
                     duration=duration,
                     thread=None,
                     traffic=traffic,
+                )
+            )
+            prev_start, prev_end = start, start + duration
+            continue
+        if "perturb" in m:
+            for k in ("thread", "pid", "tid", "arm_timeout", "set"):
+                if k in m:
+                    raise r.err(f"{key}.{k}", "a perturb step is armed by the service: remove it")
+            pert = _perturb(r, f"{key}.perturb", m["perturb"])
+            steps.append(
+                Step(
+                    idx=i,
+                    name=r.str_(m, key, "name", "perturb " + " ".join(pert["rules"])),
+                    template=None,
+                    sets={},
+                    fault=None,
+                    start=start,
+                    duration=duration,
+                    thread=None,
+                    perturb=pert,
                 )
             )
             prev_start, prev_end = start, start + duration
@@ -1044,8 +1100,21 @@ def _aborts(r: _Reader, doc: dict[str, Any], probes: dict[str, Any]) -> list[Abo
 
 
 def _expect(r: _Reader, doc: dict[str, Any], probes: dict[str, Any], has_load: bool) -> Expect:
-    t = r.table(doc, "expect", {"alert_fired", "degradation_worked", "recovered_within"})
+    t = r.table(doc, "expect", {"alert_fired", "degradation_worked", "recovered_within", "linked"})
     e = Expect()
+    if "linked" in t:
+        lk = t["linked"]
+        if (
+            not isinstance(lk, list)
+            or not lk
+            or not all(isinstance(x, str) and x in LINKABLE for x in lk)
+        ):
+            raise r.err(
+                "expect.linked",
+                f"expected a list of {' / '.join(repr(k) for k in LINKABLE)} "
+                '(e.g. linked = ["xid"]: an Xid row must name a fault of this experiment)',
+            )
+        e.linked = tuple(dict.fromkeys(lk))
     if "alert_fired" in t:
         a = t["alert_fired"]
         if not isinstance(a, dict):

@@ -25,9 +25,11 @@ Tolerances (Tolerance.from_toml): a value (`200`, `"closed"`, `true`), a
 `[lo, hi]` range (inclusive), a comparison string (`"<= 0.2"`, `"> 5"`,
 `"== closed"`, `"!= open"`), `{regex = "..."}` (re.search),
 `{same_as = "first"}` (output agreement: equal to the probe's first
-measured value), and durations in comparisons or ranges (`"<= 200ms"`, `["10ms", "1s"]`) compared in
-seconds. Every error in a table is a ProbeError of one line naming
-where.key, what is wrong and what to do.
+measured value), `{differs_from = "first"}` (its alert side: ok once a
+value is not the first), and durations in comparisons or ranges
+(`"<= 200ms"`, `["10ms", "1s"]`) compared in seconds. Every error in a
+table is a ProbeError of one line naming where.key, what is wrong and
+what to do.
 """
 
 from __future__ import annotations
@@ -156,6 +158,12 @@ class Tolerance:
             if lo > hi:
                 raise ProbeError(f"{where}: range [{value[0]}, {value[1]}] has lo > hi: swap them")
             return cls("range", (lo, hi), text=f"in [{value[0]}, {value[1]}]")
+        if isinstance(value, dict) and set(value) == {"differs_from"}:
+            # The alert side of output agreement: ok once a value differs from
+            # the first one (silent corruption that latency and errors miss).
+            if value["differs_from"] != "first":
+                raise ProbeError(f'{where}.differs_from: the only reference is "first"')
+            return cls("differs", None, text="differs from the first sample")
         if isinstance(value, dict) and set(value) == {"same_as"}:
             # Output agreement: the first value measured is the reference and
             # every later one must equal it (a greedy completion sampled in
@@ -185,10 +193,10 @@ class Tolerance:
     def check(self, value: object) -> bool:
         if value is None:
             return False
-        if self.kind == "same":
+        if self.kind in ("same", "differs"):
             if self.operand is None:
                 self.operand = value  # the reference (a probe samples from one thread)
-            return bool(value == self.operand)
+            return bool(value == self.operand) == (self.kind == "same")
         if self.kind == "regex":
             return self.operand.search(_text(value)) is not None
         if self.kind == "range":

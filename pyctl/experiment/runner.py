@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 from pyctl import store
 from pyctl.experiment import corpora
 from pyctl.experiment import evidence as E
-from pyctl.experiment.files import Experiment, ExperimentError, Step
+from pyctl.experiment.files import Experiment, ExperimentError, Step, render_facts
 from pyctl.experiment.host import (
     FaultHost,
     FaultHostError,
@@ -45,6 +45,7 @@ from pyctl.experiment.host import (
     child_argv,
     child_env,
 )
+from pyctl.experiment.perturb_step import PerturbRun
 from pyctl.experiment.verdict import Findings, Verdict, decide
 
 WINDOW_S = 1.0  # load windows (the SLO's resolution)
@@ -672,6 +673,9 @@ class Run:
                     )
                 for signum, h in old.items():
                     signal.signal(signum, h)
+            if proc is not None and proc.proc.poll() is not None:
+                self.target_died = _died(proc)
+                self.echo(f"  {self.target_died}")
             if failed is not None:
                 why = f"the runner failed in phase {self.phase}: {type(failed).__name__}: {failed}"
                 ev.finish("error", why, E.Record())
@@ -792,6 +796,9 @@ class Run:
                     self.launching.append(child)
                 launched.append((sr, child))
                 continue
+            if s.perturb is not None:
+                launched.append((sr, s.perturb))  # armed below, by one POST
+                continue
             pid, tid = self.who.get(s.idx, (int(facts["pid"]), None))
             if s.thread:
                 tid = thread_by_name(pid, s.thread)
@@ -822,6 +829,15 @@ class Run:
                     f = self.host.start(pending)
                 elif isinstance(pending, TrafficRun):
                     f = pending  # sending from now on: nothing to arm
+                elif isinstance(pending, dict):  # a perturb step
+                    f = PerturbRun(
+                        str(render_facts(pending["url"], facts)),
+                        pending["rules"],
+                        pending["seed"],
+                        s.duration,
+                        self.db_path,
+                        (facts.get("pid"), facts.get("worker_tid")),
+                    )
                 else:
                     f = self.host.armed(pending)  # type: ignore[attr-defined]
             except FaultHostError as e:
@@ -846,7 +862,7 @@ class Run:
             if aborted:
                 f.stop()  # armed while the abort came: stop it at once too
             late = f.started_at - sr.planned_start
-            what = f.what if isinstance(f, TrafficRun) else f"armed (run {f.run_id}"
+            what = f.what if isinstance(f, (TrafficRun, PerturbRun)) else f"armed (run {f.run_id}"
             self.echo(
                 f"  step {s.idx + 1} {s.name}: {what}, {late:.2f}s after "
                 f"its planned start) for {s.duration:g}s"
@@ -1023,6 +1039,9 @@ class Run:
                     self.abort_reason,
                 )
             )
+        if getattr(self, "target_died", None):
+            # The first thing a user must hear: every later breach follows from it.
+            f.failures.append(self.target_died)
         if not getattr(self, "before_ok", True):
             bad = [h for h in self.rec.hypotheses if h[0] == "before" and not h[2]]
             what = ", ".join(f"{h[1]} {h[3]} (want {h[4]})" for h in bad[:3])
@@ -1040,6 +1059,7 @@ class Run:
                         "set": st.sets,
                         "thread": st.thread,
                         **({"traffic": _traffic_json(st)} if st.traffic is not None else {}),
+                        **({"perturb": st.perturb} if st.perturb is not None else {}),
                         **({"pid": s.fault_pid} if s.fault_pid else {}),
                         **({"tid": s.fault_tid} if s.fault_tid else {}),
                         "specs": [sp.to_json() for sp in st.specs],
@@ -1262,6 +1282,69 @@ class Run:
             )
             if not ok:
                 f.failures.append(f"recovered_within {ex.recovered_within:g}s: {d}")
+        for what in ex.linked:
+            ok, count, d = self._linked(what)
+            self.rec.expectations.append((f"linked:{what}", ok, count, d))
+            if not ok:
+                f.failures.append(f"linked {what}: {d}")
+
+    def _linked(self, what: str) -> tuple[bool, float, str]:
+        """Whether a row of the evidence table `what` names (links to) one of
+        this experiment's fault IDs; the Xid monitor and the anchor reader of
+        each step's controller wrote them into the same database."""
+        import sqlite3
+
+        from pyctl.experiment.files import LINKABLE
+
+        table = LINKABLE[what]
+        fids = sorted({fid for s in self.steps for fid, _w in s.fires if fid})
+        if not fids:
+            return False, 0.0, "no fault fired, so nothing can be linked"
+        runs = sorted({s.fault.run_id for s in self.steps if getattr(s.fault, "run_id", None)})
+        lo, hi = int(self.phase_at["baseline"] * 1e9), time.time_ns()
+        # Rows of the window that name no fault of ours (another process's
+        # Xid, an anchor of the module's own): said, not counted.
+        near = (
+            (f"run_id IN ({','.join('?' * len(runs))})", runs)
+            if table == "xids"
+            else ("wall_ns BETWEEN ? AND ?", [lo, hi])
+        )
+        try:
+            c = sqlite3.connect(f"file:{self.db_path}?mode=ro", uri=True)
+            try:
+                marks = ",".join("?" * len(fids))
+                (linked,) = c.execute(
+                    f"SELECT count(*) FROM {table} WHERE fault_id IN ({marks})", fids
+                ).fetchone()
+                (seen,) = c.execute(
+                    f"SELECT count(*) FROM {table} WHERE {near[0]}", near[1]
+                ).fetchone()
+            finally:
+                c.close()
+        except sqlite3.Error as e:
+            return False, 0.0, f"the {table} table could not be read ({e})"
+        d = (
+            f"{linked} {table} row(s) name a fault of this experiment ({len(fids)} fault IDs)"
+            if linked
+            else f"no {table} row names one of its {len(fids)} fault IDs"
+            + (f" ({seen} unlinked row(s) in the window)" if seen else " (none recorded)")
+        )
+        return bool(linked), float(linked), d
+
+
+def _died(proc: TargetProcess) -> str:
+    """One line on a target that ended on its own: how, and its last words."""
+    rc = proc.proc.returncode
+    how = (
+        f"killed by {signal.Signals(-rc).name}"
+        if rc is not None and rc < 0 and -rc in signal.valid_signals()
+        else f"exit status {rc}"
+    )
+    proc._reader.join(2)  # its last lines
+    tail = " | ".join(ln.strip() for ln in proc.lines[-3:] if ln.strip())[-400:]
+    return f"the target died during the experiment ({how})" + (
+        f"; its last lines: {tail}" if tail else ""
+    )
 
 
 def _traffic_json(st: Step) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +17,12 @@ MATRIX_COLUMNS = (
     ("degradation_worked", "degradation worked"),
     ("recovered_within", "recovered within N"),
 )
+
+
+def overrides_text(d: ExperimentData) -> str:
+    """`--set k=v ...` of the run, or "" (the file's defaults)."""
+    o = d.overrides()
+    return " ".join(f"--set {k}={v}" for k, v in sorted(o.items()))
 
 
 def utc(t: float | None) -> str:
@@ -39,7 +46,31 @@ class Cell:
     title: str
 
 
+LINKED = ("linked", "evidence linked")  # a column only where an experiment asserts it
+
+
+def matrix_columns(ds: Sequence[ExperimentData]) -> tuple[tuple[str, str], ...]:
+    """The handbook's three columns, and `evidence linked` when any of the
+    experiments asserts `linked` (an Xid or anchor naming its fault)."""
+    if any(k.startswith("linked:") for d in ds for k in d.expectations):
+        return (*MATRIX_COLUMNS, LINKED)
+    return MATRIX_COLUMNS
+
+
+def _linked_cell(d: ExperimentData) -> Cell:
+    es = {k.split(":", 1)[1]: e for k, e in d.expectations.items() if k.startswith("linked:")}
+    if not es:
+        return Cell("unset", "not asserted", "the experiment does not assert this")
+    ok = all(e.get("ok") for e in es.values())
+    text = ", ".join(f"{w} {'yes' if e.get('ok') else 'no'}" for w, e in sorted(es.items()))
+    return Cell(
+        "pass" if ok else "fail", text, "; ".join(e.get("detail") or "" for e in es.values())
+    )
+
+
 def matrix_cell(d: ExperimentData, name: str) -> Cell:
+    if name == LINKED[0]:
+        return _linked_cell(d)
     e = d.expectations.get(name)
     if e is None:
         return Cell("unset", "not asserted", "the experiment does not assert this")
@@ -98,6 +129,16 @@ def hypothesis_grid(d: ExperimentData) -> list[tuple[str, str, dict[str, dict[st
         tol, phases = out.setdefault(r["probe"], (r.get("tolerance") or "", {}))
         phases[r.get("phase") or ""] = r
     return [(p, tol, ph) for p, (tol, ph) in out.items()]
+
+
+FULL_CHAINS = 3  # chains printed whole per experiment, besides those with something linked
+
+
+def full_chains(chains: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The chains worth printing whole: the first few (one fault of a
+    hundred fires reads like the rest) and every one an Xid, anchor or link
+    followed; the table lists them all."""
+    return [c for i, c in enumerate(chains) if i < FULL_CHAINS or linked(c)]
 
 
 def linked(chain: dict[str, Any]) -> list[str]:

@@ -98,6 +98,24 @@ class ExperimentData:
         e = self.expectations.get("recovered_within")
         return None if e is None or e.get("value") is None else float(e["value"])
 
+    def overrides(self) -> dict[str, Any]:
+        """The knobs this run set away from the experiment's defaults
+        (`--set`), read from the same name and version found here; two runs
+        of one experiment are told apart by them. {} when it is not found."""
+        try:
+            knobs = json.loads(self.exp.get("settings") or "{}").get("knobs") or {}
+        except (ValueError, AttributeError):
+            return {}
+        from pyctl.experiment import files
+
+        try:
+            e = files.load(f"{self.name}@v{self.exp.get('version')}")
+        except files.ExperimentError:
+            return {}
+        return {
+            k: v for k, v in knobs.items() if k in e.knobs and str(v) != str(e.knobs[k].default)
+        }
+
     def recovery_limit_s(self) -> float | None:
         """N of `recovered within N s`: from the settings the runner stored,
         else read out of the expectation's detail ('limit 30 s')."""

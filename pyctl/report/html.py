@@ -67,14 +67,18 @@ def _td(v: Any, cls: str = "") -> str:
 
 
 def matrix_html(ds: Sequence[ExperimentData]) -> str:
+    cols = common.matrix_columns(ds)
     rows = []
     for d in ds:
+        sets = common.overrides_text(d)
         cells = [
             f'<td><a href="#exp-{escape(d.id)}">{escape(d.name)}</a>'
-            f'<div class="muted">{escape(d.id)}</div></td>',
+            f'<div class="muted">{escape(d.id)}</div>'
+            + (f'<div class="muted"><code>{escape(sets)}</code></div>' if sets else "")
+            + "</td>",
             f"<td>{escape(d.exp.get('slo_id') or '-')}</td>",
         ]
-        for key, _label in common.MATRIX_COLUMNS:
+        for key, _label in cols:
             c = common.matrix_cell(d, key)
             mark = {"pass": "✓", "fail": "✗", "unset": "–"}[c.state]
             cells.append(
@@ -84,7 +88,7 @@ def matrix_html(ds: Sequence[ExperimentData]) -> str:
         cells.append(f"<td>{_badge(d.exp.get('verdict'))}</td>")
         rows.append(cells)
     return _table(
-        ["experiment", "slo_id", *(lab for _k, lab in common.MATRIX_COLUMNS), "verdict"],
+        ["experiment", "slo_id", *(lab for _k, lab in cols), "verdict"],
         rows,
         "matrix",
     )
@@ -264,15 +268,21 @@ def _chains(d: ExperimentData) -> str:
             ["fault id", "function", "code", "action", "thread", "time", "linked"], rows, "chains"
         )
     ]
-    for c in d.chains:
+    full = common.full_chains(d.chains)
+    for c in full:
         out.append(
             f"<details><summary>chain of <code>{escape(c['fault']['fault_id'])}</code>"
             f"</summary><pre>{escape(query.render_chain(c))}</pre></details>"
         )
+    if len(full) < len(d.chains):
+        out.append(
+            f'<p class="muted">the other {len(d.chains) - len(full)} chains: '
+            "<code>gpufault show FAULT_ID</code></p>"
+        )
     if d.chains_left_out:
         out.append(
             f'<p class="muted">{d.chains_left_out} more faults: '
-            "`gpufault experiment show` lists them all</p>"
+            f"<code>gpufault experiment results {escape(d.id)}</code> lists them all</p>"
         )
     return "".join(out)
 

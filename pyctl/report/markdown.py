@@ -25,17 +25,18 @@ def _table(head: Sequence[str], rows: list[list[Any]]) -> list[str]:
 
 
 def matrix_md(ds: Sequence[ExperimentData]) -> list[str]:
+    cols = common.matrix_columns(ds)
     rows = []
     for d in ds:
-        cells: list[Any] = [f"{d.name} (`{d.id}`)", d.exp.get("slo_id") or "-"]
-        for key, _lab in common.MATRIX_COLUMNS:
+        sets = common.overrides_text(d)
+        name = f"{d.name} (`{d.id}`)" + (f" `{sets}`" if sets else "")
+        cells: list[Any] = [name, d.exp.get("slo_id") or "-"]
+        for key, _lab in cols:
             c = common.matrix_cell(d, key)
             cells.append(f"{MARK[c.state]} {c.text}")
         cells.append(f"**{d.exp.get('verdict') or 'unknown'}**")
         rows.append(cells)
-    return _table(
-        ["experiment", "slo_id", *(lab for _k, lab in common.MATRIX_COLUMNS), "verdict"], rows
-    )
+    return _table(["experiment", "slo_id", *(lab for _k, lab in cols), "verdict"], rows)
 
 
 def _phase_summary(d: ExperimentData) -> list[list[Any]]:
@@ -166,10 +167,16 @@ def experiment_md(d: ExperimentData) -> list[str]:
             for c in d.chains
         ],
     )
-    for c in d.chains:
+    full = common.full_chains(d.chains)
+    for c in full:
         out += ["```", query.render_chain(c), "```", ""]
+    if len(full) < len(d.chains):
+        out += [f"The other {len(d.chains) - len(full)} chains: `gpufault show FAULT_ID`.", ""]
     if d.chains_left_out:
-        out += [f"{d.chains_left_out} more faults: `gpufault experiment show {d.id}`", ""]
+        out += [
+            f"{d.chains_left_out} more faults: `gpufault experiment results {d.id}`",
+            "",
+        ]
     return out
 
 

@@ -29,6 +29,7 @@ from pyctl.service.device import CudaGraphStep, DeviceError, make_backend
 from pyctl.service.generate import GenRequest, generate
 from pyctl.service.metrics import ServiceMetrics
 from pyctl.service.model import TinyCausalLM, build_model
+from pyctl.service.perturb import PerturbControl
 from pyctl.service.tokenizer import ServiceTokenizer
 
 MAX_TEMPERATURE = 2.0
@@ -65,6 +66,10 @@ class Service:
         self.fallback = model(cfg.fallback_layers, cfg.seed + 1)
         self.primary_name = f"gf-tiny-{cfg.model_layers}l"
         self.fallback_name = f"gf-tiny-{cfg.fallback_layers}l-fallback"
+        self.perturb: PerturbControl | None = None
+        if cfg.perturb_control:
+            self.perturb = PerturbControl()
+            self.perturb.bind(self.primary)
         # graph mode's static buffer on the double: a full context's activations.
         self.backend = make_backend(
             cfg.device,
@@ -262,7 +267,7 @@ class Service:
             t = time.monotonic()
             try:
                 outs = self.backend.run_batch(
-                    lambda hook: self._decode(self.primary, reqs, self.backend.torch_device, hook),
+                    lambda hook: self._primary_decode(reqs, hook),
                     n_tokens,
                 )
             except DeviceError as e:
@@ -275,6 +280,12 @@ class Service:
                 self._answer(batch, outs, degraded=False)
                 return
         self._degrade(batch, reqs, failure)
+
+    def _primary_decode(self, reqs: list[GenRequest], hook: Any) -> list[list[int]]:
+        if self.perturb is None:
+            return self._decode(self.primary, reqs, self.backend.torch_device, hook)
+        with self.perturb.around(self.primary):  # flips only while armed
+            return self._decode(self.primary, reqs, self.backend.torch_device, hook)
 
     def _degrade(
         self, batch: list[Pending], reqs: list[GenRequest], failure: DeviceError | None

@@ -142,6 +142,12 @@ def _write_ready(path: Path, info: dict[str, Any]) -> None:
     help="/health says unhealthy when the worker made no progress for this long",
 )
 @click.option(
+    "--perturb-control",
+    is_flag=True,
+    help="open /admin/perturb: bit flips in the primary model's layer outputs, armed for a "
+    "bounded time by a POST (class 4 experiments; docs/service.md)",
+)
+@click.option(
     "--double-bytes-per-token",
     type=int,
     default=0,
@@ -235,6 +241,7 @@ def service(
     seed: int,
     torch_threads: int,
     hang_after: float,
+    perturb_control: bool,
     double_bytes_per_token: int,
     ready_file: Path | None,
     ranks: int,
@@ -288,6 +295,7 @@ def service(
         seed=seed,
         torch_threads=torch_threads,
         hang_after_s=hang_after,
+        perturb_control=perturb_control,
         double_bytes_per_token=double_bytes_per_token,
         ready_file=str(ready_file) if ready_file else None,
         ranks=ranks,

@@ -58,6 +58,8 @@ class ServiceConfig:
     cuda_mode: str = "eager"
     # health: a worker that has made no progress for this long is hung
     hang_after_s: float = 5.0
+    # /admin/perturb: Tensor Core bit flips in the primary model (class 4)
+    perturb_control: bool = False
     # cpu-double: bytes of "activations" per token of a batch (allocated
     # with the double's cuMemAlloc_v2); 0 = d_model * 4 * model_layers * 4
     double_bytes_per_token: int = 0

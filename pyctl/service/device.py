@@ -99,6 +99,7 @@ _CUDA_TEXTS = {
     "no CUDA-capable device is detected": "CUDA_ERROR_NO_DEVICE",
 }
 _CUDA_ERR = re.compile(r"CUDA error: ([^\n]+)")
+_LIB_STATUS = re.compile(r"((?:CUBLAS|CUFFT|CUSOLVER|CUSPARSE)_[A-Z_]+)(?: when calling `(\w+))?")
 
 
 def classify_torch_cuda(exc: BaseException) -> DeviceError | None:
@@ -114,6 +115,11 @@ def classify_torch_cuda(exc: BaseException) -> DeviceError | None:
     ):
         m = _CUDA_ERR.search(str(exc))
         text = m.group(1).strip().rstrip(".") if m else ""
+        # cuBLAS failures come as "CUDA error: CUBLAS_STATUS_EXECUTION_FAILED
+        # when calling `cublasLtMatmul(...)`": the status is the code.
+        lib = _LIB_STATUS.match(text)
+        if lib:
+            return DeviceError(lib.group(1), first, lib.group(2) or "")
         return DeviceError(_CUDA_TEXTS.get(text, "CUDA_ERROR_OTHER"), first)
     return None
 

@@ -1,6 +1,7 @@
 """The HTTP front end: stdlib ThreadingHTTPServer, one thread per connection.
 
-Routes: POST /v1/completions, GET /health, GET /metrics. HTTP/1.1 with
+Routes: POST /v1/completions, GET /health, GET /metrics (and with
+--perturb-control GET/POST/DELETE /admin/perturb). HTTP/1.1 with
 keep-alive (a load generator at hundreds of requests/s should not pay a
 TCP handshake per request); every answer has a Content-Length, and every
 error body is one line of JSON: {"error": {"type": ..., "message": ...}}.
@@ -18,6 +19,7 @@ from pyctl.service.batcher import error_body
 from pyctl.service.metrics import CONTENT_TYPE
 
 MAX_BODY = 1 << 20  # a completion request is a prompt, not an upload
+PERTURB = "/admin/perturb"  # --perturb-control (pyctl/service/perturb.py)
 
 
 class ServiceHTTPServer(ThreadingHTTPServer):
@@ -70,12 +72,51 @@ class Handler(BaseHTTPRequestHandler):
             self._json(
                 405, error_body("method_not_allowed", "use POST /v1/completions"), {"Allow": "POST"}
             )
+        elif path == PERTURB:
+            self._perturb("GET")
         else:
             self._not_found()
+
+    def do_DELETE(self) -> None:
+        if self.path.split("?", 1)[0] == PERTURB:
+            self._perturb("DELETE")
+        else:
+            self._drain()
+            self._not_found()
+
+    def _perturb(self, method: str, body: Any = None) -> None:
+        """/admin/perturb (pyctl/service/perturb.py): arm, read, end."""
+        from pyctl.service.perturb import PerturbError
+
+        ctl = self.server.service.perturb
+        if ctl is None:
+            self._json(
+                404,
+                error_body(
+                    "not_found",
+                    f"{PERTURB} is closed: start the service with --perturb-control",
+                ),
+            )
+            return
+        if method == "POST":
+            try:
+                self._json(200, ctl.arm(body))
+            except PerturbError as e:
+                busy = "is active" in str(e)
+                self._json(409 if busy else 400, error_body("invalid_request_error", str(e)))
+            return
+        rep = ctl.status() if method == "GET" else ctl.disarm()
+        if rep is None:
+            self._json(404, error_body("not_found", f"nothing was armed: POST {PERTURB} first"))
+        else:
+            self._json(200, rep)
 
     def do_POST(self) -> None:
         t0 = time.monotonic()
         path = self.path.split("?", 1)[0]
+        if path == PERTURB:
+            self._perturb_post()
+            return
         if path != "/v1/completions":
             self._drain()
             self._not_found()
@@ -98,6 +139,21 @@ class Handler(BaseHTTPRequestHandler):
                 out = svc.complete(body, t0)
         self._json(out.status, out.body, out.headers)
 
+    def _perturb_post(self) -> None:
+        n = self.headers.get("Content-Length")
+        if n is None or not n.isdigit() or int(n) > MAX_BODY:
+            self.close_connection = True
+            self._json(
+                400, error_body("invalid_request_error", "a Content-Length header is needed")
+            )
+            return
+        try:
+            body = json.loads(self.rfile.read(int(n)))
+        except (ValueError, UnicodeDecodeError) as e:
+            self._json(400, error_body("invalid_request_error", f"invalid JSON: {e}"))
+            return
+        self._perturb("POST", body)
+
     def _drain(self) -> None:
         n = self.headers.get("Content-Length")
         if n and n.isdigit() and int(n) <= MAX_BODY:
@@ -110,6 +166,7 @@ class Handler(BaseHTTPRequestHandler):
             404,
             error_body(
                 "not_found",
-                f"no route {self.path}: POST /v1/completions, GET /health, GET /metrics",
+                f"no route {self.path}: POST /v1/completions, GET /health, GET /metrics"
+                + (f", {PERTURB}" if self.server.service.perturb is not None else ""),
             ),
         )

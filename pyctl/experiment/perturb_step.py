@@ -1,0 +1,159 @@
+"""A perturb step: Tensor Core bit flips armed in the service (class 4).
+
+    [[method]]
+    perturb = { rules = ["blocks.*@exp:4@1e-3@fp16"], seed = 7 }
+    duration = "5s"
+
+The step POSTs the rules to the service's /admin/perturb (`gpufault
+service --perturb-control`, pyctl/service/perturb.py) with the step's
+duration: the service itself ends the flips at that deadline, so they stop
+on time even if this runner hangs or is killed. At the step's end (or an
+abort) it DELETEs them and reads what was flipped, per layer.
+
+Evidence, like the hooks' (pyctl/hooks/record.py): a run (kind
+`experiment:perturb`, mechanism `torch-hook`), its spec, and one fault row
+(action `perturb`, function the rules, outcome the service's counts: bits
+and elements flipped per layer, batches). The step fired when at least one
+bit flipped; a perturbation that flipped nothing proves nothing and the
+verdict says so (a step that never fired).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+from pyctl.experiment.host import FaultHostError
+
+
+def _call(url: str, method: str, body: Any = None, timeout: float = 5.0) -> dict[str, Any]:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(
+        url, data=data, method=method, headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            out: dict[str, Any] = json.loads(r.read())
+            return out
+    except urllib.error.HTTPError as e:
+        try:
+            msg = json.loads(e.read())["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            msg = e.reason
+        raise FaultHostError(f"{method} {url}: {e.code} {msg}") from None
+    except (OSError, ValueError) as e:
+        raise FaultHostError(f"{method} {url}: {e}") from None
+
+
+class PerturbRun:
+    """A perturb step behind the RunningFault interface."""
+
+    def __init__(
+        self,
+        url: str,
+        rules: list[str],
+        seed: int,
+        duration: float,
+        db_path: str,
+        who: tuple[int | None, int | None] = (None, None),
+    ) -> None:
+        from pyctl import store
+        from pyctl.evidence import layers
+
+        self.url, self.db_path = url, db_path
+        self.pid, self.tid = who  # the service and its worker: where the flips happen
+        self.ts_ns = time.monotonic_ns()
+        self.rules, self.seed, self.duration = rules, seed, duration
+        spec = {"rules": rules, "seed": seed, "duration_s": duration}
+        self.report = _call(url, "POST", spec)  # FaultHostError: the step failed to arm
+        self.started_at = float(self.report.get("started") or time.time())
+        self._ended_at: float | None = None
+        self._stop = threading.Event()
+        self._done = threading.Event()
+        db = store.open_db(db_path)
+        try:
+            self.run_id = store.new_run(
+                db, ["POST", url, json.dumps(spec)], "experiment:perturb", mechanism="torch-hook"
+            )
+            layers.add_spec(db, self.run_id, 0, f"perturb {' '.join(rules)} seed={seed}", spec)
+        finally:
+            db.close()
+        self.fault_id = f"{self.run_id}-1"
+        self._write(final=False)
+        self._waiter = threading.Thread(target=self._run, name="gf-exp-perturb", daemon=True)
+        self._waiter.start()
+
+    def _run(self) -> None:
+        self._stop.wait(self.duration)  # the step's end, or stop() early
+        try:
+            self.report = _call(self.url, "DELETE")
+        except FaultHostError as e:
+            # The service's own deadline ended the flips; only the counts are lost.
+            self.report = {**self.report, "error": str(e)}
+        self._ended_at = time.time()
+        self._write(final=True)
+        self._done.set()
+
+    def _write(self, *, final: bool) -> None:
+        from pyctl import store
+        from pyctl.evidence import layers
+
+        rep = self.report
+        row = layers.fault_row(
+            self.run_id,
+            1,
+            action="perturb",
+            function=" ".join(self.rules),
+            library="service /admin/perturb",
+            mechanism="torch-hook",
+            outcome={k: rep.get(k) for k in ("id", "bits_flipped", "elements", "batches",
+                                               "layers", "end_reason", "error") if k in rep},
+            wall=self.started_at,
+            latency_ns=int(((self._ended_at or time.time()) - self.started_at) * 1e9)
+            if final
+            else None,
+            ts_ns=self.ts_ns,
+            pid=self.pid,
+            tid=self.tid or self.pid,
+            comm="gf-worker" if self.tid else "gf-service",
+            call_seq=1,
+            ret=rep.get("bits_flipped"),
+        )  # fmt: skip
+        db = store.open_db(self.db_path)
+        try:
+            layers.insert_faults(db, [row])
+            if final:
+                ok = rep.get("bits_flipped", 0) > 0
+                stats = {"bits_flipped": rep.get("bits_flipped"), "batches": rep.get("batches")}
+                store.end_run(db, self.run_id, "done" if ok else "no-fires", 0, stats)
+        finally:
+            db.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._done.wait(timeout)
+
+    def fires(self) -> list[tuple[str, float]]:
+        n = self.report.get("bits_flipped") or 0
+        return [(self.fault_id, self.started_at)] if n > 0 else []
+
+    @property
+    def ended_at(self) -> float | None:
+        return self._ended_at
+
+    @property
+    def rc(self) -> int | None:
+        return 0 if self._done.is_set() else None
+
+    @property
+    def what(self) -> str:
+        return f"perturbing ({', '.join(self.rules)}, seed {self.seed}, id {self.report.get('id')}"
+
+
+__all__ = ["PerturbRun"]
