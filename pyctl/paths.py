@@ -5,6 +5,7 @@ a checkout and an installed wheel look the same:
 
     pyctl/data/*.bpf.o                  CO-RE objects (bpf/*.bpf.c)
     pyctl/data/doubles/libcuda.so.1     libcuda TEST DOUBLE (doubles/, CPU only)
+    pyctl/data/doubles/libcublas.so.13  libcublas TEST DOUBLE (a CPU SGEMM)
     pyctl/data/doubles/gf-infer         its inference-loop workload (RUNPATH $ORIGIN)
     pyctl/data/preload/gfpreload.so     LD_PRELOAD shim (pyctl/hooks/preload/)
     pyctl/data/lib/libbpf.so.1          Debian's libbpf + libelf, used only when
@@ -24,6 +25,7 @@ LIB = DATA / "lib"
 
 # The libcuda test double and its workload (not the CUDA driver).
 DOUBLE_LIBCUDA = DOUBLES / "libcuda.so.1"
+DOUBLE_LIBCUBLAS = DOUBLES / "libcublas.so.13"  # cuBLAS TEST DOUBLE (class 8 on CI)
 DOUBLE_INFER = DOUBLES / "gf-infer"
 PRELOAD_SHIM = PRELOAD / "gfpreload.so"
 BUNDLED_LIBBPF = LIB / "libbpf.so.1"

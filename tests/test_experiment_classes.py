@@ -242,6 +242,74 @@ def test_class7_prefetch_failures_are_ignored_and_pass(tmp_path: Path) -> None:
 
 
 @root
+def test_class8_cublas_gemm_failures_are_answered_by_the_fallback(tmp_path: Path) -> None:
+    rc, out, db = _run("cublas-gemm-fail-degrade", tmp_path, retry=True)
+    assert rc == 0 and "verdict PASS" in out, out
+    xid = _last(db)
+    ((_i, status, fires, _s, run_id),) = _steps(db, xid)
+    assert status == "done" and fires >= 3, (status, fires)
+    # The libcublas TEST DOUBLE's SGEMM, found by the template's glob.
+    ((fn, lib),) = q(db, "SELECT DISTINCT function, library FROM faults WHERE run_id=?", run_id)
+    assert fn == "cublasSgemm_v2" and lib.endswith("doubles/libcublas.so.13"), (fn, lib)
+    # Each fire failed its batch under the cuBLAS status's own name (the
+    # alert probe's last sample, in the recovery phase, has them all).
+    (errors,) = one(
+        db,
+        "SELECT value FROM probe_samples WHERE experiment_id=? AND probe='cublas-errors' "
+        "ORDER BY at DESC LIMIT 1",
+        xid,
+    )
+    assert errors == fires, (errors, fires)
+    assert _during_ok(db, xid, "load.error_rate") == 1  # the fallback answered them
+    ex = _expect(db, xid)
+    assert ex["alert_fired"][0] == 1 and ex["degradation_worked"][0] == 1, ex
+    assert ex["recovered_within"][0] == 1, ex
+
+
+def test_class4_bit_flips_are_silent_to_the_slo_and_seen_by_the_agreement_probe(
+    tmp_path: Path,
+) -> None:
+    # No root: the flips are the service's own hook, armed over HTTP.
+    rc, out, db = _run("tc-bitflip-agreement", tmp_path)
+    assert rc == 0 and "verdict PASS" in out, out
+    xid = _last(db)
+    ((_i, status, fires, _s, run_id),) = _steps(db, xid)
+    assert status == "done" and fires == 1, (status, fires)
+    ((outcome, latency_ns),) = q(
+        db, "SELECT outcome, latency_ns FROM faults WHERE run_id=?", run_id
+    )
+    rep = json.loads(outcome)
+    assert rep["bits_flipped"] > 0 and rep["end_reason"] in ("deadline", "deleted"), rep
+    assert set(rep["layers"]) <= {f"blocks.{i}.{m}" for i in (0, 1)
+                                  for m in ("qkv", "proj", "mlp.0", "mlp.2")}  # fmt: skip
+    assert 3.5e9 < latency_ns < 6e9  # about the step's 4 s
+    # The SLO never noticed; the agreement probe did, and agreed again after.
+    for probe in ("load.p99", "load.error_rate"):
+        assert _during_ok(db, xid, probe) == 1, probe
+    ex = _expect(db, xid)
+    assert ex["alert_fired"][0] == 1 and ex["recovered_within"][0] == 1, ex
+
+
+def test_class4_low_mantissa_flips_change_nothing_and_the_alert_says_so(tmp_path: Path) -> None:
+    # The other side: mant:0 flips fire (bits flipped) but no greedy answer
+    # changes, so alert_fired is not met and the verdict is fail.
+    rc, out, db = _run("tc-bitflip-agreement", tmp_path, "--set", "bits=mant:0")
+    assert rc == 1 and "verdict FAIL: alert_fired" in out, out
+    ex = _expect(db, _last(db))
+    assert ex["alert_fired"][0] == 0 and ex["recovered_within"][0] == 1, ex
+
+
+def test_class5_needs_the_gpu_host_and_says_so(tmp_path: Path) -> None:
+    # cuda-corrupt-xid-linked is GPU-only (the double has no driver, no Xid):
+    # here the service refuses --device cuda, and the run is an error (2)
+    # with that one line, not a verdict.
+    rc, out, _took = run_exp("cuda-corrupt-xid-linked", "--db", str(tmp_path / "gf.db"))
+    assert rc == 2, out
+    assert "no CUDA device" in out or "torch sees no CUDA device" in out, out
+    assert not (tmp_path / "gf.db").exists()  # refused before the experiment began
+
+
+@root
 def test_class11_outputs_agree_under_encode_stalls(tmp_path: Path) -> None:
     rc, out, db = _run("tokenizer-race", tmp_path, retry=True)
     assert rc == 0 and "verdict PASS" in out, out

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from prom_server import PROMETHEUS, PromServer
+from prom_server import PROMETHEUS, PromServer, free_port
 from service_proc import ServiceProc
 
 from pyctl import paths
@@ -89,10 +89,12 @@ def test_alert_fired_through_prometheus(tmp_path: Path) -> None:
         "500ms",
     )
     prom = None
+    gf_port = free_port()  # gpufault's own /metrics (--metrics-addr), scraped too
     try:
         prom = PromServer(
             tmp_path / "prom",
             service=[f"{svc.host}:{svc.port}"],
+            gpufault=[f"127.0.0.1:{gf_port}"],
             rules=prometheus_files.rules_yaml(for_="1s", rate_window="5s"),
         )
         prom.wait_target_up("gf-service")
@@ -114,6 +116,10 @@ def test_alert_fired_through_prometheus(tmp_path: Path) -> None:
                 str(exp),
                 "--db",
                 str(db),
+                "--metrics-addr",
+                f"127.0.0.1:{gf_port}",
+                "--metrics-linger",
+                "5s",
             ],
             capture_output=True,
             text=True,
@@ -135,6 +141,25 @@ def test_alert_fired_through_prometheus(tmp_path: Path) -> None:
             prom.url, prometheus_files.BREAKER_ALERT, {}, started, ended + 1
         )
         assert first is not None and started < first < ended
+        # gpufault's own series, as Prometheus scraped them: the step's
+        # fires (its child controller's rows, fed back by the runner) by
+        # function and code, under the experiment's name, and its verdict.
+        # max_over_time: the endpoint is gone now, and an instant query
+        # would see the staleness marker of its last failed scrape.
+        conn = sqlite3.connect(db)
+        (fires,) = conn.execute("SELECT count(*) FROM faults").fetchone()
+        conn.close()
+        got = alerts.query(prom.url, "max_over_time(gpufault_faults_fired_total[5m])")
+        assert [(lb["function"], lb["code"], lb["experiment"]) for lb, _v in got] == [
+            ("cuMemAlloc_v2", "CUDA_ERROR_OUT_OF_MEMORY", "oom-alert-via-prometheus")
+        ], got
+        assert fires >= 1 and got[0][1] == fires, (got, fires)
+        verdict = alerts.query(
+            prom.url, 'max_over_time(gpufault_experiment_verdict{verdict="pass"}[5m])'
+        )
+        assert [v for _lb, v in verdict] == [1.0], verdict
+        hits = alerts.query(prom.url, "max_over_time(gpufault_probe_hits_total[5m])")
+        assert hits and hits[0][1] >= fires, hits
 
         from pyctl import store
         from pyctl.report import render_html

@@ -107,7 +107,7 @@ def test_markdown(db) -> None:
     assert md.startswith("# gpufault experiment report: tokenizer-stall, worker-hang-abort\n")
     assert (
         # rate 50 is not the shipped tokenizer-stall's default (30): its --set is shown
-        "| tokenizer-stall (`e1`) `--set rate=50` | chat-p99 | ✓ after 4.20 s | "
+        "| tokenizer-stall (`e1`) `set rate=50` | chat-p99 | ✓ after 4.20 s | "
         "✓ yes (87 % of samples) | "
         "✓ 3.00 s (N = 30 s) | **fail** |" in md
     )

@@ -45,6 +45,7 @@ from pyctl.experiment.host import (
     child_argv,
     child_env,
 )
+from pyctl.experiment.metrics_feed import MetricsFeed
 from pyctl.experiment.perturb_step import PerturbRun
 from pyctl.experiment.verdict import Findings, Verdict, decide
 
@@ -596,6 +597,10 @@ class Run:
         if self.metrics is not None:
             self.metrics.set_phase(phase)
 
+    def _step_runs(self) -> list[str]:
+        with self.lock:
+            return [s.fault.run_id for s in self.steps if s.fault is not None and s.fault.run_id]
+
     def _active(self, delta: int) -> None:
         with self.lock:
             self.faults_active += delta
@@ -655,6 +660,9 @@ class Run:
                     n: signal.signal(n, self._interrupt) for n in (signal.SIGINT, signal.SIGTERM)
                 }
             failed: Exception | None = None
+            feed = None
+            if self.metrics is not None:  # the steps' fires, read back from the database
+                feed = MetricsFeed(self.db_path, self.metrics, self._step_runs).start()
             try:
                 self._phases(facts, probes, load, probe_threads)
             except Exception as e:  # noqa: BLE001 - cleaned up, recorded, raised below
@@ -673,6 +681,8 @@ class Run:
                     )
                 for signum, h in old.items():
                     signal.signal(signum, h)
+                if feed is not None:
+                    feed.stop()  # a last look: every fire counted before the verdict
             if proc is not None and proc.proc.poll() is not None:
                 self.target_died = _died(proc)
                 self.echo(f"  {self.target_died}")
@@ -1341,10 +1351,17 @@ def _died(proc: TargetProcess) -> str:
         else f"exit status {rc}"
     )
     proc._reader.join(2)  # its last lines
-    tail = " | ".join(ln.strip() for ln in proc.lines[-3:] if ln.strip())[-400:]
+    lines = [ln.strip() for ln in proc.lines if ln.strip()]
+    # A C++ abort ends in a backtrace ("frame #37: ..."): the line that
+    # says why comes before it (terminate called ..., what(): ...).
+    why = [ln for ln in lines if _WHY.search(ln) and not ln.startswith("frame #")]
+    tail = " | ".join(why[-2:] if why else lines[-3:])[-400:]
     return f"the target died during the experiment ({how})" + (
-        f"; its last lines: {tail}" if tail else ""
+        f"; its last words: {tail}" if tail else ""
     )
+
+
+_WHY = re.compile(r"terminate called|what\(\)|Error|error:|Traceback|Fatal|Aborted|Segmentation")
 
 
 def _traffic_json(st: Step) -> dict[str, Any]:

@@ -57,6 +57,17 @@ class Rule:
             raise BitSpecError(f"as_dtype {self.as_dtype!r}: use one of {' '.join(DTYPES)}")
         if self.as_dtype is not None:
             bit_positions(self.bits, DTYPES[self.as_dtype])
+            return
+        # The output's own dtype is known only at the first call: the spec
+        # must at least name bits some dtype has, or every call would fail.
+        errors = []
+        for dt in DTYPES.values():
+            try:
+                bit_positions(self.bits, dt)
+                return
+            except BitSpecError as e:
+                errors.append(str(e))
+        raise BitSpecError(errors[0])
 
 
 def parse_rule(text: str) -> Rule:
@@ -135,6 +146,11 @@ class Perturber:
 
     def __exit__(self, *exc: object) -> None:
         self.detach()
+
+    def new_pass(self) -> None:
+        """Number matmul outputs from 0 again (matmul#N is the Nth call of a
+        pass): call it before each forward pass or batch of a long run."""
+        self._matmul_calls = 0
 
     def reseed(self) -> None:
         """Start every generator over: the next run flips the same elements."""

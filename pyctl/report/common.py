@@ -20,9 +20,9 @@ MATRIX_COLUMNS = (
 
 
 def overrides_text(d: ExperimentData) -> str:
-    """`--set k=v ...` of the run, or "" (the file's defaults)."""
+    """`set k=v ...` (its --set values), or "" (the file's defaults)."""
     o = d.overrides()
-    return " ".join(f"--set {k}={v}" for k, v in sorted(o.items()))
+    return ("set " + " ".join(f"{k}={v}" for k, v in sorted(o.items()))) if o else ""
 
 
 def utc(t: float | None) -> str:

@@ -30,7 +30,8 @@ td.num{text-align:right;font-variant-numeric:tabular-nums}
 .unset{background:#f1f3f5;color:#6c757d}.aborted,.error{background:#fff3bf;color:#7a4d00}
 .badge{display:inline-block;padding:1px 10px;border-radius:10px;font-weight:700;
  text-transform:uppercase;font-size:12px;letter-spacing:.04em}
-table.matrix td.cell{text-align:center;min-width:150px;font-weight:600}
+table.matrix td.cell{text-align:center;min-width:110px;font-weight:600}
+table.matrix .sets code{white-space:normal;overflow-wrap:anywhere}
 dl.facts{display:grid;grid-template-columns:max-content 1fr;gap:2px 14px;margin:8px 0}
 dl.facts dt{color:#6c757d}dl.facts dd{margin:0}
 .plot{overflow-x:auto;margin:8px 0}
@@ -74,7 +75,7 @@ def matrix_html(ds: Sequence[ExperimentData]) -> str:
         cells = [
             f'<td><a href="#exp-{escape(d.id)}">{escape(d.name)}</a>'
             f'<div class="muted">{escape(d.id)}</div>'
-            + (f'<div class="muted"><code>{escape(sets)}</code></div>' if sets else "")
+            + (f'<div class="muted sets"><code>{escape(sets)}</code></div>' if sets else "")
             + "</td>",
             f"<td>{escape(d.exp.get('slo_id') or '-')}</td>",
         ]

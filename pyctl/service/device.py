@@ -10,9 +10,10 @@ and `memory()` for the GPU-memory gauge.
   RuntimeErrors (torch.AcceleratorError) are device errors.
 - cpu-double: torch on the CPU, and each batch also goes through the
   libcuda TEST DOUBLE: cuMemAlloc_v2 of the batch's activation size, per
-  generated token a gf_fill cuLaunchKernel and cuCtxSynchronize, then
-  cuMemFree_v2. A failed call (for example one gpufault made fail) is the
-  batch's device error, named by its CUresult.
+  generated token a gf_fill cuLaunchKernel, an 8x8 cublasSgemm_v2 of the
+  libcublas TEST DOUBLE and cuCtxSynchronize, then cuMemFree_v2. A failed
+  call (for example one gpufault made fail) is the batch's device error,
+  named by its CUresult or cuBLAS status.
 
 --cuda-mode (docs/service.md, "CUDA modes") changes how the per-token work
 is issued: `graph` replays a captured graph (cuGraphLaunch) per token and
@@ -30,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from pyctl.service.double import CudaCallError, DoubleDriver
+from pyctl.service.double import CublasDouble, CudaCallError, DoubleDriver
 
 T = TypeVar("T")
 StepHook = Callable[[int], None]
@@ -268,6 +269,7 @@ class DoubleBackend:
         # graph mode's static buffer: the activations of a full-context sequence.
         self.static_bytes = max(4096, static_bytes)
         self.drv: DoubleDriver | None = None
+        self.blas: CublasDouble | None = None
         self.allocated = 0  # bytes this service holds in the double right now
         self.on_event: EventHook = _no_event
         self._graph: _DoubleGraph | None = None
@@ -278,8 +280,14 @@ class DoubleBackend:
             self.drv.open()
         except CudaCallError as e:
             raise RuntimeError(f"libcuda test double {self.drv.path}: {e}") from e
+        try:
+            self.blas = CublasDouble()
+        except CudaCallError as e:
+            raise RuntimeError(f"libcublas test double: {e}") from e
 
     def close(self) -> None:
+        if self.blas is not None:
+            self.blas.close()
         if self.drv is not None:
             self.drv.close()
 
@@ -304,8 +312,12 @@ class DoubleBackend:
             if self.mode == "managed":
                 self._prefetch(drv, dptr, nbytes)
 
+            blas = self.blas
+            assert blas is not None
+
             def on_step(step: int) -> None:
                 drv.launch_fill(dptr, nbytes, step)
+                blas.sgemm(dptr)  # the token's GEMM: cuBLAS faults (class 8) land here
                 drv.synchronize()
 
             return fn(on_step)

@@ -1,4 +1,5 @@
-"""ctypes binding to the libcuda TEST DOUBLE (pyctl/data/doubles/libcuda.so.1).
+"""ctypes bindings to the libcuda and libcublas TEST DOUBLES
+(pyctl/data/doubles/libcuda.so.1, libcublas.so.13).
 
 The double is a CPU stand-in with libcuda's soname and exports (see
 doubles/libcuda_double.c); it is NOT the CUDA driver. The service's
@@ -54,6 +55,53 @@ class CudaCallError(Exception):
 
 def double_path() -> Path:
     return paths.DOUBLE_LIBCUDA
+
+
+class CublasDouble:
+    """The libcublas TEST DOUBLE (pyctl/data/doubles/libcublas.so.13, a CPU
+    SGEMM with cuBLAS's soname; NOT cuBLAS): per generated token the batch
+    runs one small cublasSgemm_v2 over the libcuda double's memory, so a
+    cuBLAS status gpufault injects there (class 8) fails the batch as a
+    failed cuBLAS GEMM does under torch on the GPU host."""
+
+    N = 8  # an 8 x 8 x 8 SGEMM: A, B and C take 3 x 256 bytes of the batch's buffer
+
+    def __init__(self, path: str | Path | None = None) -> None:
+        self.path = Path(path) if path else paths.DOUBLE_LIBCUBLAS
+        if not self.path.exists():
+            raise FileNotFoundError(paths.hint(self.path))
+        L = self.lib = C.CDLL(str(self.path))
+        vp, i, fp = C.c_void_p, C.c_int, C.POINTER(C.c_float)
+        L.cublasCreate_v2.argtypes = [C.POINTER(vp)]
+        L.cublasDestroy_v2.argtypes = [vp]
+        L.cublasSgemm_v2.argtypes = [vp, i, i, i, i, i, fp, C.c_uint64, i, C.c_uint64, i, fp,
+                                     C.c_uint64, i]  # fmt: skip
+        for fn in (L.cublasCreate_v2, L.cublasDestroy_v2, L.cublasSgemm_v2):
+            fn.restype = C.c_int
+        L.cublasGetStatusName.argtypes = [C.c_int]
+        L.cublasGetStatusName.restype = C.c_char_p
+        self.handle = C.c_void_p()
+        self._ck("cublasCreate_v2", L.cublasCreate_v2(C.byref(self.handle)))
+        self.one, self.zero = C.c_float(1.0), C.c_float(0.0)
+
+    def _ck(self, call: str, code: int) -> None:
+        if code != 0:
+            name = (self.lib.cublasGetStatusName(code) or b"").decode() or f"CUBLAS_STATUS_{code}"
+            raise CudaCallError(call, code, name)
+
+    def sgemm(self, dptr: int) -> None:
+        """C = A @ B on the first 768 bytes of an allocation of the double."""
+        n, step = self.N, self.N * self.N * 4
+        self._ck(
+            "cublasSgemm_v2",
+            self.lib.cublasSgemm_v2(self.handle, 0, 0, n, n, n, C.byref(self.one), dptr, n,
+                                    dptr + step, n, C.byref(self.zero), dptr + 2 * step, n),
+        )  # fmt: skip
+
+    def close(self) -> None:
+        if self.handle.value:
+            self.lib.cublasDestroy_v2(self.handle)
+            self.handle = C.c_void_p()
 
 
 class DoubleDriver:

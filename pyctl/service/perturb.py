@@ -141,7 +141,15 @@ class PerturbControl:
         from pyctl.hooks.tc_perturb import MATMUL
 
         names = [n for n, m in self._model.named_modules() if isinstance(m, nn.Linear)]
+        dtype = next(self._model.parameters()).dtype  # the outputs' own, for rules without one
         for r in rules:
+            if r.as_dtype is None:
+                from pyctl.hooks.bitflip import BitSpecError, bit_positions
+
+                try:
+                    bit_positions(r.bits, dtype)
+                except BitSpecError as e:
+                    raise PerturbError(f"rules: {e} (the model's outputs are {dtype})") from None
             if r.pattern != MATMUL and not any(fnmatch.fnmatchcase(n, r.pattern) for n in names):
                 raise PerturbError(
                     f"rules: {r.pattern!r} names no nn.Linear of the model: use one of "
@@ -185,6 +193,9 @@ class PerturbControl:
             yield
             return
         assert cur is not None
+        # matmul outputs are named by their order (matmul#N): count per
+        # batch, so a long arm does not grow a new name for every call.
+        cur.perturber.new_pass()
         cur.perturber.attach(model)
         try:
             yield
