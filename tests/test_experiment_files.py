@@ -478,8 +478,9 @@ def test_every_shipped_file_loads_and_each_step_is_a_fault_or_traffic(name: str)
     e = F.load(name)
     assert e.name == name and e.title and e.description
     for s in e.steps:
-        # exactly one of: BPF fault specs, a traffic step, a perturb step
-        assert [bool(s.specs), s.traffic is not None, s.perturb is not None].count(True) == 1, s
+        # exactly one of: BPF fault specs, a traffic, a perturb or a pressure step
+        kinds = [bool(s.specs), s.traffic is not None, s.perturb is not None, s.pressure is not None]
+        assert kinds.count(True) == 1, s
     for k in e.knobs.values():
         assert k.help
 

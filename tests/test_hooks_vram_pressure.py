@@ -53,6 +53,25 @@ def test_acquire_holds_less_when_chunks_are_refused() -> None:
     assert dev.held == 0
 
 
+def test_fill_splits_refused_chunks_down_to_the_last_pieces() -> None:
+    from pyctl.hooks.vram_pressure import FILL_MIN
+
+    dev = HostMemoryDouble(total=100 * MIB, others=0)
+    sizes = plan(100 * MIB, 1.0, 32 * MIB)  # 32+32+32+4
+    dev.others = 25 * MIB  # 75 MiB are left: not a multiple of 32
+    h = acquire(dev, sizes, fill=True)
+    # 32+32, then halves of the refused chunks: all but < FILL_MIN taken.
+    assert 75 * MIB - FILL_MIN < h.bytes_held <= 75 * MIB, h.bytes_held / MIB
+    assert h.refused > 1 and h.requested == 100 * MIB
+    dev.release(h.handles)
+    assert dev.held == 0
+    # Without fill the same refusals only shorten the hold.
+    dev.others = 25 * MIB
+    h = acquire(dev, sizes)
+    assert h.bytes_held == 64 * MIB + 4 * MIB, h.bytes_held / MIB
+    dev.release(h.handles)
+
+
 def test_run_holds_until_deadline_and_releases() -> None:
     dev = HostMemoryDouble(total=64 * MIB, others=16 * MIB)
     recs: list[dict[str, Any]] = []

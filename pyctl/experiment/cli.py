@@ -134,6 +134,8 @@ def describe(e: F.Experiment) -> list[str]:
             if s.traffic is not None
             else "in-process bit flips, armed by the service"
             if s.perturb is not None
+            else "a second process holding GPU memory"
+            if s.pressure is not None
             else "inline fault"
         )
         out.append(f"  {s.idx + 1}. at +{s.start:g}s for {s.duration:g}s{who}: {s.name} ({src})")
@@ -380,7 +382,9 @@ def render_results(doc: dict[str, Any]) -> list[str]:
         spec = s.get("spec") if isinstance(s.get("spec"), dict) else {}
         traffic = "traffic" in spec
         kind = s["template"] or (
-            "traffic" if traffic else "perturb" if "perturb" in spec else "inline"
+            "traffic"
+            if traffic
+            else next((k for k in ("perturb", "pressure") if k in spec), "inline")
         )
         out.append(
             f"    {s['idx'] + 1}. {s['name']} [{kind}] "

@@ -268,9 +268,14 @@ class Step:
     # A perturb step: {"rules": [...], "seed": N, "url": ...}, bit flips the
     # service arms in its own model (pyctl/experiment/perturb_step.py).
     perturb: dict[str, Any] | None = None
+    # A pressure step: {"share", "device", "allocator", "reserve_mib"}, a
+    # second process holding VRAM (pyctl/experiment/pressure_step.py).
+    pressure: dict[str, Any] | None = None
 
     @property
     def label(self) -> str:
+        if self.pressure is not None:
+            return "pressure"
         if self.perturb is not None:
             return "perturb"
         return self.template or ("traffic" if self.traffic is not None else "inline")
@@ -867,6 +872,26 @@ def _steady(
     )
 
 
+def _pressure(r: _Reader, key: str, v: Any) -> dict[str, Any]:
+    """A pressure step's table: what pyctl/hooks/vram_pressure.py takes."""
+    if not isinstance(v, dict):
+        raise r.err(key, 'expected {share = 0.9, device = 0, allocator = "auto"}')
+    r.keys(v, key, {"share", "device", "allocator", "reserve_mib", "fill"})
+    share = r.num(v, key, "share", what="the share of free memory (0.9)")
+    if not 0 < share <= 1:
+        raise r.err(f"{key}.share", f"{share:g}: the share of FREE memory, 0 < share <= 1")
+    allocator = r.str_(v, key, "allocator", "auto")
+    if allocator not in ("auto", "cupy", "torch", "host-double"):
+        raise r.err(f"{key}.allocator", f"{allocator!r}: use auto, cupy or torch")
+    return {
+        "share": share,
+        "device": r.int_(v, key, "device", 0),
+        "allocator": allocator,
+        "reserve_mib": r.int_(v, key, "reserve_mib", 0),
+        "fill": r.bool_(v, key, "fill", False),
+    }
+
+
 def _perturb(r: _Reader, key: str, v: Any) -> dict[str, Any]:
     """A perturb step's table: rules checked here with the hooks' own
     parser, so a bad bit name is refused before anything starts."""
@@ -909,6 +934,7 @@ def _method(r: _Reader, doc: dict[str, Any], values: dict[str, Any]) -> list[Ste
                 "fault",
                 "traffic",
                 "perturb",
+                "pressure",
                 "start",
                 "duration",
                 "parallel",
@@ -918,11 +944,12 @@ def _method(r: _Reader, doc: dict[str, Any], values: dict[str, Any]) -> list[Ste
                 "arm_timeout",
             },
         )
-        if sum(k in m for k in ("template", "fault", "traffic", "perturb")) != 1:
+        if sum(k in m for k in ("template", "fault", "traffic", "perturb", "pressure")) != 1:
             raise r.err(
                 key,
                 'give exactly one of template = "NAME", fault = {lib=..., ...}, '
-                'traffic = {corpus = "...", rate = ...} or perturb = {rules = [...]}',
+                'traffic = {corpus = "...", rate = ...}, perturb = {rules = [...]} '
+                "or pressure = {share = 0.9}",
             )
         duration = r.duration(m, key, "duration")
         parallel = r.bool_(m, key, "parallel", False)
@@ -954,6 +981,27 @@ def _method(r: _Reader, doc: dict[str, Any], values: dict[str, Any]) -> list[Ste
                     duration=duration,
                     thread=None,
                     traffic=traffic,
+                )
+            )
+            prev_start, prev_end = start, start + duration
+            continue
+        if "pressure" in m:
+            for k in ("thread", "pid", "tid", "set"):
+                if k in m:
+                    raise r.err(f"{key}.{k}", "a pressure step is a process of its own: remove it")
+            pr = _pressure(r, f"{key}.pressure", m["pressure"])
+            steps.append(
+                Step(
+                    idx=i,
+                    name=r.str_(m, key, "name", f"vram pressure {pr['share']:g}"),
+                    template=None,
+                    sets={},
+                    fault=None,
+                    start=start,
+                    duration=duration,
+                    thread=None,
+                    arm_timeout=arm_timeout,
+                    pressure=pr,
                 )
             )
             prev_start, prev_end = start, start + duration

@@ -47,6 +47,7 @@ from pyctl.experiment.host import (
 )
 from pyctl.experiment.metrics_feed import MetricsFeed
 from pyctl.experiment.perturb_step import PerturbRun
+from pyctl.experiment.pressure_step import PressureRun
 from pyctl.experiment.verdict import Findings, Verdict, decide
 
 WINDOW_S = 1.0  # load windows (the SLO's resolution)
@@ -610,7 +611,8 @@ class Run:
 
     def execute(self) -> Outcome:
         exp = self.exp
-        faults = [s for s in exp.steps if s.traffic is None]
+        # BPF uprobes and ptrace need root; traffic, perturb and pressure steps do not.
+        faults = [s for s in exp.steps if s.specs]
         if faults and os.geteuid() != 0 and isinstance(self.host, LocalFaultHost):
             raise ExperimentError(
                 f"{exp.path}: method: its faults need root here (BPF uprobes, ptrace): "
@@ -809,6 +811,9 @@ class Run:
             if s.perturb is not None:
                 launched.append((sr, s.perturb))  # armed below, by one POST
                 continue
+            if s.pressure is not None:
+                launched.append((sr, ("pressure", s.pressure)))  # armed below: its child holds
+                continue
             pid, tid = self.who.get(s.idx, (int(facts["pid"]), None))
             if s.thread:
                 tid = thread_by_name(pid, s.thread)
@@ -839,6 +844,13 @@ class Run:
                     f = self.host.start(pending)
                 elif isinstance(pending, TrafficRun):
                     f = pending  # sending from now on: nothing to arm
+                elif isinstance(pending, tuple):  # a pressure step
+                    f = PressureRun(
+                        pending[1],
+                        s.duration,
+                        self.db_path,
+                        s.arm_timeout or getattr(self.host, "arm_timeout", 60.0),
+                    )
                 elif isinstance(pending, dict):  # a perturb step
                     f = PerturbRun(
                         str(render_facts(pending["url"], facts)),
@@ -1070,6 +1082,7 @@ class Run:
                         "thread": st.thread,
                         **({"traffic": _traffic_json(st)} if st.traffic is not None else {}),
                         **({"perturb": st.perturb} if st.perturb is not None else {}),
+                        **({"pressure": st.pressure} if st.pressure is not None else {}),
                         **({"pid": s.fault_pid} if s.fault_pid else {}),
                         **({"tid": s.fault_tid} if s.fault_tid else {}),
                         "specs": [sp.to_json() for sp in st.specs],

@@ -78,17 +78,29 @@ class Hold:
     bytes_held: int
     requested: int
     refused: int  # chunks the allocator refused
+    grabbed: int = 0  # bytes taken during the hold (--fill): what others freed
 
 
-def acquire(alloc: Allocator, sizes: list[int]) -> Hold:
+FILL_MIN = 2 * MIB  # the smallest piece --fill tries (the driver's page granularity)
+FILL_POLL_S = 0.002  # --fill: how often the hold tries to take what others freed
+
+
+def acquire(alloc: Allocator, sizes: list[int], fill: bool = False) -> Hold:
+    """Allocate the chunks; a refused one is skipped (someone else took
+    memory between sizing and now: hold less), or with `fill` split in
+    halves down to FILL_MIN and tried again, so that share 1.0 leaves the
+    device with less than FILL_MIN free (a neighbour that takes it all)."""
     handles, held, refused = [], 0, 0
-    for n in sizes:
+    todo = list(reversed(sizes))
+    while todo:
+        n = todo.pop()
         try:
             handles.append(alloc.alloc(n))
             held += n
         except MemoryError:
-            # Someone else took memory between sizing and now: hold less.
             refused += 1
+            if fill and n // 2 >= FILL_MIN:
+                todo += [n - n // 2, n // 2]
     return Hold(handles, held, sum(sizes), refused)
 
 
@@ -106,6 +118,7 @@ def run(
     reserve: int = 0,
     device: int = 0,
     clock: Callable[[], float] = time.monotonic,
+    fill: bool = False,
 ) -> dict[str, Any]:
     """Size, take, verify, hold until deadline or `stop`, release. Returns the release record."""
     if duration_s <= 0:
@@ -114,7 +127,7 @@ def run(
     sizes = plan(free0, share, chunk, reserve)
     t0 = clock()
     deadline = t0 + duration_s
-    hold = acquire(alloc, sizes)
+    hold = acquire(alloc, sizes, fill)
     try:
         used1, free1, _ = probe.info()
         grew = used1 - used0
@@ -139,6 +152,19 @@ def run(
                 "deadline_s": duration_s,
             }
         )
+        if fill:
+            # A hog: what others free during the hold is taken too, in
+            # FILL_MIN pieces (a service that frees and re-allocates its
+            # working set between batches otherwise keeps fitting into its
+            # own hole: runs 23-26 on the H200). Polled: there is no event for
+            # "memory was freed".
+            while not stop.wait(FILL_POLL_S) and clock() < deadline:
+                try:
+                    hold.handles.append(alloc.alloc(FILL_MIN))
+                    hold.bytes_held += FILL_MIN
+                    hold.grabbed += FILL_MIN
+                except MemoryError:
+                    pass
         # Wait on the event, bounded by the deadline: a signal sets it.
         stop.wait(timeout=max(0.0, deadline - clock()))
         reason = getattr(stop, "reason", "signal") if stop.is_set() else "deadline"
@@ -152,6 +178,7 @@ def run(
         "reason": reason,
         "held_s": round(clock() - t0, 3),
         "bytes_released": hold.bytes_held,
+        "bytes_grabbed_during_hold": hold.grabbed,
         "nvml_used_after_release": used2,
         "nvml_free_after_release": free2,
     }
@@ -303,6 +330,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", type=int, default=0, help="NVML/CUDA device index")
     ap.add_argument("--chunk-mib", type=int, default=256)
     ap.add_argument("--reserve-mib", type=int, default=0, help="leave this much free")
+    ap.add_argument(
+        "--fill",
+        action="store_true",
+        help="split a refused chunk down to 2 MiB and try again, and take what others free "
+        "during the hold (share 1.0: a neighbour that leaves ~nothing free)",
+    )
     ap.add_argument("--allocator", default="auto", choices=["auto", "cupy", "torch", "host-double"])
     ap.add_argument("--double-total-mib", type=int, default=256, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -330,6 +363,7 @@ def main(argv: list[str] | None = None) -> int:
             a.chunk_mib * MIB,
             a.reserve_mib * MIB,
             a.device,
+            fill=a.fill,
         )
     except PressureError as e:
         print(f"vram_pressure: {e}", file=sys.stderr)

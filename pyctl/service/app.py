@@ -73,7 +73,8 @@ class Service:
         # graph mode's static buffer on the double: a full context's activations.
         self.backend = make_backend(
             cfg.device,
-            cfg.bytes_per_token,
+            # cuda: only an explicit --double-bytes-per-token (a KV-cache-like scratch)
+            cfg.bytes_per_token if cfg.device != "cuda" else cfg.double_bytes_per_token,
             mode=cfg.cuda_mode,
             static_bytes=cfg.bytes_per_token * cfg.max_context,
         )

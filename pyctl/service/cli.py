@@ -152,7 +152,8 @@ def _write_ready(path: Path, info: dict[str, Any]) -> None:
     type=int,
     default=0,
     show_default=True,
-    help="cpu-double: bytes cuMemAlloc_v2 asks per token of a batch (0: 16 x d-model x layers)",
+    help="cpu-double: bytes cuMemAlloc_v2 asks per token of a batch (0: 16 x d-model x "
+    "layers); cuda: a KV-cache-like scratch tensor of this many bytes per token (0: none)",
 )
 @click.option(
     "--ready-file",

@@ -130,8 +130,12 @@ class CudaBackend:
     torch_device = "cuda"
     double = False
 
-    def __init__(self) -> None:
+    def __init__(self, scratch_per_token: int = 0) -> None:
         self.on_event: EventHook = _no_event
+        # A KV-cache-like tensor per batch (bytes per token of it): a real
+        # server's cache grows with its tokens, this model's activations are
+        # a few hundred KB, too little to feel a neighbour's VRAM pressure.
+        self.scratch_per_token = scratch_per_token
 
     def open(self) -> None:
         import torch
@@ -150,10 +154,16 @@ class CudaBackend:
         import torch
 
         try:
+            scratch = (
+                torch.empty(n_tokens * self.scratch_per_token, dtype=torch.uint8, device="cuda")
+                if self.scratch_per_token
+                else None
+            )
             out = fn(None)
             # Errors of asynchronous kernels surface at a synchronize: make
             # them this batch's, not the next one's.
             torch.cuda.synchronize()
+            del scratch
             return out
         except Exception as e:
             err = classify_torch_cuda(e)
@@ -404,7 +414,7 @@ def make_backend(
     if device == "cpu":
         return CpuBackend()
     if device == "cuda":
-        return CudaBackend()
+        return CudaBackend(bytes_per_token)
     if device == "cpu-double":
         return DoubleBackend(bytes_per_token, mode=mode, static_bytes=static_bytes)
     raise ValueError(f"unknown device {device!r}")

@@ -23,7 +23,7 @@ list=("$@")
 # the service). cuda-corrupt-xid-linked last: it ends its service's context.
 [ ${#list[@]} -gt 0 ] || list=(cuda-oom-degrade cuda-launch-failed-degrade
     cuda-ctx-destroyed-degrade cuda-stream-stall-p99,fn=cuStreamSynchronize
-    cuda-oom-leak-held cuda-graph-replay-degrade cublas-gemm-fail-degrade
+    cuda-oom-leak-held cuda-vram-pressure-degrade cuda-graph-replay-degrade cublas-gemm-fail-degrade
     cublas-gemm-fail-degrade,lib=libcublasLt,fn=cublasLtMatmul,every=97
     tc-bitflip-agreement tokenizer-stall cuda-corrupt-xid-linked)
 for entry in "${list[@]}"; do

@@ -1,0 +1,127 @@
+"""A pressure step: a second process holds a share of free VRAM (class 2).
+
+    [[method]]
+    pressure = { share = 1.0, fill = true, device = 0 }
+    duration = "6s"
+
+The step runs pyctl/hooks/vram_pressure.py as a child (`python -I`, the
+same module `gpufault hooks vram-pressure` runs) with the step's duration:
+the child allocates `share` of the GPU's free memory in chunks (cupy's
+cudaMalloc, else torch), checks with NVML that it is held, and releases at
+its own deadline, so the memory comes back on time even if this runner
+hangs or is killed. The target never sees a fault of gpufault's: its own
+allocations fail because the memory is gone, as they would under a
+neighbour's job on a shared GPU.
+
+Arming waits for the child's `holding` line (the memory is taken); its
+`released` line (at the deadline, or after stop()'s SIGTERM) ends the step.
+Evidence, as `hooks vram-pressure` keeps it (pyctl/hooks/record.py): a run
+(`hooks:vram-pressure`, mechanism `vram-hold`) and one fault (action
+`pressure`: share, bytes held, NVML before and after, release reason).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import threading
+import time
+from typing import Any
+
+from pyctl import paths
+from pyctl.experiment.host import FaultHostError
+
+
+class PressureRun:
+    """A pressure step behind the RunningFault interface."""
+
+    def __init__(self, spec: dict[str, Any], duration: float, db_path: str, arm_timeout: float):
+        from pyctl.hooks.record import VramRun
+
+        self.spec = {**spec, "duration": duration}
+        args = ["--share", str(spec["share"]), "--duration", f"{duration:g}",
+                "--device", str(spec["device"]), "--allocator", str(spec["allocator"]),
+                "--reserve-mib", str(spec["reserve_mib"]),
+                *(["--fill"] if spec.get("fill") else [])]  # fmt: skip
+        self.argv = paths.module_argv("pyctl.hooks.vram_pressure", args)
+        self.rec = VramRun(db_path, ["experiment", "pressure", *args], self.spec)
+        self.started_at = time.time()
+        self._ended_at: float | None = None
+        self.held_at: float | None = None
+        self.lines: list[str] = []  # the child's stderr, for a refusal's reason
+        self._holding = threading.Event()
+        self._done = threading.Event()
+        self._news = threading.Event()  # holding or done, whichever comes first
+        self.proc = subprocess.Popen(
+            self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        threading.Thread(target=self._errors, name="gf-exp-pressure-err", daemon=True).start()
+        threading.Thread(target=self._read, name="gf-exp-pressure", daemon=True).start()
+        # Armed once the memory is held, or the child gave up (its reason).
+        self._news.wait(arm_timeout)
+        if not self._holding.is_set():
+            self.stop()
+            self._done.wait(10)
+            why = next((ln for ln in reversed(self.lines) if ln.strip()), "")
+            raise FaultHostError(
+                f"vram pressure did not hold memory in {arm_timeout:g}s "
+                f"({why or f'exit {self.proc.poll()}'})"
+            )
+        self.started_at = self.held_at or time.time()
+
+    def _errors(self) -> None:
+        assert self.proc.stderr is not None
+        for ln in self.proc.stderr:
+            self.lines.append(ln.rstrip("\n"))
+            del self.lines[:-50]
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue
+            self.rec.event(ev)
+            if ev.get("event") == "holding":
+                self.held_at = time.time()
+                self._holding.set()
+                self._news.set()
+        code = self.proc.wait()
+        self.rec.end(code)
+        self._ended_at = time.time()
+        self._done.set()
+        self._news.set()
+
+    @property
+    def run_id(self) -> str:
+        return self.rec.run_id
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)  # it releases and says so
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._done.wait(timeout)
+
+    def fires(self) -> list[tuple[str, float]]:
+        return [(f"{self.run_id}-1", self.held_at)] if self.held_at and self.run_id else []
+
+    @property
+    def ended_at(self) -> float | None:
+        return self._ended_at
+
+    @property
+    def rc(self) -> int | None:
+        return self.proc.returncode if self._done.is_set() else None
+
+    @property
+    def what(self) -> str:
+        out = self.rec.outcome
+        gib = (out.get("bytes_held") or 0) / 2**30
+        return f"holding {gib:.1f} GiB of GPU {self.spec['device']} (run {self.run_id}"
+
+
+__all__ = ["PressureRun"]
