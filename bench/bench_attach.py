@@ -57,7 +57,7 @@ while True:
 """
 
 # `--target torch` (the GPU host): torch launches one tiny kernel every
-X
+# ~0.2 ms, so the probe is on the real libcuda's cuLaunchKernel (a 96 MB
 # library with thousands of symbols, the case the attach goal names).
 TORCH_TARGET = """
 import time, torch

@@ -540,3 +540,22 @@ def test_linked_without_the_table_says_it_could_not_be_read(tmp_path: Path) -> N
     sqlite3.connect(db).close()
     ok, n, d = linked(fake_run(db, [("f-1", time.time())]), "xid")
     assert (ok, n) == (False, 0.0) and d.startswith("the xids table could not be read ("), d
+
+
+def test_cuda_oom_under_load_is_another_name_for_cuda_oom_degrade(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    e = F.load("cuda-oom-under-load")
+    assert e.name == "cuda-oom-degrade" and e.version == 1
+    assert F.load("cuda-oom-under-load@v1").name == "cuda-oom-degrade"
+    with pytest.raises(F.ExperimentError, match="version: is 1, not 2"):
+        F.load("cuda-oom-under-load@v2")
+    # A user's file of that name comes first: an alias never hides one.
+    src = (
+        F.find("cuda-oom-degrade")
+        .read_text()
+        .replace('name = "cuda-oom-degrade"', 'name = "cuda-oom-under-load"')
+    )
+    (tmp_path / "cuda-oom-under-load.toml").write_text(src)
+    monkeypatch.setenv(F.ENV_DIRS, str(tmp_path))
+    assert F.find("cuda-oom-under-load") == tmp_path / "cuda-oom-under-load.toml"

@@ -55,7 +55,9 @@ def list_() -> None:
     for name, path in sorted(F.all_names().items()):
         try:
             e = F.load_file(path)
-            click.echo(f"{name:24} v{e.version:<3} {len(e.steps)} step(s)  {e.title}")
+            also = [a for a, n in F.ALIASES.items() if n == name]
+            alias = f"  (also: {', '.join(also)})" if also else ""
+            click.echo(f"{name:24} v{e.version:<3} {len(e.steps)} step(s)  {e.title}{alias}")
         except F.ExperimentError as err:
             click.echo(f"{name:24} INVALID  {err}")
 
@@ -154,6 +156,14 @@ def describe(e: F.Experiment) -> list[str]:
             out.append(
                 f"       POST {pt['url']}: rules {', '.join(pt['rules'])}, seed {pt['seed']} "
                 "(the service ends them at the step's end itself)"
+            )
+        if s.pressure is not None:
+            pr = s.pressure
+            out.append(
+                f"       pyctl/hooks/vram_pressure.py holds {pr['share']:.1%} of GPU "
+                f"{pr['device']}'s free memory ({pr['allocator']}"
+                + (", fill: refused chunks split, freed memory taken" if pr.get("fill") else "")
+                + "); it releases at its own deadline"
             )
         if s.arm_timeout is not None:
             out.append(f"       armed within {s.arm_timeout:g}s")

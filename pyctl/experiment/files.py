@@ -470,13 +470,20 @@ def find(name_or_file: str) -> Path:
             raise ExperimentError(f"{name_or_file}: no such experiment file: check the path")
         return p
     base = name_or_file.split("@v", 1)[0]
-    for d in search_dirs():
-        if (d / f"{base}.toml").is_file():
-            return d / f"{base}.toml"
+    for name in (base, ALIASES.get(base)):
+        for d in search_dirs() if name else ():
+            if (d / f"{name}.toml").is_file():
+                return d / f"{name}.toml"
     names = ", ".join(sorted(all_names())) or "none"
     raise ExperimentError(
         f"no experiment {name_or_file!r}: see `gpufault experiment list` ({names})"
     )
+
+
+# Other names users know a shipped experiment by (a file of that name in a
+# search dir comes first): the observability issue's walk-through runs
+# `gpufault experiment run cuda-oom-under-load`.
+ALIASES = {"cuda-oom-under-load": "cuda-oom-degrade"}
 
 
 def all_names() -> dict[str, Path]:
@@ -985,15 +992,30 @@ def _method(r: _Reader, doc: dict[str, Any], values: dict[str, Any]) -> list[Ste
             )
             prev_start, prev_end = start, start + duration
             continue
-        if "pressure" in m:
-            for k in ("thread", "pid", "tid", "set"):
+        # Steps that are not BPF faults: no thread or process to aim at.
+        side = next((k for k in ("pressure", "perturb") if k in m), None)
+        if side is not None:
+            why = {
+                "pressure": "a pressure step is a process of its own: remove it",
+                "perturb": "a perturb step is armed by the service: remove it",
+            }[side]
+            # A pressure step waits for its child to hold: it may have arm_timeout.
+            banned = ("thread", "pid", "tid", "set") + (
+                ("arm_timeout",) if side == "perturb" else ()
+            )
+            for k in banned:
                 if k in m:
-                    raise r.err(f"{key}.{k}", "a pressure step is a process of its own: remove it")
-            pr = _pressure(r, f"{key}.pressure", m["pressure"])
+                    raise r.err(f"{key}.{k}", why)
+            table = (_pressure if side == "pressure" else _perturb)(r, f"{key}.{side}", m[side])
+            default_name = (
+                f"vram pressure {table['share']:g}"
+                if side == "pressure"
+                else "perturb " + " ".join(table["rules"])
+            )
             steps.append(
                 Step(
                     idx=i,
-                    name=r.str_(m, key, "name", f"vram pressure {pr['share']:g}"),
+                    name=r.str_(m, key, "name", default_name),
                     template=None,
                     sets={},
                     fault=None,
@@ -1001,27 +1023,8 @@ def _method(r: _Reader, doc: dict[str, Any], values: dict[str, Any]) -> list[Ste
                     duration=duration,
                     thread=None,
                     arm_timeout=arm_timeout,
-                    pressure=pr,
-                )
-            )
-            prev_start, prev_end = start, start + duration
-            continue
-        if "perturb" in m:
-            for k in ("thread", "pid", "tid", "arm_timeout", "set"):
-                if k in m:
-                    raise r.err(f"{key}.{k}", "a perturb step is armed by the service: remove it")
-            pert = _perturb(r, f"{key}.perturb", m["perturb"])
-            steps.append(
-                Step(
-                    idx=i,
-                    name=r.str_(m, key, "name", "perturb " + " ".join(pert["rules"])),
-                    template=None,
-                    sets={},
-                    fault=None,
-                    start=start,
-                    duration=duration,
-                    thread=None,
-                    perturb=pert,
+                    pressure=table if side == "pressure" else None,
+                    perturb=table if side == "perturb" else None,
                 )
             )
             prev_start, prev_end = start, start + duration

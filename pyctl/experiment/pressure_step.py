@@ -36,7 +36,9 @@ from pyctl.experiment.host import FaultHostError
 class PressureRun:
     """A pressure step behind the RunningFault interface."""
 
-    def __init__(self, spec: dict[str, Any], duration: float, db_path: str, arm_timeout: float):
+    def __init__(
+        self, spec: dict[str, Any], duration: float, db_path: str, arm_timeout: float
+    ) -> None:
         from pyctl.hooks.record import VramRun
 
         self.spec = {**spec, "duration": duration}
@@ -50,6 +52,7 @@ class PressureRun:
         self._ended_at: float | None = None
         self.held_at: float | None = None
         self.lines: list[str] = []  # the child's stderr, for a refusal's reason
+        self.run_id = ""  # the hooks' run, once the child holds (VramRun writes it)
         self._holding = threading.Event()
         self._done = threading.Event()
         self._news = threading.Event()  # holding or done, whichever comes first
@@ -85,6 +88,7 @@ class PressureRun:
             except ValueError:
                 continue
             self.rec.event(ev)
+            self.run_id = self.rec.run_id
             if ev.get("event") == "holding":
                 self.held_at = time.time()
                 self._holding.set()
@@ -94,10 +98,6 @@ class PressureRun:
         self._ended_at = time.time()
         self._done.set()
         self._news.set()
-
-    @property
-    def run_id(self) -> str:
-        return self.rec.run_id
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -849,7 +849,7 @@ class Run:
                         pending[1],
                         s.duration,
                         self.db_path,
-                        s.arm_timeout or getattr(self.host, "arm_timeout", 60.0),
+                        s.arm_timeout or float(getattr(self.host, "arm_timeout", 60.0)),
                     )
                 elif isinstance(pending, dict):  # a perturb step
                     f = PerturbRun(
@@ -884,7 +884,11 @@ class Run:
             if aborted:
                 f.stop()  # armed while the abort came: stop it at once too
             late = f.started_at - sr.planned_start
-            what = f.what if isinstance(f, (TrafficRun, PerturbRun)) else f"armed (run {f.run_id}"
+            what = (
+                f.what
+                if isinstance(f, (TrafficRun, PerturbRun, PressureRun))
+                else f"armed (run {f.run_id}"
+            )
             self.echo(
                 f"  step {s.idx + 1} {s.name}: {what}, {late:.2f}s after "
                 f"its planned start) for {s.duration:g}s"
@@ -1323,7 +1327,9 @@ class Run:
         fids = sorted({fid for s in self.steps for fid, _w in s.fires if fid})
         if not fids:
             return False, 0.0, "no fault fired, so nothing can be linked"
-        runs = sorted({s.fault.run_id for s in self.steps if getattr(s.fault, "run_id", None)})
+        runs = sorted(
+            {s.fault.run_id for s in self.steps if s.fault is not None and s.fault.run_id}
+        )
         lo, hi = int(self.phase_at["baseline"] * 1e9), time.time_ns()
         # Rows of the window that name no fault of ours (another process's
         # Xid, an anchor of the module's own): said, not counted.
