@@ -80,6 +80,25 @@ class StepRequest:
     arm_timeout: float | None = None
 
 
+class EndsOnItsOwn:
+    """wait(), ended_at and rc of a step that ends on a thread of its own
+    (a traffic or a perturb step): it sets `_ended_at`, then `_done`."""
+
+    _done: threading.Event
+    _ended_at: float | None
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._done.wait(timeout)
+
+    @property
+    def ended_at(self) -> float | None:
+        return self._ended_at
+
+    @property
+    def rc(self) -> int | None:
+        return 0 if self._done.is_set() else None
+
+
 class FaultHostError(RuntimeError):
     """A step could not be armed (the child said why, in one line)."""
 

@@ -27,7 +27,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from pyctl.experiment.host import FaultHostError
+from pyctl.experiment.host import EndsOnItsOwn, FaultHostError
 
 
 def _call(url: str, method: str, body: Any = None, timeout: float = 5.0) -> dict[str, Any]:
@@ -49,7 +49,7 @@ def _call(url: str, method: str, body: Any = None, timeout: float = 5.0) -> dict
         raise FaultHostError(f"{method} {url}: {e}") from None
 
 
-class PerturbRun:
+class PerturbRun(EndsOnItsOwn):
     """A perturb step behind the RunningFault interface."""
 
     def __init__(
@@ -136,20 +136,9 @@ class PerturbRun:
     def stop(self) -> None:
         self._stop.set()
 
-    def wait(self, timeout: float | None = None) -> bool:
-        return self._done.wait(timeout)
-
     def fires(self) -> list[tuple[str, float]]:
         n = self.report.get("bits_flipped") or 0
         return [(self.fault_id, self.started_at)] if n > 0 else []
-
-    @property
-    def ended_at(self) -> float | None:
-        return self._ended_at
-
-    @property
-    def rc(self) -> int | None:
-        return 0 if self._done.is_set() else None
 
     @property
     def what(self) -> str:

@@ -37,6 +37,7 @@ from pyctl.experiment import corpora
 from pyctl.experiment import evidence as E
 from pyctl.experiment.files import Experiment, ExperimentError, Step, render_facts
 from pyctl.experiment.host import (
+    EndsOnItsOwn,
     FaultHost,
     FaultHostError,
     LocalFaultHost,
@@ -297,7 +298,7 @@ def step_target(exp: Experiment, s: Step, facts: dict[str, Any]) -> tuple[int, i
     return pid, tid
 
 
-class TrafficRun:
+class TrafficRun(EndsOnItsOwn):
     """A traffic step (a second open-loop load for the step's duration)
     behind the RunningFault interface: its requests are its fires."""
 
@@ -342,19 +343,8 @@ class TrafficRun:
         # every step at once from the guard's thread.
         self.load.halt()
 
-    def wait(self, timeout: float | None = None) -> bool:
-        return self._done.wait(timeout)
-
     def fires(self) -> list[tuple[str, float]]:
         return [(f"request-{x.index}", x.sent) for x in self.load.samples() if x.sent]
-
-    @property
-    def ended_at(self) -> float | None:
-        return self._ended_at
-
-    @property
-    def rc(self) -> int | None:
-        return 0 if self._done.is_set() else None
 
     def check(self) -> tuple[bool, dict[str, Any], str]:
         """Every answer within ok_status (up to max_bad of them outside)?"""
