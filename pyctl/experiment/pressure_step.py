@@ -65,12 +65,13 @@ class PressureRun:
         # Armed once the memory is held, or the child gave up (its reason).
         self._news.wait(arm_timeout)
         if not self._holding.is_set():
+            gave_up = self._done.is_set()  # it exited by itself; else it was too slow
             self.stop()
             self._done.wait(10)
             why = next((ln for ln in reversed(self.lines) if ln.strip()), "")
+            when = "" if gave_up else f" in {arm_timeout:g}s"
             raise FaultHostError(
-                f"vram pressure did not hold memory in {arm_timeout:g}s "
-                f"({why or f'exit {self.proc.poll()}'})"
+                f"vram pressure did not hold memory{when} ({why or f'exit {self.proc.poll()}'})"
             )
         self.started_at = self.held_at or time.time()
 
