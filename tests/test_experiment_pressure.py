@@ -13,7 +13,6 @@ a real service needs the GPU host: docs/gpu-validation.md.
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import subprocess
 from contextlib import closing
@@ -55,7 +54,8 @@ duration = "2s"
 """
 
 
-def _children_of(pid: int) -> list[int]:
+def _pressure_children() -> list[int]:
+    """vram_pressure processes still running (ours: none once a step ended)."""
     out = subprocess.run(["pgrep", "-f", "pyctl.hooks.vram_pressure"], capture_output=True,
                          text=True).stdout.split()  # fmt: skip
     return [int(p) for p in out]
@@ -86,7 +86,7 @@ def test_a_pressure_step_holds_records_and_releases(tmp_path: Path) -> None:
     # Released by the step's end (SIGTERM) or the child's own deadline, a little later.
     assert o["reason"] in ("deadline", "signal:SIGTERM"), o
     assert 1.5e9 < latency_ns < 6e9, latency_ns
-    assert not _children_of(os.getpid()), "the pressure child outlived its step"
+    assert not _pressure_children(), "the pressure child outlived its step"
 
 
 def test_a_child_that_cannot_hold_is_one_line_and_an_error(tmp_path: Path) -> None:
@@ -97,7 +97,7 @@ def test_a_child_that_cannot_hold_is_one_line_and_an_error(tmp_path: Path) -> No
     rc, out, _t = run_exp(str(f), "--db", str(db))
     assert rc == 2 and "verdict ERROR" in out, out
     assert "vram pressure did not hold memory" in out and "vram_pressure:" in out, out
-    assert not _children_of(os.getpid())
+    assert not _pressure_children()
 
 
 @pytest.mark.parametrize(
