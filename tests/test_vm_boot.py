@@ -79,7 +79,9 @@ if edu:
     print(marker, flush=True)
     devpath = os.path.realpath(edu)[len("/sys"):]
     gone = False
-    while not gone and select.select([s], [], [], 30)[0]:
+    # 90 s: under TCG on a loaded machine the sid guest once took over 30 s
+    # to act on device_del (its clocksource watchdog timed out meanwhile).
+    while not gone and select.select([s], [], [], 90)[0]:
         gone = s.recv(65536).split(b"\0")[0] == ("remove@" + devpath).encode()
     print("edu_gone=%d present=%d" % (gone, os.path.exists(edu)), flush=True)
 sys.exit(3)
