@@ -798,11 +798,8 @@ class Run:
                     self.launching.append(child)
                 launched.append((sr, child))
                 continue
-            if s.perturb is not None:
-                launched.append((sr, s.perturb))  # armed below, by one POST
-                continue
-            if s.pressure is not None:
-                launched.append((sr, ("pressure", s.pressure)))  # armed below: its child holds
+            if s.perturb is not None or s.pressure is not None:
+                launched.append((sr, None))  # armed below: one POST, or its child holding
                 continue
             pid, tid = self.who.get(s.idx, (int(facts["pid"]), None))
             if s.thread:
@@ -834,18 +831,18 @@ class Run:
                     f = self.host.start(pending)
                 elif isinstance(pending, TrafficRun):
                     f = pending  # sending from now on: nothing to arm
-                elif isinstance(pending, tuple):  # a pressure step
+                elif s.pressure is not None:
                     f = PressureRun(
-                        pending[1],
+                        s.pressure,
                         s.duration,
                         self.db_path,
                         s.arm_timeout or float(getattr(self.host, "arm_timeout", 60.0)),
                     )
-                elif isinstance(pending, dict):  # a perturb step
+                elif s.perturb is not None:
                     f = PerturbRun(
-                        str(render_facts(pending["url"], facts)),
-                        pending["rules"],
-                        pending["seed"],
+                        str(render_facts(s.perturb["url"], facts)),
+                        s.perturb["rules"],
+                        s.perturb["seed"],
                         s.duration,
                         self.db_path,
                         (facts.get("pid"), facts.get("worker_tid")),
