@@ -132,6 +132,91 @@ static __always_inline void stat_add(__u32 idx)
 		__sync_fetch_and_add(v, 1);
 }
 
+/*
+ * The kernel's view of a ring, for diagnosing a failed reservation: only
+ * these fields, found by name in the running kernel's BTF (CO-RE), so a
+ * layout change moves the offsets and a missing field fails the load.
+ */
+struct bpf_ringbuf___gf {
+	__u64 mask;
+	unsigned long consumer_pos;
+	unsigned long producer_pos;
+	unsigned long pending_pos;
+} __attribute__((preserve_access_index));
+
+struct bpf_ringbuf_map___gf {
+	struct bpf_ringbuf___gf *rb;
+} __attribute__((preserve_access_index));
+
+/* Room for the start of struct bpf_ringbuf_map, up to its rb pointer. */
+struct gf_ring_copy {
+	__u8 bytes[512];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct gf_ring_copy);
+} ring_copy SEC(".maps");
+
+static __always_inline void stat_max(__u32 idx, __u64 val)
+{
+	__u64 *v = bpf_map_lookup_elem(&stats, &idx);
+
+	if (v && val > *v)
+		*v = val;	/* racy max: a diagnostic, never a count */
+}
+
+/*
+ * An events record of `size` bytes was not reserved. 6.18's
+ * __bpf_ringbuf_reserve() returns NULL when the record does not fit before
+ * the consumer position, when it does not fit before the oldest uncommitted
+ * record (pending_pos), or when its rqspinlock gives up. Read the positions
+ * right after and count which. "Room when read" is the lock, or a consumer
+ * that moved in between (a batch commit frees megabytes at once). A backlog
+ * maximum above the ring's size means the kernel read a consumer position
+ * that was never true: a torn write by the consumer (pyctl/bpf/ringbuf.py
+ * says why it writes in one store). The verifier allows no arithmetic on
+ * a map pointer, so the map's struct is copied (the copy's rb field is
+ * then a plain number) instead of reading its rb field in place.
+ */
+static __always_inline void events_lost(__u32 size)
+{
+	__u32 off = bpf_core_field_offset(struct bpf_ringbuf_map___gf, rb);
+	__u64 len = (size + 8 + 7) & ~7ULL;	/* header, 8-byte rounding */
+	__u64 rb, mask, cons, prod, pend;
+	struct gf_ring_copy *c;
+	__u32 zero = 0;
+
+	stat_add(GF_STAT_EVENTS_LOST);
+	/* The helper's positions: exact, no kernel read needed. */
+	cons = bpf_ringbuf_query(&events, BPF_RB_CONS_POS);
+	prod = bpf_ringbuf_query(&events, BPF_RB_PROD_POS);
+	mask = bpf_ringbuf_query(&events, BPF_RB_RING_SIZE) - 1;
+	stat_max(GF_STAT_LOST_BACKLOG_MAX, prod - cons);
+	if (prod + len - cons > mask) {
+		stat_add(GF_STAT_LOST_FULL);
+		return;
+	}
+	/* pending_pos has no query: read it from the ring's struct. */
+	c = bpf_map_lookup_elem(&ring_copy, &zero);
+	if (!c || off > sizeof(c->bytes) - 8 ||
+	    bpf_probe_read_kernel(c->bytes, off + 8, (void *)&events))
+		goto unknown;
+	rb = *(__u64 *)(c->bytes + off);
+	if (!rb || bpf_probe_read_kernel(&pend, sizeof(pend), (void *)(rb +
+			bpf_core_field_offset(struct bpf_ringbuf___gf, pending_pos))))
+		goto unknown;
+	if (prod + len - pend > mask)
+		stat_add(GF_STAT_LOST_PENDING);
+	else
+		stat_add(GF_STAT_LOST_ROOM);
+	return;
+unknown:
+	stat_add(GF_STAT_LOST_UNKNOWN);
+}
+
 static __always_inline struct gf_task *task_scratch(bool create)
 {
 	return bpf_task_storage_get(&tasks, bpf_get_current_task_btf(), 0,
@@ -313,7 +398,7 @@ static __always_inline void emit_call(struct gf_task *w, __u32 kind, __u64 ts,
 
 	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
-		stat_add(GF_STAT_EVENTS_LOST);
+		events_lost(sizeof(*e));
 		return;
 	}
 	e->ts_ns = ts;
@@ -347,7 +432,7 @@ static __always_inline void emit_entry_fast(struct gf_regs *ctx, __u64 cookie,
 
 	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
-		stat_add(GF_STAT_EVENTS_LOST);
+		events_lost(sizeof(*e));
 		return;
 	}
 	id = bpf_get_current_pid_tgid();

@@ -188,3 +188,19 @@ def link_words(
     if fault and fault.get("ts_ns") and link.get("ts_ns"):
         after = f", {duration_ns(link['ts_ns'] - fault['ts_ns'])} after the fault"
     return f"{text}{who}{after}"
+
+
+# runs.stats["events_lost_why"] keys (pyctl/engine: Engine.loss_causes) in words.
+_LOSS_CAUSES = (
+    ("ring_full", "ring full"),
+    ("held_by_uncommitted", "held back by an uncommitted record"),
+    ("room_when_read", "room when read right after (the lock gave up, or the consumer moved)"),
+    ("unknown", "cause not read"),
+)
+
+
+def loss_words(why: dict[str, Any] | None) -> str:
+    """Like "ring full 21, held back by an uncommitted record 2"; "" when nothing was lost."""
+    if not why:
+        return ""
+    return ", ".join(f"{label} {why[k]}" for k, label in _LOSS_CAUSES if why.get(k))

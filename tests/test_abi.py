@@ -96,7 +96,8 @@ def python_value(name: str) -> int:
         if short.startswith(prefix):
             key = short[len(prefix) :]
             if how == "index":
-                return abi.STAT_NAMES.index(key.lower())  # type: ignore[union-attr]
+                every = abi.STAT_NAMES + abi.LOSS_CAUSE_NAMES
+                return every.index(key.lower())
             return table[ops.get(key, key.lower())]  # type: ignore[index]
     if short == "COMM_LEN":
         return abi.COMM_LEN

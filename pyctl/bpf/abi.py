@@ -53,7 +53,16 @@ STAT_NAMES = (
     "corrupt_err",
     "fires_skipped",
 )
-STAT_MAX = 8
+# The same array's diagnosis of failed events reservations (indexes follow
+# STAT_NAMES): why each was refused, and the most bytes unread seen at one.
+LOSS_CAUSE_NAMES = (
+    "lost_full",
+    "lost_pending",
+    "lost_room",
+    "lost_backlog_max",
+    "lost_unknown",
+)
+STAT_MAX = 12
 
 
 def cookie(spec: int, func: int) -> int:

@@ -17,7 +17,6 @@ from collections.abc import Iterator
 BUSY = 1 << 31
 DISCARD = 1 << 30
 HDR = 8
-_U64 = struct.Struct("=Q")
 _HDR = struct.Struct("=II")
 PAGE = mmap.PAGESIZE
 
@@ -34,17 +33,29 @@ class RingReader:
         self.cons = mmap.mmap(map_fd, PAGE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         self.prod = mmap.mmap(map_fd, PAGE + 2 * size, mmap.MAP_SHARED, mmap.PROT_READ, offset=PAGE)
         self.data = memoryview(self.prod)[PAGE:]
+        # The two positions as one aligned 8-byte word each. The kernel
+        # reads consumer_pos with one load while it reserves, so ours must
+        # change in one store: struct.pack_into zeroes its 8 bytes and then
+        # writes them one by one, and a reservation in between saw a
+        # position up to the whole ring behind, took the ring for full and
+        # failed (the "unexplained" losses at 300k events/s,
+        # docs/benchmarks.md). A memoryview cast to "Q" reads and writes an
+        # item with one 8-byte memcpy, which the compiler makes one move.
+        self._cons_pos = memoryview(self.cons).cast("Q")
+        self._prod_pos = memoryview(self.prod)[:8].cast("Q")
 
     def close(self) -> None:
+        self._cons_pos.release()
+        self._prod_pos.release()
         self.data.release()
         self.prod.close()
         self.cons.close()
 
     def _positions(self) -> tuple[int, int]:
-        return _U64.unpack_from(self.cons, 0)[0], _U64.unpack_from(self.prod, 0)[0]
+        return self._cons_pos[0], self._prod_pos[0]
 
     def _commit(self, pos: int) -> None:
-        _U64.pack_into(self.cons, 0, pos)
+        self._cons_pos[0] = pos
 
     def pending_bytes(self) -> int:
         c, p = self._positions()

@@ -298,9 +298,13 @@ def run_specs(
         for k in ("signal_err", "pending_err", "inflight_err", "corrupt_err")
         if counts.get(k)
     )
+    from pyctl.words import loss_words  # at the end: not on the start path
+
+    causes = loss_words(st.loss_causes)
+    lost_words = f"{lost} lost ({causes})" if causes else f"{lost} lost"
     click.echo(
         f"run {eng.run_id}: {st.calls} matching calls, {st.fires} fires, "
-        f"{st.events} events, {lost} lost{dropped}{why}{', ' + errs if errs else ''}"
+        f"{st.events} events, {lost_words}{dropped}{why}{', ' + errs if errs else ''}"
         f" -> {options.db_path}",
         err=True,
     )

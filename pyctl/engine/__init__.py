@@ -461,6 +461,19 @@ class Engine:
         assert self.links is not None
         return self.links.lost()
 
+    def loss_causes(self) -> dict[str, int]:
+        """Why the events ring refused records: runs.stats["events_lost_why"]
+        (docs/schema.md), read from the BPF side's diagnosis at each loss."""
+        assert self.links is not None
+        c = self.links.loss_causes()
+        return {
+            "ring_full": c["lost_full"],
+            "held_by_uncommitted": c["lost_pending"],
+            "room_when_read": c["lost_room"],
+            "unknown": c["lost_unknown"],
+            "backlog_max_bytes": c["lost_backlog_max"],
+        }
+
     def disarm(self) -> None:
         """Stop firing at once (links stay until close)."""
         if self.obj is None:
@@ -503,6 +516,8 @@ class Engine:
                     cnt = self.counters()
                     self.stats.calls = sum(c.calls for c in cnt)
                     self.stats.lost = self.lost()
+                    if self.stats.lost.get("events_lost"):
+                        self.stats.loss_causes = self.loss_causes()
                     # After detach: what is left in flight never returns to us.
                     self.stats.unfinished = self.links.in_flight()
                 except Exception:  # noqa: BLE001 - still close the run row
@@ -535,6 +550,11 @@ class Engine:
                         "calls_unfinished": self.stats.unfinished,
                         **({"write_error": self.write_error} if self.write_error else {}),
                         **self.stats.lost,
+                        **(
+                            {"events_lost_why": self.stats.loss_causes}
+                            if self.stats.loss_causes
+                            else {}
+                        ),
                     },
                 )
             except sqlite3.Error as e:

@@ -171,6 +171,8 @@ class RunStats:
     # (in flight at detach): matching, with no call record.
     unfinished: int = 0
     lost: dict[str, int] = field(default_factory=dict)
+    # Why events were lost, when some were (Engine.loss_causes).
+    loss_causes: dict[str, int] = field(default_factory=dict)
 
 
 def _fetch_catalog() -> Any:

@@ -158,14 +158,21 @@ class Links:
             out.append(c)
         return out
 
-    def lost(self) -> dict[str, int]:
+    def _stats(self, names: tuple[str, ...], first: int) -> dict[str, int]:
         fd = self.map_fd(Main.STATS)
         out = {}
-        for i, name in enumerate(abi.STAT_NAMES):
+        for i, name in enumerate(names, first):
             v = C.c_uint64()
             map_lookup(fd, C.c_uint32(i), v)
             out[name] = v.value
         return out
+
+    def lost(self) -> dict[str, int]:
+        return self._stats(abi.STAT_NAMES, 0)
+
+    def loss_causes(self) -> dict[str, int]:
+        """Why events reservations failed (bpf/gpufault.bpf.c, events_lost())."""
+        return self._stats(abi.LOSS_CAUSE_NAMES, len(abi.STAT_NAMES))
 
     def in_flight(self) -> int:
         """Calls that entered and have not returned (after detach: never will)."""
