@@ -88,17 +88,31 @@ def start_target(kind: str = "libz") -> tuple[subprocess.Popen[str], str]:
 
 
 def gpufault_once(
-    pid: int, cache: Path, db: Path, tree: Path | None = REPO, lib: str = "libz", fn: str = "crc32"
+    pid: int,
+    cache: Path,
+    db: Path,
+    tree: Path | None = REPO,
+    lib: str = "libz",
+    fn: str = "crc32",
+    *,
+    python: str = sys.executable,
+    env_extra: dict[str, str] | None = None,
 ) -> dict[str, float]:
-    """tree None: the installed gpufault (the wheel on the GPU host)."""
-    env = {**os.environ, "GPUFAULT_CACHE_DIR": str(cache)}
+    """tree None: the gpufault `python` imports (the wheel on the GPU host,
+    the clean venv's)."""
+    env = {**os.environ, "GPUFAULT_CACHE_DIR": str(cache), **(env_extra or {})}
     if tree is not None:
         env["PYTHONPATH"] = str(tree)
-    argv = [sys.executable, "-m", "pyctl", "trace", "--pid", str(pid), "--lib", lib,
+    argv = [python, "-m", "pyctl", "trace", "--pid", str(pid), "--lib", lib,
             "--fn", fn, "--no-stack", "--db", str(db)]  # fmt: skip
     t0 = mono_ns()
     p = subprocess.Popen(
-        argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=tree
+        argv,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=tree or cache.parent,
     )
     assert p.stderr is not None
     banner = None
@@ -129,17 +143,17 @@ def gpufault_once(
     }
 
 
-def imports_once(tree: Path | None = REPO) -> dict[str, float]:
+def imports_once(tree: Path | None = REPO, python: str = sys.executable) -> dict[str, float]:
     """The floor under gpufault's number: the interpreter's start and the
     imports of `trace` (its --help), without resolving or loading."""
     env = dict(os.environ)
     if tree is not None:
         env["PYTHONPATH"] = str(tree)
     t0 = mono_ns()
-    subprocess.run([sys.executable, "-c", "pass"], check=True)
+    subprocess.run([python, "-c", "pass"], check=True)
     t1 = mono_ns()
-    subprocess.run([sys.executable, "-m", "pyctl", "trace", "--help"], check=True, env=env,
-                   stdout=subprocess.DEVNULL)  # fmt: skip
+    subprocess.run([python, "-m", "pyctl", "trace", "--help"], check=True, env=env,
+                   stdout=subprocess.DEVNULL, cwd=tree or "/")  # fmt: skip
     t2 = mono_ns()
     return {"python_start_ms": (t1 - t0) / 1e6, "trace_help_ms": (t2 - t1) / 1e6}
 
@@ -163,6 +177,28 @@ def bpftrace_once(pid: int, libz: str, fn: str = "crc32") -> dict[str, float]:
         # exit() at the first call: detaching its one probe and ending.
         "exit_after_first_ms": (t_exit - first) / 1e6,
     }
+
+
+# pyproject's dependencies a trace run imports (click, pyelftools,
+# rust-demangler), by their import names.
+RUN_DEPS = ("click", "elftools", "rust_demangler")
+
+
+def clean_venv(where: Path, tree: Path) -> str:
+    """A venv that imports gpufault as an installed wheel does: the package
+    and click as plain directories in its own site-packages, no .pth file
+    and no editable-install finder (this machine's site-packages has both,
+    plus a sandbox's certifi hook: 50-65 ms of `site` before any of our
+    code). The package is a link to this checkout, so the bytes are the
+    same; returns its python."""
+    import importlib
+
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True)
+    site = next((where / "lib").glob("python3*/site-packages"))
+    (site / "pyctl").symlink_to(tree / "pyctl")
+    for dep in RUN_DEPS:  # pure Python: copied as pip would unpack them
+        shutil.copytree(Path(importlib.import_module(dep).__file__ or "").parent, site / dep)
+    return str(where / "bin" / "python")
 
 
 def median(runs: list[dict[str, float]]) -> dict[str, float]:
@@ -211,14 +247,23 @@ def main() -> int:
     try:
         # Interleaved, so load on the machine falls on every column alike.
         cold, warm, bpft, floor, base = [], [], [], [], []
+        serial, venv, venv_floor = [], [], []  # early load off; the clean venv
         warm_cache = tmp / "warm-cache"
         db = tmp / "gf.db"
         gpufault_once(target.pid, warm_cache, db, tree, lib, fn)  # fills the cache, makes the db
         if baseline is not None:  # its own cache and db: its formats may differ
             gpufault_once(target.pid, tmp / "base-cache", tmp / "base.db", baseline, lib, fn)
+        vpy = clean_venv(tmp / "venv", tree) if tree is not None else None
+        no_early = {"GPUFAULT_NO_EARLY_LOAD": "1"}
         for i in range(REPS):
             cold.append(gpufault_once(target.pid, tmp / f"cold-cache-{i}", db, tree, lib, fn))
             warm.append(gpufault_once(target.pid, warm_cache, db, tree, lib, fn))
+            serial.append(
+                gpufault_once(target.pid, warm_cache, db, tree, lib, fn, env_extra=no_early)
+            )
+            if vpy is not None:
+                venv.append(gpufault_once(target.pid, warm_cache, db, None, lib, fn, python=vpy))
+                venv_floor.append(imports_once(None, vpy))
             if have_bpftrace:
                 bpft.append(bpftrace_once(target.pid, lib, fn))
             floor.append(imports_once(tree))
@@ -242,11 +287,23 @@ def main() -> int:
         "reps": REPS,
         "gpufault_cold": median(cold),
         "gpufault_warm": median(warm),
+        # The same warm run with the BPF object loaded after the imports,
+        # not beside them (GPUFAULT_NO_EARLY_LOAD=1): what the early load buys.
+        "gpufault_warm_early_load_off": median(serial),
+        "gpufault_warm_clean_venv": median(venv) if venv else None,
         "bpftrace": median(bpft) if bpft else None,
         "floor": median(floor),
+        "floor_clean_venv": median(venv_floor) if venv_floor else None,
         "load_avg_1m": round(os.getloadavg()[0], 2),
-        "raw": {"gpufault_cold": cold, "gpufault_warm": warm, "bpftrace": bpft, "floor": floor},
-    }
+        "raw": {"gpufault_cold": cold, "gpufault_warm": warm, "bpftrace": bpft, "floor": floor,
+                "gpufault_warm_early_load_off": serial, "gpufault_warm_clean_venv": venv},
+    }  # fmt: skip
+    res["ratio_early_load_on_to_off"] = round(
+        statistics.median(
+            w["first_call_ms"] / s["first_call_ms"] for w, s in zip(warm, serial, strict=True)
+        ),
+        3,
+    )
     if baseline is not None:
         res["baseline"] = {"tree": str(baseline), "warm": median(base)}
         res["raw"]["baseline_warm"] = base
@@ -263,6 +320,10 @@ def main() -> int:
             "cold": round(res["gpufault_cold"]["first_call_ms"] / b, 2),
             "warm": round(res["gpufault_warm"]["first_call_ms"] / b, 2),
         }
+        if venv:
+            res["ratio_to_bpftrace"]["warm_clean_venv"] = round(
+                res["gpufault_warm_clean_venv"]["first_call_ms"] / b, 2
+            )
     print(json.dumps(res, indent=2))
     if "--md" in sys.argv and bpft:
         md(res)

@@ -1,4 +1,4 @@
-from pyctl.cli import main
+from pyctl.entry import main
 
 if __name__ == "__main__":
     main()

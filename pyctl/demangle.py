@@ -10,9 +10,9 @@ understands is returned unchanged, never guessed at.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 import re
+from collections.abc import Iterator
 
 # Rust legacy: a trailing 17h<16 hex> hash element, noise to a reader.
 _RUST_HASH = re.compile(r"::h[0-9a-f]{16}(?=$| \[clone )")
@@ -25,9 +25,18 @@ _RUST_LEGACY = re.compile(r"^_ZN.*17h[0-9a-f]{16}E")
 _SUFFIX = re.compile(r"((?:\.(?:llvm|cold|isra|part|constprop|lto_priv)(?:\.\d+)*)+)$")
 
 
+def _libstdcxx_names() -> Iterator[str | None]:
+    """The soname first; ctypes.util's search (it imports subprocess and
+    runs ldconfig: ~15 ms of a trace's start) only when that fails."""
+    yield "libstdc++.so.6"
+    import ctypes.util
+
+    yield ctypes.util.find_library("stdc++")
+
+
 @functools.lru_cache(maxsize=1)
 def _cxa() -> tuple[object, object] | None:
-    for name in ("libstdc++.so.6", ctypes.util.find_library("stdc++")):
+    for name in _libstdcxx_names():
         if not name:
             continue
         try:

@@ -24,7 +24,6 @@ import json
 import os
 import pickle
 import stat
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +97,8 @@ def _write(kind: str, key: str, data: bytes) -> bool:
         return False
     tmp = None
     try:
+        import tempfile  # on a write only: a warm start imports none of it
+
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=p.parent)  # 0600
         with os.fdopen(fd, "wb") as f:
             f.write(data)

@@ -10,17 +10,19 @@ from __future__ import annotations
 import os
 import signal
 import sqlite3
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyctl.engine import Engine, EngineError, StoreWriteError
 from pyctl.run_options import RunOptions
 from pyctl.spec import FaultSpec
+
+if TYPE_CHECKING:
+    import subprocess
 
 
 @dataclass
@@ -112,8 +114,11 @@ def check_command(cmd: Sequence[str]) -> str:
 
 def _held_command(cmd: Sequence[str], fd: int) -> list[str]:
     """A shell that waits for one byte on fd, then execs cmd in place (same
-    pid), so probes and the copilot are in place before cmd's first insn."""
-    return ["/bin/sh", "-c", f'read -r _ <&{fd}; exec "$@"', "gpufault-hold", *cmd]
+    pid), so probes and the copilot are in place before cmd's first insn.
+    The pipe is opened by path: dash takes only one-digit descriptors in
+    `<&N`, and a run whose BPF object was loaded first (pyctl/entry.py)
+    has its pipe above 9."""
+    return ["/bin/sh", "-c", f'read -r _ < /dev/fd/{fd}; exec "$@"', "gpufault-hold", *cmd]
 
 
 def _start_with_original_mask(argv: list[str], fd: int) -> subprocess.Popen[bytes]:
@@ -124,6 +129,8 @@ def _start_with_original_mask(argv: list[str], fd: int) -> subprocess.Popen[byte
     mask is set around the Popen (no copilot runs yet to miss a SIGCHLD).
     Dispositions need nothing: handlers reset at exec, and Python's
     restore_signals puts back SIGPIPE/SIGXFSZ."""
+    import subprocess  # for `-- CMD` only: a --pid start imports none of it (~6 ms)
+
     from pyctl.sigmask import original_sigmask
 
     old = signal.pthread_sigmask(signal.SIG_SETMASK, original_sigmask())

@@ -347,3 +347,25 @@ def test_runner_takes_run_options_or_their_keywords() -> None:
     assert (a.db_path, a.kind, a.duration, a.record_xids) == ("x.db", "trace", 3.0, False)
     with pytest.raises(TypeError):
         Runner([], Target(pid=1), opts, kind="inject")
+
+
+def test_a_held_command_waits_on_a_pipe_above_fd_9() -> None:
+    """A run whose BPF object loaded first (pyctl/entry.py) holds its
+    command on a pipe numbered above 9, which dash's `<&N` cannot take."""
+    import subprocess
+
+    from pyctl.runner import _held_command
+
+    r, w = os.pipe()
+    high = 40
+    os.dup2(r, high)
+    os.close(r)
+    try:
+        argv = _held_command(["sh", "-c", "echo ran"], high)
+        p = subprocess.Popen(argv, pass_fds=(high,), stdout=subprocess.PIPE, text=True)
+        os.write(w, b"go\n")
+        out, _ = p.communicate(timeout=30)
+    finally:
+        os.close(high)
+        os.close(w)
+    assert (p.returncode, out) == (0, "ran\n")

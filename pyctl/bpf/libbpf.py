@@ -14,8 +14,8 @@ No compiler or kernel headers are needed: the objects are prebuilt CO-RE.
 from __future__ import annotations
 
 import ctypes as C
-import ctypes.util
 import os
+from collections.abc import Iterator
 from typing import Any
 
 from pyctl import paths
@@ -47,19 +47,23 @@ class UprobeOpts(C.Structure):
     ]
 
 
-def _candidates() -> list[tuple[str, str]]:
+def _candidates() -> Iterator[tuple[str, str]]:
     """(kind, name) in the order tried: kind is 'GPUFAULT_LIBBPF', 'system'
-    or 'bundled'."""
+    or 'bundled'. Lazily: the last, ctypes.util's search, imports
+    subprocess and tempfile and runs ldconfig (~15 ms of every trace's
+    start on the dev VM), so it runs only when the others failed."""
     env = os.environ.get("GPUFAULT_LIBBPF")
-    out = [("GPUFAULT_LIBBPF", env)] if env else []
-    out.append(("system", "libbpf.so.1"))
+    if env:
+        yield "GPUFAULT_LIBBPF", env
+    yield "system", "libbpf.so.1"
     # The wheel's copy (GPU images usually have no libbpf).
     if paths.BUNDLED_LIBBPF.exists():
-        out.append(("bundled", str(paths.BUNDLED_LIBBPF)))
+        yield "bundled", str(paths.BUNDLED_LIBBPF)
+    import ctypes.util
+
     found = ctypes.util.find_library("bpf")
     if found and found != "libbpf.so.1":
-        out.append(("system", found))
-    return out
+        yield "system", found
 
 
 def _loaded_path(lb: C.CDLL) -> str:

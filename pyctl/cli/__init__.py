@@ -55,12 +55,9 @@ FAST_COMMANDS = {"trace": "pyctl.cli.trace:trace", "inject": "pyctl.cli.inject:i
 def _only_run_command(argv: list[str]) -> Any:
     """The root group with only argv's command in it, when that is one of
     FAST_COMMANDS after the root's own options; else None (every command)."""
-    i = 0
-    while i < len(argv) and argv[i] in ("--debug", "--db") or (
-        i < len(argv) and argv[i].startswith("--db=")
-    ):
-        i += 2 if argv[i] == "--db" else 1
-    ref = FAST_COMMANDS.get(argv[i]) if i < len(argv) else None
+    from pyctl.entry import command_of
+
+    ref = FAST_COMMANDS.get(command_of(argv) or "")
     if ref is None:
         return None
     import importlib

@@ -24,7 +24,6 @@ from __future__ import annotations
 import ctypes as C
 import os
 import select
-import signal as _signal
 import sqlite3
 import time
 from collections.abc import Sequence
@@ -32,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from pyctl import resolve, store
-from pyctl.bpf import abi
+from pyctl.bpf import abi, main_object
 from pyctl.bpf.libbpf import BpfError, Object
 from pyctl.bpf.ringbuf import RingReader
 from pyctl.capabilities import MAIN_OBJ, regs_writable, uprobe_multi, user_writable
@@ -51,7 +50,7 @@ from pyctl.run_options import DEFAULT_MAX_DB_BYTES, RunOptions
 from pyctl.spec import FaultSpec
 from pyctl.symbolize import Symbolizer, read_maps
 
-DEFAULT_COPILOT_SIGNAL = _signal.SIGURG
+DEFAULT_COPILOT_SIGNAL = main_object.DEFAULT_COPILOT_SIGNAL
 # One drain pass: about this long (then the caller sees its deadline and
 # signals again), in batches this large: ~10-25 ms of inserts each on the
 # 2-core dev VM under load, ~110 ms worst seen (a WAL checkpoint), so a
@@ -61,12 +60,8 @@ DRAIN_BUDGET_S = 0.04
 CALL_BATCH = 4096
 FIRE_BATCH = 512
 
-# The fires ring: a fault fires only when its record fits (else it is
-# skipped and counted, bpf/gpufault.bpf.c reserve_fire), so the ring is the
-# burst of fires the controller can fall behind by without skipping any.
-# A record is 528 bytes with the ring's header: 8 MiB holds 15.8k. GPUFAULT_FIRES_RING_BYTES (a
-# power of two, >= 4096) sets it, for tests that need a full ring.
-FIRES_RING_BYTES = int(os.environ.get("GPUFAULT_FIRES_RING_BYTES", 8 << 20))
+# The fires ring's size: pyctl/bpf/main_object.py says why (tests patch it here).
+FIRES_RING_BYTES = main_object.FIRES_RING_BYTES
 
 
 def __getattr__(name: str) -> Any:
@@ -110,7 +105,7 @@ class Engine:
         argv: Sequence[str] = (),
         kind: str = "inject",
         copilot_signal: int = DEFAULT_COPILOT_SIGNAL,
-        ring_mib: int = 8,
+        ring_mib: int = main_object.DEFAULT_RING_BYTES >> 20,
         use_regs: bool | None = None,
         use_user_writes: bool | None = None,
         watch_pids: Sequence[int] = (),

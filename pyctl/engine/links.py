@@ -9,15 +9,14 @@ from collections.abc import Iterable, Sequence
 
 from pyctl.bpf import abi
 from pyctl.bpf.libbpf import (
-    BPF_TRACE_UPROBE_MULTI,
     BpfError,
     Object,
     map_count,
     map_lookup,
     map_update,
 )
+from pyctl.bpf.main_object import LoadSettings, load, take_early
 from pyctl.bpf.names import Main
-from pyctl.capabilities import MAIN_OBJ
 from pyctl.engine.errors import EngineError
 from pyctl.engine.mechanism import Attachment, Plan
 
@@ -35,29 +34,17 @@ class Links:
         self.obj: Object | None = None
 
     def _open_and_load(self, multi: bool) -> tuple[Object, str, str]:
-        try:
-            obj = Object(MAIN_OBJ)
-        except BpfError as e:
-            raise EngineError(f"{e}: see `gpufault doctor`") from None
-        entry, ret = self.plan.programs
-        for p in Main.UPROBE_PROGRAMS:  # autoload only the chosen pair
-            obj.set_autoload(p, p in (entry, ret))
-        obj.set_max_entries(Main.EVENTS, self.ring_bytes)
-        obj.set_max_entries(Main.FIRES, self.fires_ring_bytes)
-        obj.set_rodata(
-            {
-                Main.COPILOT_SIGNO: ("=I", self.copilot_signal),
-                Main.EVENTS_WAKE_BYTES: ("=Q", max(4096, self.ring_bytes // 8)),
-            }
+        settings = LoadSettings(
+            programs=self.plan.programs,
+            multi=multi,
+            ring_bytes=self.ring_bytes,
+            fires_ring_bytes=self.fires_ring_bytes,
+            copilot_signal=self.copilot_signal,
         )
-        if multi:
-            for prog in (entry, ret):
-                obj.set_expected_attach_type(prog, BPF_TRACE_UPROBE_MULTI)
-        try:
-            obj.load()
-        except BpfError:
-            obj.close()
-            raise
+        # Loaded already by the entry (pyctl/bpf/main_object.py) when the
+        # settings are the defaults it assumed.
+        obj = take_early(settings) or load(settings)
+        entry, ret = settings.programs
         return obj, entry, ret
 
     def load_and_attach(

@@ -1,0 +1,150 @@
+"""The engine's BPF object (bpf/gpufault.bpf.c), opened and loaded with one
+run's settings; and the same load started early, on a thread, by the
+`gpufault trace` and `inject` entry (pyctl/entry.py).
+
+Why early: loading is the largest single step between `gpufault trace`
+and probes live (libbpf parses the kernel's BTF for the CO-RE reads, then
+the verifier runs: ~35-50 ms on the 2-vCPU dev VM), and it depends only on
+what the kernel allows, never on the command's arguments, except for the
+ring sizes and the copilot's signal, whose defaults it assumes. libbpf runs
+without the GIL (ctypes releases it), so the load overlaps the imports of
+click and the CLI on another core. The engine takes the early object only
+when its own settings equal the ones it was loaded with (take_early); any
+other run loads its own, as before, and the early one is closed.
+
+This module stays light (no engine import): the entry imports it before
+anything else.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from dataclasses import dataclass
+
+from pyctl.bpf.libbpf import BPF_TRACE_UPROBE_MULTI, BpfError, Object
+from pyctl.bpf.names import Main
+from pyctl.capabilities import MAIN_OBJ, engine_programs, regs_writable, uprobe_multi, user_writable
+
+DEFAULT_RING_BYTES = 8 << 20  # the events ring (Engine's ring_mib=8)
+DEFAULT_COPILOT_SIGNAL = signal.SIGURG
+# The fires ring: a fault fires only when its record fits (else it is
+# skipped and counted, bpf/gpufault.bpf.c reserve_fire), so the ring is the
+# burst of fires the controller can fall behind by without skipping any.
+# A record is 528 bytes with the ring's header: 8 MiB holds 15.8k.
+# GPUFAULT_FIRES_RING_BYTES (a power of two, >= 4096) sets it, for tests
+# that need a full ring.
+FIRES_RING_BYTES = int(os.environ.get("GPUFAULT_FIRES_RING_BYTES", 8 << 20))
+
+
+@dataclass(frozen=True)
+class LoadSettings:
+    """Everything the loaded object depends on: equal settings, equal object."""
+
+    programs: tuple[str, str]  # the (entry, return) pair to autoload
+    multi: bool  # loaded for uprobe_multi links
+    ring_bytes: int
+    fires_ring_bytes: int
+    copilot_signal: int
+
+
+def prepare(s: LoadSettings) -> Object:
+    """The object opened and set up for s, not loaded yet; raises BpfError."""
+    obj = Object(MAIN_OBJ)
+    try:
+        entry, ret = s.programs
+        for p in Main.UPROBE_PROGRAMS:  # autoload only the chosen pair
+            obj.set_autoload(p, p in (entry, ret))
+        obj.set_max_entries(Main.EVENTS, s.ring_bytes)
+        obj.set_max_entries(Main.FIRES, s.fires_ring_bytes)
+        obj.set_rodata(
+            {
+                Main.COPILOT_SIGNO: ("=I", s.copilot_signal),
+                Main.EVENTS_WAKE_BYTES: ("=Q", max(4096, s.ring_bytes // 8)),
+            }
+        )
+        if s.multi:
+            for prog in (entry, ret):
+                obj.set_expected_attach_type(prog, BPF_TRACE_UPROBE_MULTI)
+    except BaseException:
+        obj.close()
+        raise
+    return obj
+
+
+def load(s: LoadSettings) -> Object:
+    """Open and load the object; raises BpfError (nothing left open)."""
+    obj = prepare(s)
+    try:
+        obj.load()
+    except BaseException:
+        obj.close()
+        raise
+    return obj
+
+
+def default_settings() -> LoadSettings:
+    """What a `trace` or `inject` run with default options will ask for."""
+    return LoadSettings(
+        programs=engine_programs(regs_writable(), user_writable()),
+        multi=uprobe_multi(),
+        ring_bytes=DEFAULT_RING_BYTES,
+        fires_ring_bytes=FIRES_RING_BYTES,
+        copilot_signal=int(DEFAULT_COPILOT_SIGNAL),
+    )
+
+
+class _Early:
+    """The load of one prepared object on a thread. Only the load runs
+    there: it is one C call, so the thread needs the GIL once more, at its
+    end. Preparing it there too cost ~100 ms on the 2-vCPU VM: each of its
+    dozen ctypes calls had to win the GIL back from the importing main
+    thread, one switch interval (5 ms) at a time."""
+
+    def __init__(self, settings: LoadSettings, obj: Object) -> None:
+        self.settings = settings
+        self.obj: Object | None = obj
+        self.thread = threading.Thread(target=self._run, name="gf-early-load", daemon=True)
+
+    def _run(self) -> None:
+        assert self.obj is not None
+        try:
+            self.obj.load()
+        except (BpfError, OSError):
+            # The run's own load says what is wrong, in its words.
+            self.obj.close()
+            self.obj = None
+
+
+_early: _Early | None = None
+
+
+def start_early() -> None:
+    """Begin loading with the default settings (root only: others cannot
+    load, and their run ends at its root check)."""
+    global _early
+    if _early is not None or os.geteuid() != 0 or os.environ.get("GPUFAULT_NO_EARLY_LOAD"):
+        return
+    try:
+        settings = default_settings()
+        obj = prepare(settings)
+    except (BpfError, OSError):
+        return
+    _early = _Early(settings, obj)
+    _early.thread.start()
+
+
+def take_early(s: LoadSettings) -> Object | None:
+    """The early object when it was loaded with settings s; else None (and
+    the early object, if any, closed). Waits for a load still running."""
+    global _early
+    e, _early = _early, None
+    if e is None:
+        return None
+    e.thread.join()
+    if e.obj is not None and e.settings == s:
+        return e.obj
+    if e.obj is not None:
+        e.obj.close()
+    return None

@@ -1,0 +1,41 @@
+"""The `gpufault` entry point (and `python -m pyctl`): the CLI, after
+starting the BPF object's load for the commands that attach to a running
+process (`trace`, `inject`), whose start-up is the time to probes live.
+
+The load runs on a thread (pyctl/bpf/main_object.py says why and when its
+object is used) while click and the CLI are imported; so this module
+imports nothing heavy and scans argv by hand, before click exists.
+GPUFAULT_NO_EARLY_LOAD=1 turns it off.
+"""
+
+from __future__ import annotations
+
+import sys
+
+# The commands whose start-up is the time to probes live (pyctl/cli: they
+# also register alone instead of importing every command module).
+ATTACH_COMMANDS = ("trace", "inject")
+
+
+def command_of(argv: list[str]) -> str | None:
+    """The command word after the root group's own options (--debug, --db
+    PATH, --db=PATH), or None when there is none."""
+    i = 0
+    while (
+        i < len(argv)
+        and argv[i] in ("--debug", "--db")
+        or (i < len(argv) and argv[i].startswith("--db="))
+    ):
+        i += 2 if argv[i] == "--db" else 1
+    return argv[i] if i < len(argv) else None
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    if command_of(argv) in ATTACH_COMMANDS and "--help" not in argv and "-h" not in argv:
+        from pyctl.bpf import main_object
+
+        main_object.start_early()
+    from pyctl.cli import main as cli_main
+
+    cli_main()
