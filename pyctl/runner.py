@@ -343,7 +343,10 @@ class Runner:
                     break
                 if self.show_status and now - last >= 1.0:
                     last = now
-                    lost = sum(eng.lost().values())
+                    # Records lost, as the end-of-run line counts them (the
+                    # other stats are errors of another kind, not records).
+                    st = eng.lost()
+                    lost = st["events_lost"] + st["fires_lost"]
                     sys.stderr.write(
                         f"\r{now - t0:6.1f}s  events {eng.stats.events}  fires {eng.stats.fires}"
                         f"  lost {lost}   "

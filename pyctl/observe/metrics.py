@@ -9,7 +9,8 @@ unconditionally::
     m = Metrics.start(addr, experiment="cuda-oom", slo_id="chat-p99")  # addr None: no-op
     m.set_faults_active(2)
     m.fault_fired("cuMemAlloc_v2", "CUDA_ERROR_OUT_OF_MEMORY")   # or m.on_fire(row)
-    m.set_totals(probe_hits=engine.stats.events, lost=sum(engine.lost().values()))
+    lost = engine.lost()
+    m.set_totals(probe_hits=engine.stats.events, lost=lost["events_lost"] + lost["fires_lost"])
     m.set_phase("fault"); ...; m.set_verdict("pass")
     m.close(final_scrape_s=3.0)   # lets Prometheus read the verdict first
 
