@@ -199,7 +199,10 @@ static __always_inline void events_lost(__u32 size)
 		stat_add(GF_STAT_LOST_FULL);
 		return;
 	}
-	/* pending_pos has no query: read it from the ring's struct. */
+	/* pending_pos has no query: read it from the ring's struct (kernels
+	 * without the field, before its 2024 fix, count the loss as unknown). */
+	if (!bpf_core_field_exists(struct bpf_ringbuf___gf, pending_pos))
+		goto unknown;
 	c = bpf_map_lookup_elem(&ring_copy, &zero);
 	if (!c || off > sizeof(c->bytes) - 8 ||
 	    bpf_probe_read_kernel(c->bytes, off + 8, (void *)&events))

@@ -117,8 +117,12 @@ def _held_command(cmd: Sequence[str], fd: int) -> list[str]:
     pid), so probes and the copilot are in place before cmd's first insn.
     The pipe is opened by path: dash takes only one-digit descriptors in
     `<&N`, and a run whose BPF object was loaded first (pyctl/entry.py)
-    has its pipe above 9."""
-    return ["/bin/sh", "-c", f'read -r _ < /dev/fd/{fd}; exec "$@"', "gpufault-hold", *cmd]
+    has its pipe above 9; /proc/self/fd, not /dev/fd, which only udev
+    makes (a bare VM has none). A read that fails (no pipe, or gpufault
+    gone before its "go") ends the shell with 125 and never starts cmd:
+    it would run without its probes."""
+    hold = f'read -r _ < /proc/self/fd/{fd} || exit 125; exec "$@"'
+    return ["/bin/sh", "-c", hold, "gpufault-hold", *cmd]
 
 
 def _start_with_original_mask(argv: list[str], fd: int) -> subprocess.Popen[bytes]:

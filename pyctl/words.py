@@ -194,7 +194,8 @@ def link_words(
 _LOSS_CAUSES = (
     ("ring_full", "ring full"),
     ("held_by_uncommitted", "held back by an uncommitted record"),
-    ("room_when_read", "room when read right after (the lock gave up, or the consumer moved)"),
+    # the ring's lock gave up, or the consumer freed room in between
+    ("room_when_read", "room when looked at"),
     ("unknown", "cause not read"),
 )
 

@@ -170,6 +170,6 @@ def test_loss_causes_in_words_name_each_nonzero_cause_in_order() -> None:
     why = {"ring_full": 21, "held_by_uncommitted": 0, "room_when_read": 9, "unknown": 0,
            "backlog_max_bytes": 67108800}  # fmt: skip
     assert words.loss_words(why) == (
-        "ring full 21, room when read right after (the lock gave up, or the consumer moved) 9"
+        "ring full 21, room when looked at 9"
     )
     assert words.loss_words({}) == words.loss_words(None) == ""
