@@ -132,34 +132,6 @@ static __always_inline void stat_add(__u32 idx)
 		__sync_fetch_and_add(v, 1);
 }
 
-/*
- * The kernel's view of a ring, for diagnosing a failed reservation: only
- * these fields, found by name in the running kernel's BTF (CO-RE), so a
- * layout change moves the offsets and a missing field fails the load.
- */
-struct bpf_ringbuf___gf {
-	__u64 mask;
-	unsigned long consumer_pos;
-	unsigned long producer_pos;
-	unsigned long pending_pos;
-} __attribute__((preserve_access_index));
-
-struct bpf_ringbuf_map___gf {
-	struct bpf_ringbuf___gf *rb;
-} __attribute__((preserve_access_index));
-
-/* Room for the start of struct bpf_ringbuf_map, up to its rb pointer. */
-struct gf_ring_copy {
-	__u8 bytes[512];
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct gf_ring_copy);
-} ring_copy SEC(".maps");
-
 static __always_inline void stat_max(__u32 idx, __u64 val)
 {
 	__u64 *v = bpf_map_lookup_elem(&stats, &idx);
@@ -172,52 +144,26 @@ static __always_inline void stat_max(__u32 idx, __u64 val)
  * An events record of `size` bytes was not reserved. 6.18's
  * __bpf_ringbuf_reserve() returns NULL when the record does not fit before
  * the consumer position, when it does not fit before the oldest uncommitted
- * record (pending_pos), or when its rqspinlock gives up. Read the positions
- * right after and count which. "Room when read" is the lock, or a consumer
- * that moved in between (a batch commit frees megabytes at once). A backlog
- * maximum above the ring's size means the kernel read a consumer position
- * that was never true: a torn write by the consumer (pyctl/bpf/ringbuf.py
- * says why it writes in one store). The verifier allows no arithmetic on
- * a map pointer, so the map's struct is copied (the copy's rb field is
- * then a plain number) instead of reading its rb field in place.
+ * record, or when its rqspinlock gives up. Look at the ring right after and
+ * count which: full, or room when looked at (the lock, an uncommitted
+ * record, or a consumer that freed room in between: a batch commit frees
+ * megabytes at once). A backlog maximum above the ring's size means the
+ * kernel read a consumer position that was never true: a torn write by
+ * the consumer (pyctl/bpf/ringbuf.py says why it writes in one store).
+ * Kept to two helper calls and no locals in memory: a uprobe program whose
+ * stack reaches 64 bytes gets a per-CPU private stack on kernels that have
+ * them (7.x), which preempting threads share (tests/test_bpf_stack.py);
+ * reading pending_pos from the kernel's struct as well cost that.
  */
 static __always_inline void events_lost(__u32 size)
 {
-	__u32 off = bpf_core_field_offset(struct bpf_ringbuf_map___gf, rb);
 	__u64 len = (size + 8 + 7) & ~7ULL;	/* header, 8-byte rounding */
-	__u64 rb, mask, cons, prod, pend;
-	struct gf_ring_copy *c;
-	__u32 zero = 0;
+	__u64 avail = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA);
+	__u64 ring = bpf_ringbuf_query(&events, BPF_RB_RING_SIZE);
 
 	stat_add(GF_STAT_EVENTS_LOST);
-	/* The helper's positions: exact, no kernel read needed. */
-	cons = bpf_ringbuf_query(&events, BPF_RB_CONS_POS);
-	prod = bpf_ringbuf_query(&events, BPF_RB_PROD_POS);
-	mask = bpf_ringbuf_query(&events, BPF_RB_RING_SIZE) - 1;
-	stat_max(GF_STAT_LOST_BACKLOG_MAX, prod - cons);
-	if (prod + len - cons > mask) {
-		stat_add(GF_STAT_LOST_FULL);
-		return;
-	}
-	/* pending_pos has no query: read it from the ring's struct (kernels
-	 * without the field, before its 2024 fix, count the loss as unknown). */
-	if (!bpf_core_field_exists(struct bpf_ringbuf___gf, pending_pos))
-		goto unknown;
-	c = bpf_map_lookup_elem(&ring_copy, &zero);
-	if (!c || off > sizeof(c->bytes) - 8 ||
-	    bpf_probe_read_kernel(c->bytes, off + 8, (void *)&events))
-		goto unknown;
-	rb = *(__u64 *)(c->bytes + off);
-	if (!rb || bpf_probe_read_kernel(&pend, sizeof(pend), (void *)(rb +
-			bpf_core_field_offset(struct bpf_ringbuf___gf, pending_pos))))
-		goto unknown;
-	if (prod + len - pend > mask)
-		stat_add(GF_STAT_LOST_PENDING);
-	else
-		stat_add(GF_STAT_LOST_ROOM);
-	return;
-unknown:
-	stat_add(GF_STAT_LOST_UNKNOWN);
+	stat_max(GF_STAT_LOST_BACKLOG_MAX, avail);
+	stat_add(avail + len > ring - 1 ? GF_STAT_LOST_FULL : GF_STAT_LOST_ROOM);
 }
 
 static __always_inline struct gf_task *task_scratch(bool create)

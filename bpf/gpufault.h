@@ -217,14 +217,13 @@ enum gf_stat {
 	GF_STAT_INFLIGHT_ERR = 4,	/* inflight map full */
 	GF_STAT_CORRUPT_ERR = 5,	/* user memory write failed */
 	GF_STAT_FIRES_SKIPPED = 6,	/* no room for a fire's record: not fired */
-	/* Why an events reservation failed, from the ring's positions read
-	 * right after it (docs/benchmarks.md, "Lost events"): */
+	/* Why an events reservation failed, from the ring as seen right
+	 * after it (docs/benchmarks.md, "Lost events"): */
 	GF_STAT_LOST_FULL = 7,		/* no room before the consumer */
-	GF_STAT_LOST_PENDING = 8,	/* held back by an uncommitted record */
-	GF_STAT_LOST_ROOM = 9,		/* room when read: lock gave up, or consumer moved */
-	GF_STAT_LOST_BACKLOG_MAX = 10,	/* most bytes unread seen at a loss */
-	GF_STAT_LOST_UNKNOWN = 11,	/* room, and pending_pos not readable */
-	GF_STAT_MAX = 12,
+	GF_STAT_LOST_ROOM = 8,		/* room when looked at: lock, uncommitted
+					 * record, or the consumer moved */
+	GF_STAT_LOST_BACKLOG_MAX = 9,	/* most bytes unread seen at a loss */
+	GF_STAT_MAX = 10,
 };
 
 #endif /* __GPUFAULT_H */

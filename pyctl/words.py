@@ -193,15 +193,14 @@ def link_words(
 # runs.stats["events_lost_why"] keys (pyctl/engine: Engine.loss_causes) in words.
 _LOSS_CAUSES = (
     ("ring_full", "ring full"),
-    ("held_by_uncommitted", "held back by an uncommitted record"),
-    # the ring's lock gave up, or the consumer freed room in between
+    # the ring's lock gave up, a record still being written held it back,
+    # or the consumer freed room in between
     ("room_when_read", "room when looked at"),
-    ("unknown", "cause not read"),
 )
 
 
 def loss_words(why: dict[str, Any] | None) -> str:
-    """Like "ring full 21, held back by an uncommitted record 2"; "" when nothing was lost."""
+    """Like "ring full 21, room when looked at 2"; "" when nothing was lost."""
     if not why:
         return ""
     return ", ".join(f"{label} {why[k]}" for k, label in _LOSS_CAUSES if why.get(k))

@@ -69,3 +69,46 @@ def test_no_private_stack(prog: str) -> None:
         assert PRIVATE_STACK_PROLOGUE not in head, f"{prog} uses a per-CPU private stack"
     finally:
         obj.close()
+
+
+def xlated_stack_bytes(prog_fd: int) -> int:
+    """The deepest frame-pointer (r10) offset the verified program uses."""
+    get = lib().bpf_obj_get_info_by_fd
+    get.argtypes = [C.c_int, C.c_void_p, C.POINTER(C.c_uint32)]
+    info = (C.c_uint8 * 512)()
+    n = C.c_uint32(512)
+    assert get(prog_fd, info, C.byref(n)) == 0
+    xlen = int.from_bytes(bytes(info[20:24]), "little")
+    code = (C.c_uint8 * xlen)()
+    info2 = (C.c_uint8 * 512)()
+    info2[20:24] = list(xlen.to_bytes(4, "little"))
+    info2[32:40] = list(C.addressof(code).to_bytes(8, "little"))
+    n = C.c_uint32(512)
+    assert get(prog_fd, info2, C.byref(n)) == 0
+    deepest = 0
+    for i in range(0, xlen, 8):  # struct bpf_insn: code, dst:4|src:4, off s16, imm s32
+        op, regs = code[i], code[i + 1]
+        off = int.from_bytes(bytes(code[i + 2 : i + 4]), "little", signed=True)
+        if op & 0x07 in (0x01, 0x02, 0x03) and 10 in (regs & 0x0F, regs >> 4) and off < 0:
+            deepest = max(deepest, -off)  # LDX, ST, STX through r10
+    return deepest
+
+
+@pytest.mark.parametrize("prog", PROGS)
+def test_stack_stays_below_the_private_stack_size(prog: str) -> None:
+    """The same rule on every kernel, so this machine's CI catches what only
+    a 7.x kernel would show: a loss diagnosis that also read the ring's
+    pending_pos took gf_entry from 48 to 56 bytes, and on Debian's 7.2 it
+    got a private stack (8 threads firing then corrupted fire records and
+    oopsed the guest). 48 bytes did not; the kernel sizes the frame in 16s."""
+    if prog not in loadable():
+        pytest.skip(f"{prog} does not load on this kernel")
+    obj = Object(MAIN_OBJ)
+    try:
+        for p in PROGS:
+            obj.set_autoload(p, p == prog)
+        obj.load()
+        depth = xlated_stack_bytes(lib().bpf_program__fd(obj.program(prog)))
+    finally:
+        obj.close()
+    assert 0 < depth <= 48, f"{prog} uses {depth} bytes of stack"

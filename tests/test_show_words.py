@@ -167,8 +167,7 @@ def test_the_banner_names_the_mechanism_really_used() -> None:
 
 
 def test_loss_causes_in_words_name_each_nonzero_cause_in_order() -> None:
-    why = {"ring_full": 21, "held_by_uncommitted": 0, "room_when_read": 9, "unknown": 0,
-           "backlog_max_bytes": 67108800}  # fmt: skip
+    why = {"ring_full": 21, "room_when_read": 9, "backlog_max_bytes": 67108800}
     assert words.loss_words(why) == (
         "ring full 21, room when looked at 9"
     )

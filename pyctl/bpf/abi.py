@@ -55,14 +55,8 @@ STAT_NAMES = (
 )
 # The same array's diagnosis of failed events reservations (indexes follow
 # STAT_NAMES): why each was refused, and the most bytes unread seen at one.
-LOSS_CAUSE_NAMES = (
-    "lost_full",
-    "lost_pending",
-    "lost_room",
-    "lost_backlog_max",
-    "lost_unknown",
-)
-STAT_MAX = 12
+LOSS_CAUSE_NAMES = ("lost_full", "lost_room", "lost_backlog_max")
+STAT_MAX = 10
 
 
 def cookie(spec: int, func: int) -> int:

@@ -26,11 +26,7 @@ class Main:
     TASKS = "tasks"  # task storage: per-thread scratch
     EVENTS = "events"  # ringbuf: struct gf_call_event
     FIRES = "fires"  # ringbuf: struct gf_fire_event, struct gf_proc_event
-    RING_COPY = "ring_copy"  # per-CPU scratch of events_lost(): never read here
-    MAPS = (
-        SPECS, COUNTERS, STATS, INFLIGHT, PENDING, FOLLOW, WATCHED, TASKS, EVENTS, FIRES,
-        RING_COPY,
-    )  # fmt: skip
+    MAPS = (SPECS, COUNTERS, STATS, INFLIGHT, PENDING, FOLLOW, WATCHED, TASKS, EVENTS, FIRES)
     # programs: one entry and one return program is loaded per run
     # (pyctl/engine/mechanism.py: Plan.programs), the two tracepoints always.
     ENTRY = "gf_entry"

@@ -463,9 +463,7 @@ class Engine:
         c = self.links.loss_causes()
         return {
             "ring_full": c["lost_full"],
-            "held_by_uncommitted": c["lost_pending"],
             "room_when_read": c["lost_room"],
-            "unknown": c["lost_unknown"],
             "backlog_max_bytes": c["lost_backlog_max"],
         }
 
