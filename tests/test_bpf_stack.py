@@ -11,6 +11,8 @@ frame pointer is r9, loaded with `movabs $off,%r9; add %gs:...,%r9`)."""
 from __future__ import annotations
 
 import ctypes as C
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -29,20 +31,42 @@ PROGS = list(UPROBE_PROGRAMS)
 PRIVATE_STACK_PROLOGUE = bytes.fromhex("65 4c 03 0c 25".replace(" ", ""))  # add %gs:X,%r9
 
 
-def jit_image(prog_fd: int) -> bytes:
+def _prog_image(prog_fd: int, len_at: int, ptr_at: int) -> bytes:
+    """One of a program's images from struct bpf_prog_info: its length is
+    the u32 at len_at, the pointer to fill the u64 at ptr_at."""
     get = lib().bpf_obj_get_info_by_fd
     get.argtypes = [C.c_int, C.c_void_p, C.POINTER(C.c_uint32)]
     info = (C.c_uint8 * 512)()
     n = C.c_uint32(512)
     assert get(prog_fd, info, C.byref(n)) == 0
-    jlen = int.from_bytes(bytes(info[16:20]), "little")
-    code = (C.c_uint8 * jlen)()
+    size = int.from_bytes(bytes(info[len_at : len_at + 4]), "little")
+    code = (C.c_uint8 * size)()
     info2 = (C.c_uint8 * 512)()
-    info2[16:20] = list(jlen.to_bytes(4, "little"))
-    info2[24:32] = list(C.addressof(code).to_bytes(8, "little"))
+    info2[len_at : len_at + 4] = list(size.to_bytes(4, "little"))
+    info2[ptr_at : ptr_at + 8] = list(C.addressof(code).to_bytes(8, "little"))
     n = C.c_uint32(512)
     assert get(prog_fd, info2, C.byref(n)) == 0
     return bytes(code)
+
+
+def jit_image(prog_fd: int) -> bytes:
+    return _prog_image(prog_fd, 16, 24)  # jited_prog_len, jited_prog_insns
+
+
+@contextmanager
+def only_loaded(prog: str) -> Iterator[int]:
+    """The main object with only prog loaded; yields prog's fd."""
+    obj = Object(MAIN_OBJ)
+    try:
+        for p in PROGS:
+            obj.set_autoload(p, p == prog)
+        try:
+            obj.load()
+        except BpfError as e:
+            pytest.fail(f"{prog} failed to load: {e}")
+        yield lib().bpf_program__fd(obj.program(prog))
+    finally:
+        obj.close()
 
 
 def loadable() -> set[str]:
@@ -56,37 +80,16 @@ def loadable() -> set[str]:
 def test_no_private_stack(prog: str) -> None:
     if prog not in loadable():
         pytest.skip(f"{prog} does not load on this kernel")
-    obj = Object(MAIN_OBJ)
-    try:
-        for p in PROGS:
-            obj.set_autoload(p, p == prog)
-        try:
-            obj.load()
-        except BpfError as e:
-            pytest.fail(f"{prog} failed to load: {e}")
-        fd = lib().bpf_program__fd(obj.program(prog))
+    with only_loaded(prog) as fd:
         head = jit_image(fd)[:64]
-        assert PRIVATE_STACK_PROLOGUE not in head, f"{prog} uses a per-CPU private stack"
-    finally:
-        obj.close()
+    assert PRIVATE_STACK_PROLOGUE not in head, f"{prog} uses a per-CPU private stack"
 
 
 def xlated_stack_bytes(prog_fd: int) -> int:
     """The deepest frame-pointer (r10) offset the verified program uses."""
-    get = lib().bpf_obj_get_info_by_fd
-    get.argtypes = [C.c_int, C.c_void_p, C.POINTER(C.c_uint32)]
-    info = (C.c_uint8 * 512)()
-    n = C.c_uint32(512)
-    assert get(prog_fd, info, C.byref(n)) == 0
-    xlen = int.from_bytes(bytes(info[20:24]), "little")
-    code = (C.c_uint8 * xlen)()
-    info2 = (C.c_uint8 * 512)()
-    info2[20:24] = list(xlen.to_bytes(4, "little"))
-    info2[32:40] = list(C.addressof(code).to_bytes(8, "little"))
-    n = C.c_uint32(512)
-    assert get(prog_fd, info2, C.byref(n)) == 0
+    code = _prog_image(prog_fd, 20, 32)  # xlated_prog_len, xlated_prog_insns
     deepest = 0
-    for i in range(0, xlen, 8):  # struct bpf_insn: code, dst:4|src:4, off s16, imm s32
+    for i in range(0, len(code), 8):  # struct bpf_insn: code, dst:4|src:4, off s16, imm s32
         op, regs = code[i], code[i + 1]
         off = int.from_bytes(bytes(code[i + 2 : i + 4]), "little", signed=True)
         if op & 0x07 in (0x01, 0x02, 0x03) and 10 in (regs & 0x0F, regs >> 4) and off < 0:
@@ -103,12 +106,6 @@ def test_stack_stays_below_the_private_stack_size(prog: str) -> None:
     oopsed the guest). 48 bytes did not; the kernel sizes the frame in 16s."""
     if prog not in loadable():
         pytest.skip(f"{prog} does not load on this kernel")
-    obj = Object(MAIN_OBJ)
-    try:
-        for p in PROGS:
-            obj.set_autoload(p, p == prog)
-        obj.load()
-        depth = xlated_stack_bytes(lib().bpf_program__fd(obj.program(prog)))
-    finally:
-        obj.close()
+    with only_loaded(prog) as fd:
+        depth = xlated_stack_bytes(fd)
     assert 0 < depth <= 48, f"{prog} uses {depth} bytes of stack"
