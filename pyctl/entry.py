@@ -5,7 +5,9 @@ process (`trace`, `inject`), whose start-up is the time to probes live.
 The load runs on a thread (pyctl/bpf/main_object.py says why and when its
 object is used) while click and the CLI are imported; so this module
 imports nothing heavy and scans argv by hand, before click exists.
-GPUFAULT_NO_EARLY_LOAD=1 turns it off.
+GPUFAULT_NO_EARLY_LOAD=1 turns it off. Before that, a `--pid` run is
+handed to `gpufault serve` when one listens (pyctl/resident/client.py):
+then nothing else here runs.
 """
 
 from __future__ import annotations
@@ -30,8 +32,25 @@ def command_of(argv: list[str]) -> str | None:
     return argv[i] if i < len(argv) else None
 
 
+def servable(argv: list[str]) -> bool:
+    """An attach to a running process (`--pid`), the only kind `gpufault
+    serve` runs: a `-- CMD` run keeps its command in this terminal's
+    process group, so it stays in-process."""
+    return (
+        command_of(argv) in ATTACH_COMMANDS
+        and "--" not in argv
+        and not {"--help", "-h", "--version"} & set(argv)
+    )
+
+
 def main() -> None:
     argv = sys.argv[1:]
+    if servable(argv):
+        from pyctl.resident import client
+
+        status = client.try_serve(argv)
+        if status is not None:
+            sys.exit(status)
     if command_of(argv) in ATTACH_COMMANDS and "--help" not in argv and "-h" not in argv:
         from pyctl.bpf import main_object
 

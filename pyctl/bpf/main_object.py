@@ -148,3 +148,23 @@ def take_early(s: LoadSettings) -> Object | None:
     if e.obj is not None:
         e.obj.close()
     return None
+
+
+def preload() -> None:
+    """Load the default object now, on this thread's behalf, for `gpufault
+    serve` (pyctl/resident/server.py): the controller it forks next takes
+    it with take_early, and no load thread is running at the fork."""
+    start_early()
+    if _early is not None:
+        _early.thread.join()
+
+
+def discard_early() -> None:
+    """Close this process's early object, if any (the server's copy, once
+    a forked controller has its own descriptors for it)."""
+    global _early
+    e, _early = _early, None
+    if e is not None:
+        e.thread.join()
+        if e.obj is not None:
+            e.obj.close()

@@ -30,6 +30,7 @@ COMMANDS = (
     "pyctl.cli.hooks:hooks_group",
     "pyctl.cli.netchaos:netchaos_group",
     "pyctl.cli.anchors:anchors",
+    "pyctl.cli.serve:serve",
     "pyctl.tokenizer.cli:tokenizer",
     "pyctl.service.cli:service",
     "pyctl.experiment.cli:experiment",

@@ -1,0 +1,100 @@
+"""The `gpufault` side of `gpufault serve`: hand `trace --pid`/`inject
+--pid` to a running server, or say that it could not (None), in which
+case the entry runs the command itself as if no server existed.
+
+What the user sees is the same either way: the controller writes to this
+process's own stdin, stdout and stderr (passed as descriptors), runs in
+this cwd with this environment and umask, ends on the signals this
+process gets (forwarded), and its exit status is this process's. Killing
+this process (even SIGKILL) ends the controller: it watches the socket
+and kills itself when it closes, which detaches everything as killing an
+in-process controller does (pyctl/resident/server.py).
+"""
+
+from __future__ import annotations
+
+import array
+import os
+import signal
+import socket
+import sys
+
+from pyctl.resident import wire
+
+# A served run lost its controller without a status (it was killed).
+EXIT_LOST = 70
+# The server answers within milliseconds (it forks; the controller says
+# "served"); past this the client runs the command itself. A controller
+# forked just after that finds the socket closed and ends unseen.
+ANSWER_S = 10.0
+
+
+def _recv_exact(s: socket.socket, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = s.recv(n - len(buf))
+        if not chunk:
+            break
+        buf += chunk
+    return buf
+
+
+def try_serve(argv: list[str]) -> int | None:
+    """The command's exit status when a server ran it; None when there is
+    no server, it refused, or this process cannot hand over."""
+    if os.environ.get("GPUFAULT_NO_SERVER"):
+        return None
+    path = wire.socket_path()
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        s.connect(path)
+    except OSError:  # none listening, a stale socket, not root (0700 dir)
+        s.close()
+        return None
+    with s:
+        try:
+            umask = os.umask(0)
+            os.umask(umask)
+            req = wire.encode_request(argv, os.getcwd(), umask, dict(os.environ),
+                                      wire.fingerprint())  # fmt: skip
+            fds = array.array("i", (0, 1, 2))
+            s.sendmsg([req[:4096]], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+            if len(req) > 4096:
+                s.sendall(req[4096:])
+            s.settimeout(ANSWER_S)
+            head = _recv_exact(s, 1 + wire.LEN.size)
+            s.settimeout(None)
+        except TimeoutError:
+            print(f"gpufault: gpufault serve did not answer within {ANSWER_S:.0f} s; "
+                  "running in-process", file=sys.stderr)  # fmt: skip
+            return None
+        except OSError:  # a closed stdio descriptor, a server gone meanwhile
+            return None
+        if len(head) < 5 or head[:1] != b"S":
+            if head[:1] == b"N":
+                (n,) = wire.LEN.unpack(head[1:])
+                reason = _recv_exact(s, n).decode(errors="replace")
+                if reason.startswith("!"):  # worth a line: the user can fix it
+                    print(f"gpufault: {reason[1:]}; running in-process", file=sys.stderr)
+            return None
+        (pid,) = wire.LEN.unpack(head[1:])
+        return _follow(s, pid)
+
+
+def _follow(s: socket.socket, pid: int) -> int:
+    """Forward signals until the controller's status arrives."""
+
+    def forward(signo: int, _frame: object) -> None:
+        try:
+            s.send(bytes((signo,)))
+        except OSError:
+            pass
+
+    for signo in wire.FORWARDED:
+        signal.signal(signo, forward)
+    tail = _recv_exact(s, 1 + wire.STATUS.size)
+    if len(tail) == 5 and tail[:1] == b"X":
+        return wire.STATUS.unpack(tail[1:])[0]
+    print(f"gpufault: the controller (pid {pid}, forked by gpufault serve) ended "
+          "without an exit status: it was killed", file=sys.stderr)  # fmt: skip
+    return EXIT_LOST
