@@ -204,7 +204,8 @@ def clean_venv(where: Path, tree: Path) -> str:
 
 def start_server(python: str, tree: Path | None, run_dir: Path) -> subprocess.Popen[str]:
     """`gpufault serve` for this interpreter and tree, listening in run_dir;
-    returns once it listens (its "listening" line)."""
+    returns once it listens (its "listening" line). Its later lines go to
+    p.log_lines: one per request it served (served_count)."""
     env = {**os.environ, "GPUFAULT_RUN_DIR": str(run_dir)}
     if tree is not None:
         env["PYTHONPATH"] = str(tree)
@@ -215,9 +216,20 @@ def start_server(python: str, tree: Path | None, run_dir: Path) -> subprocess.Po
     if "listening" not in line:
         p.kill()
         raise RuntimeError(f"gpufault serve did not start: {line.strip()}")
+    lines: list[str] = []
+    p.log_lines = lines  # type: ignore[attr-defined]
     # Its one log line per request must not fill the pipe.
-    threading.Thread(target=p.stderr.read, daemon=True).start()
+    reader = threading.Thread(target=lambda: lines.extend(p.stderr or ()), daemon=True)
+    reader.start()
+    p.log_reader = reader  # type: ignore[attr-defined]
     return p
+
+
+def served_count(p: subprocess.Popen[str]) -> int:
+    """Requests the stopped server p forked a controller for."""
+    p.wait()
+    p.log_reader.join(timeout=30)  # type: ignore[attr-defined]  # to the pipe's EOF
+    return sum(1 for ln in p.log_lines if ": controller " in ln)  # type: ignore[attr-defined]
 
 
 def median(runs: list[dict[str, float]]) -> dict[str, float]:
@@ -311,10 +323,16 @@ def main() -> int:
     finally:
         for srv in servers:
             srv.terminate()
-            srv.wait()
+        served_by = [served_count(srv) for srv in servers]
         target.kill()
         target.wait()
         shutil.rmtree(tmp, ignore_errors=True)
+    # A run the server refused (other code: a file edited meanwhile) would
+    # have run in-process and measured nothing of the server.
+    if served_by != [len(served), len(venv_served)][: len(servers)]:
+        print(f"bench_attach: the servers served {served_by} of {len(served)} runs each: "
+              "was pyctl edited during the bench?", file=sys.stderr)  # fmt: skip
+        return 1
     res = {
         "machine": {
             "kernel": platform.release(),
@@ -332,6 +350,12 @@ def main() -> int:
         "gpufault_warm_clean_venv": median(venv) if venv else None,
         # Handed to a running `gpufault serve` of the same interpreter.
         "gpufault_served": median(served),
+        "ratio_served_to_warm": round(
+            statistics.median(
+                v["first_call_ms"] / w["first_call_ms"] for v, w in zip(served, warm, strict=True)
+            ),
+            3,
+        ),
         "gpufault_served_clean_venv": median(venv_served) if venv_served else None,
         "bpftrace": median(bpft) if bpft else None,
         "floor": median(floor),

@@ -109,6 +109,30 @@ def test_a_served_trace_is_the_same_run(tmp_path: Path) -> None:
 
 
 @pytest.mark.root
+@needs_target
+def test_a_served_inject_fails_the_nth_call(tmp_path: Path) -> None:
+    """The fault path through a forked controller: on kernels that refuse
+    register writes that is the copilot, whose ptrace the controller does."""
+    run_dir, db = tmp_path / "run", tmp_path / "gf.db"
+    t = Target()
+    try:
+        with server(run_dir) as srv:
+            argv = [*GF, *on_victim("inject", t.pid), "--action", "fail", "--ret", "-5",
+                    "--nth", "2", "--db", str(db)]  # fmt: skip
+            ctl, _ = start_controller(argv, env=_env(run_dir), stdout=subprocess.PIPE, cwd=REPO)
+            assert served_line(srv)[0] == ctl.pid
+            rets = [r[3] for r in t.victim(3)]
+            assert rets[1] == -5 and -5 not in (rets[0], rets[2]), rets
+            ctl.send_signal(signal.SIGINT)
+            _, err = finish(ctl, timeout=60)
+            assert ctl.returncode == 0, err
+            with sqlite3.connect(db) as c:
+                assert c.execute("SELECT count(*) FROM faults").fetchone()[0] == 1
+    finally:
+        t.close()
+
+
+@pytest.mark.root
 def test_bad_input_served_is_one_line_and_status_2(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     dead = subprocess.Popen(["true"])

@@ -32,6 +32,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from pyctl import errors
 from pyctl.resident import wire
 
 _CRED = struct.Struct("=iII")  # struct ucred: pid, uid, gid
@@ -130,6 +131,8 @@ class Server:
             conn, _ = self._sock.accept()
             try:
                 self._handle(conn)
+            except OSError as e:  # that client's trouble (gone, stuck): not the server's
+                self.log(f"request dropped: {e}")
             finally:
                 conn.close()
             main_object.discard_early()  # the controller took it
@@ -192,19 +195,13 @@ class Server:
                     self._sock.close()
                     _controller(conn, fds, cwd, umask, argv, env)
                 finally:
-                    os._exit(wire_exit_internal())
+                    os._exit(errors.EXIT_INTERNAL)  # only if it raised
             self._children.add(child)
             self._reap()  # one that ended before it was in the set
             self.log(f"pid {pid}: controller {child}: gpufault {' '.join(argv)}")
         finally:
             for fd in fds:
                 os.close(fd)
-
-
-def wire_exit_internal() -> int:
-    from pyctl import errors
-
-    return errors.EXIT_INTERNAL
 
 
 def _controller(conn: socket.socket, fds: list[int], cwd: str, umask: int,
