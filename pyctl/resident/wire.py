@@ -22,6 +22,7 @@ import sys
 VERSION = "gf1"
 LEN = struct.Struct("=I")
 STATUS = struct.Struct("=i")
+FDS = struct.Struct("=3i")  # SCM_RIGHTS: the client's stdin, stdout, stderr
 SOCKET_NAME = "serve.sock"
 # Signals the client passes on to the controller: what ends a run
 # (Ctrl-C, kill, a closed terminal) and what dumps it (Ctrl-\).
