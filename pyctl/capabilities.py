@@ -299,7 +299,25 @@ def checks() -> list[Check]:
         "needs the NVIDIA open kernel module >= 575 loaded; without it Xids are not recorded",
         ["xids"]))
     out.append(_ptrace_check(root))
+    out.append(_serve_check())
     return out
+
+
+def _serve_check() -> Check:
+    """`gpufault serve` (docs/resident.md): optional, so only a server of
+    other code is a warning (it refuses every request: a lost speed-up)."""
+    from pyctl.resident import client, wire
+
+    state = client.ping()
+    if state is None:
+        return Check("gpufault serve", True,
+                     "not running (optional: trace/inject --pid start ~2x sooner with it)")
+    pid, same = state
+    if same:
+        return Check("gpufault serve", True, f"pid {pid} on {wire.socket_path()}, this code")
+    return Check("gpufault serve", False,
+                 f"pid {pid} runs other code than this gpufault: it serves nothing",
+                 f"kill {pid} and start gpufault serve again")
 
 
 def _ptrace_check(root: bool) -> Check:

@@ -213,6 +213,33 @@ def test_a_server_of_other_code_says_so_and_the_run_goes_on(tmp_path: Path) -> N
         t.close()
 
 
+def _doctor_serve_check(run_dir: Path) -> dict:
+    r = subprocess.run([*GF, "doctor", "--json"], capture_output=True, text=True,
+                       env=_env(run_dir), cwd=REPO, timeout=60)  # fmt: skip
+    import json
+
+    return next(c for c in json.loads(r.stdout)["checks"] if c["name"] == "gpufault serve")
+
+
+@pytest.mark.root
+def test_doctor_names_the_server_and_a_stale_one(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    assert _doctor_serve_check(run_dir)["detail"].startswith("not running")
+    with server(run_dir) as srv:
+        c = _doctor_serve_check(run_dir)
+        assert (
+            c["ok"] and c["detail"] == f"pid {srv.pid} on {run_dir / wire.SOCKET_NAME}, this code"
+        )
+    older = (
+        "import sys; from pyctl.resident import wire; wire.fingerprint = lambda: 'older';"
+        "sys.argv = ['gpufault', 'serve']; from pyctl.entry import main; main()"
+    )
+    with server(run_dir, older) as srv:
+        c = _doctor_serve_check(run_dir)
+        assert not c["ok"] and not c["required"]  # a WARN: doctor still exits 0
+        assert c["fix"] == f"kill {srv.pid} and start gpufault serve again"
+
+
 @pytest.mark.root
 def test_one_server_per_socket_and_a_stale_socket_is_replaced(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"

@@ -103,3 +103,23 @@ def _follow(s: socket.socket, pid: int) -> int:
     print(f"gpufault: the controller (pid {pid}, forked by gpufault serve) ended "
           "without an exit status: it was killed", file=sys.stderr)  # fmt: skip
     return EXIT_LOST
+
+
+def ping() -> tuple[int, bool] | None:
+    """(pid, same code as this gpufault) of the server listening, or None
+    when none does (`gpufault doctor`)."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        s.settimeout(ANSWER_S)
+        s.connect(wire.socket_path())
+        s.sendall(wire.LEN.pack(len(wire.PING)) + wire.PING)
+        head = _recv_exact(s, 1 + wire.LEN.size)
+        if len(head) != 5 or head[:1] != b"P":
+            return None
+        body = _recv_exact(s, wire.LEN.unpack(head[1:])[0])
+        pid, fp = body.decode("utf-8", "surrogateescape").split("\0", 1)
+        return int(pid), fp == wire.fingerprint()
+    except (OSError, ValueError):
+        return None
+    finally:
+        s.close()

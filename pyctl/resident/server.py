@@ -162,7 +162,7 @@ class Server:
             if uid != 0:
                 conn.sendall(wire.not_served("not root"))
                 return
-            if len(data) < 4 or len(fds) != 3:
+            if len(data) < 4:
                 conn.sendall(wire.not_served("malformed request"))
                 return
             (n,) = wire.LEN.unpack(data[:4])
@@ -172,6 +172,12 @@ class Server:
                 if not more:
                     return
                 body += more
+            if body == wire.PING:  # `gpufault doctor`: who listens, which code
+                conn.sendall(wire.pong(os.getpid(), self.fp))
+                return
+            if len(fds) != 3:
+                conn.sendall(wire.not_served("malformed request"))
+                return
             try:
                 fp, cwd, umask, argv, env = wire.decode_request(body)
             except wire.BadRequest as e:

@@ -6,7 +6,9 @@ Request (client -> server), one sendmsg carrying the client's stdin,
 stdout and stderr as SCM_RIGHTS, then the rest of the bytes if any:
   u32 length, then NUL-separated fields:
   "gf1", fingerprint, cwd, umask (octal), argc, argv..., "K=V" env items...
+  or the body b"ping" (no descriptors): `gpufault doctor` asking
 Replies (server -> client):
+  b"P" u32 length, "PID\0FINGERPRINT"  the answer to a ping
   b"N" u32 length, reason   not served: the client runs the command itself
   b"S" u32 pid              served: pid is the controller's
   signal bytes go the other way (client -> controller): one byte each
@@ -97,6 +99,14 @@ def decode_request(body: bytes) -> tuple[str, str, int, list[str], dict[str, str
     except (IndexError, ValueError) as e:
         raise BadRequest(f"malformed request: {e}") from None
     return fp, cwd, umask, argv, env
+
+
+PING = b"ping"
+
+
+def pong(pid: int, fp: str) -> bytes:
+    b = f"{pid}\0{fp}".encode("utf-8", "surrogateescape")
+    return b"P" + LEN.pack(len(b)) + b
 
 
 def not_served(reason: str) -> bytes:
