@@ -223,7 +223,10 @@ def _controller(conn: socket.socket, fds: list[int], cwd: str, umask: int,
         signal.signal(signo, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     for i, fd in enumerate(fds):
-        os.dup2(fd, i)  # inheritable again: a `-- CMD` gets them as in-process
+        os.dup2(fd, i)  # inheritable, as an in-process controller's are
+    for fd in fds:
+        if fd > 2:  # received inheritable: its helpers must not get copies
+            os.close(fd)
     _reopen_stdio()
     os.chdir(cwd)
     os.umask(umask)
@@ -244,6 +247,11 @@ def _controller(conn: socket.socket, fds: list[int], cwd: str, umask: int,
             f.flush()
         except (OSError, ValueError):
             pass
+    # What an interpreter's exit runs (netchaos registers its cleanup so);
+    # a normal exit here would unwind into the server's loop and finally.
+    import atexit
+
+    atexit._run_exitfuncs()
     done.set()
     try:
         conn.sendall(b"X" + wire.STATUS.pack(status))
