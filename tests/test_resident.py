@@ -259,6 +259,37 @@ def test_one_server_per_socket_and_a_stale_socket_is_replaced(tmp_path: Path) ->
 
 
 @pytest.mark.root
+@needs_target
+def test_a_server_that_does_not_answer_is_skipped(tmp_path: Path) -> None:
+    """A listener that never accepts (a hung server): the client gives up
+    after client.ANSWER_S with one line and runs the command itself."""
+    import socket
+
+    from pyctl.resident import client
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(mode=0o700)
+    hung = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    hung.bind(str(run_dir / wire.SOCKET_NAME))
+    hung.listen(1)  # connect() succeeds into the backlog; nobody reads
+    t = Target()
+    try:
+        argv = [*GF, *on_victim("trace", t.pid), "--db", str(tmp_path / "gf.db")]
+        ctl, lines = start_controller(argv, env=_env(run_dir), stdout=subprocess.DEVNULL,
+                                      cwd=REPO)  # fmt: skip
+        assert lines[0].strip() == (
+            f"gpufault: gpufault serve did not answer within {client.ANSWER_S:.0f} s; "
+            "running in-process"
+        )
+        assert len(t.victim(3)) == 3
+        ctl.send_signal(signal.SIGINT)
+        assert finish(ctl, timeout=60) and ctl.returncode == 0
+    finally:
+        hung.close()
+        t.close()
+
+
+@pytest.mark.root
 def test_a_caller_that_is_not_root_is_refused() -> None:
     # Not under tmp_path: its parents are root's only. conftest ignores
     # gf-test-run-* (a test session's own run directories).
