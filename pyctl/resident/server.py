@@ -1,7 +1,7 @@
 """`gpufault serve`: a resident process with the CLI and the engine
 imported and the engine's BPF object loaded, which forks one controller
 per `trace --pid`/`inject --pid` request. The controller is then the
-process that would have run in-process, minus ~150 ms of start-up: the
+process that would have run in-process, minus ~100 ms of start-up: the
 fork inherits the imports and the loaded object (pyctl/bpf/main_object.py
 takes it as its early object), and the server loads the next one.
 
@@ -58,7 +58,7 @@ PRELOAD = (
 
 
 class ServeError(Exception):
-    """One line for the user (pyctl/errors.py lists it)."""
+    """One line for the user (`gpufault serve` exits 2 with it)."""
 
 
 class Server:
@@ -80,8 +80,10 @@ class Server:
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
             probe.connect(self.path)
-            raise ServeError(f"a gpufault serve already listens on {self.path}: "
-                             "stop it first (kill its pid), or give --socket")  # fmt: skip
+            raise ServeError(
+                f"a gpufault serve already listens on {self.path}: stop it first "
+                "(gpufault doctor names its pid), or set GPUFAULT_RUN_DIR"
+            )
         except (ConnectionRefusedError, FileNotFoundError):
             if os.path.exists(self.path):
                 os.unlink(self.path)
@@ -116,7 +118,7 @@ class Server:
         for m in PRELOAD:
             importlib.import_module(m)
 
-    def serve_forever(self, ready: Callable[[], None]) -> None:
+    def serve_forever(self, ready: Callable[[], None] | None) -> None:
         """Take requests until a signal ends it; ready() runs once, when the
         first controller's object is loaded."""
         from pyctl.bpf import main_object
@@ -127,7 +129,7 @@ class Server:
             main_object.preload()  # no thread is left running at the fork
             if ready is not None:
                 ready()
-                ready = None  # type: ignore[assignment]
+                ready = None
             conn, _ = self._sock.accept()
             try:
                 self._handle(conn)
