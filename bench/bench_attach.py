@@ -202,34 +202,42 @@ def clean_venv(where: Path, tree: Path) -> str:
     return str(where / "bin" / "python")
 
 
-def start_server(python: str, tree: Path | None, run_dir: Path) -> subprocess.Popen[str]:
-    """`gpufault serve` for this interpreter and tree, listening in run_dir;
-    returns once it listens (its "listening" line). Its later lines go to
-    p.log_lines: one per request it served (served_count)."""
-    env = {**os.environ, "GPUFAULT_RUN_DIR": str(run_dir)}
-    if tree is not None:
-        env["PYTHONPATH"] = str(tree)
-    p = subprocess.Popen([python, "-m", "pyctl", "serve"], stderr=subprocess.PIPE, text=True,
-                         env=env, cwd=tree or run_dir.parent)  # fmt: skip
-    assert p.stderr is not None
-    line = p.stderr.readline()
-    if "listening" not in line:
-        p.kill()
-        raise RuntimeError(f"gpufault serve did not start: {line.strip()}")
-    lines: list[str] = []
-    p.log_lines = lines  # type: ignore[attr-defined]
-    # Its one log line per request must not fill the pipe.
-    reader = threading.Thread(target=lambda: lines.extend(p.stderr or ()), daemon=True)
-    reader.start()
-    p.log_reader = reader  # type: ignore[attr-defined]
-    return p
+class Server:
+    """`gpufault serve` for one interpreter and tree, listening in run_dir;
+    started() returns once it listens (its "listening" line). Its later
+    lines are read into `lines` (one per request it served), so its pipe
+    never fills."""
 
+    def __init__(self, python: str, tree: Path | None, run_dir: Path) -> None:
+        env = {**os.environ, "GPUFAULT_RUN_DIR": str(run_dir)}
+        if tree is not None:
+            env["PYTHONPATH"] = str(tree)
+        self.proc = subprocess.Popen([python, "-m", "pyctl", "serve"], stderr=subprocess.PIPE,
+                                     text=True, env=env, cwd=tree or run_dir.parent)  # fmt: skip
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
 
-def served_count(p: subprocess.Popen[str]) -> int:
-    """Requests the stopped server p forked a controller for."""
-    p.wait()
-    p.log_reader.join(timeout=30)  # type: ignore[attr-defined]  # to the pipe's EOF
-    return sum(1 for ln in p.log_lines if ": controller " in ln)  # type: ignore[attr-defined]
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        self.lines.extend(self.proc.stderr)
+
+    def started(self) -> Server:
+        assert self.proc.stderr is not None
+        line = self.proc.stderr.readline()
+        if "listening" not in line:
+            self.proc.kill()
+            raise RuntimeError(f"gpufault serve did not start: {line.strip()}")
+        self._reader.start()
+        return self
+
+    def stop(self) -> None:
+        self.proc.terminate()
+
+    def served(self) -> int:
+        """Requests the stopped server forked a controller for."""
+        self.proc.wait()
+        self._reader.join(timeout=30)  # to the pipe's EOF
+        return sum(1 for ln in self.lines if ": controller " in ln)
 
 
 def median(runs: list[dict[str, float]]) -> dict[str, float]:
@@ -280,7 +288,7 @@ def main() -> int:
         cold, warm, bpft, floor, base = [], [], [], [], []
         serial, venv, venv_floor = [], [], []  # early load off; the clean venv
         served, venv_served = [], []  # through `gpufault serve` (docs/resident.md)
-        servers: list[subprocess.Popen[str]] = []
+        servers: list[Server] = []
         warm_cache = tmp / "warm-cache"
         db = tmp / "gf.db"
         gpufault_once(target.pid, warm_cache, db, tree, lib, fn)  # fills the cache, makes the db
@@ -289,11 +297,11 @@ def main() -> int:
         vpy = clean_venv(tmp / "venv", tree) if tree is not None else None
         no_early = {"GPUFAULT_NO_EARLY_LOAD": "1"}
         run_dir, venv_run_dir = tmp / "run", tmp / "venv-run"
-        servers.append(start_server(sys.executable, tree, run_dir))
+        servers.append(Server(sys.executable, tree, run_dir).started())
         via_server = {"GPUFAULT_RUN_DIR": str(run_dir)}
         via_venv_server = {"GPUFAULT_RUN_DIR": str(venv_run_dir)}
         if vpy is not None:
-            servers.append(start_server(vpy, None, venv_run_dir))
+            servers.append(Server(vpy, None, venv_run_dir).started())
         for i in range(REPS):
             cold.append(gpufault_once(target.pid, tmp / f"cold-cache-{i}", db, tree, lib, fn))
             warm.append(gpufault_once(target.pid, warm_cache, db, tree, lib, fn))
@@ -322,8 +330,8 @@ def main() -> int:
                 )
     finally:
         for srv in servers:
-            srv.terminate()
-        served_by = [served_count(srv) for srv in servers]
+            srv.stop()
+        served_by = [srv.served() for srv in servers]
         target.kill()
         target.wait()
         shutil.rmtree(tmp, ignore_errors=True)

@@ -33,7 +33,9 @@ class ControlError(Exception):
     """One line for the user."""
 
 
-def _peer(conn: socket.socket) -> tuple[int, int]:
+def peer(conn: socket.socket) -> tuple[int, int]:
+    """(pid, uid) of the process at the other end (SO_PEERCRED), as this
+    process's PID namespace sees it; `gpufault serve` checks it too."""
     pid, uid, _gid = _CRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
                                                   _CRED.size))
     return pid, uid
@@ -76,7 +78,7 @@ class ControlSocket:
             with conn:
                 try:
                     conn.settimeout(2.0)
-                    _pid, uid = _peer(conn)
+                    _pid, uid = peer(conn)
                     req = conn.recv(64).strip()
                     if uid != 0 or req != b"release":
                         conn.sendall(b"refused\n")
@@ -138,7 +140,7 @@ def release(pid: int | None = None, run_dir: Path | None = None) -> tuple[list[R
             c.close()
             raise ControlError(f"cannot connect to {path}: run as root") from None
         with c:
-            peer_pid, _uid = _peer(c)
+            peer_pid, _uid = peer(c)
             if pid is not None and peer_pid != pid:
                 continue
             try:

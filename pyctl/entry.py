@@ -32,15 +32,16 @@ def command_of(argv: list[str]) -> str | None:
     return argv[i] if i < len(argv) else None
 
 
+def attaches(argv: list[str]) -> bool:
+    """A `trace` or `inject` that will attach (not its --help)."""
+    return command_of(argv) in ATTACH_COMMANDS and not {"--help", "-h"} & set(argv)
+
+
 def servable(argv: list[str]) -> bool:
     """An attach to a running process (`--pid`), the only kind `gpufault
     serve` runs: a `-- CMD` run keeps its command in this terminal's
     process group, so it stays in-process."""
-    return (
-        command_of(argv) in ATTACH_COMMANDS
-        and "--" not in argv
-        and not {"--help", "-h", "--version"} & set(argv)
-    )
+    return attaches(argv) and "--" not in argv and "--version" not in argv
 
 
 def main() -> None:
@@ -51,7 +52,7 @@ def main() -> None:
         status = client.try_serve(argv)
         if status is not None:
             sys.exit(status)
-    if command_of(argv) in ATTACH_COMMANDS and "--help" not in argv and "-h" not in argv:
+    if attaches(argv):
         from pyctl.bpf import main_object
 
         main_object.start_early()

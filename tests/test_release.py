@@ -181,4 +181,4 @@ def _stopped(pid: int) -> bool:
 def test_socket_peer_credentials_are_read() -> None:
     a, b = socket.socketpair(socket.AF_UNIX)
     with a, b:
-        assert control._peer(a) == (os.getpid(), os.geteuid())
+        assert control.peer(a) == (os.getpid(), os.geteuid())

@@ -30,6 +30,12 @@ REPO = Path(__file__).resolve().parent.parent
 GF = [sys.executable, "-m", "pyctl"]
 LOGGED = re.compile(r"serve: pid (\d+): controller (\d+): gpufault (.*)")
 
+# `gpufault serve` as a server started before an upgrade would be: its
+# fingerprint is not this code's.
+OLDER_SERVER = (
+    "import sys; from pyctl.resident import wire; wire.fingerprint = lambda: 'older';"
+    "sys.argv = ['gpufault', 'serve']; from pyctl.entry import main; main()"
+)
 needs_target = pytest.mark.skipif(not TARGET.exists(), reason="run make build")
 
 
@@ -195,13 +201,9 @@ def test_what_is_not_served_runs_in_process(tmp_path: Path, why: str) -> None:
 @needs_target
 def test_a_server_of_other_code_says_so_and_the_run_goes_on(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    code = (
-        "import sys; from pyctl.resident import wire; wire.fingerprint = lambda: 'older';"
-        "sys.argv = ['gpufault', 'serve']; from pyctl.entry import main; main()"
-    )
     t = Target()
     try:
-        with server(run_dir, code):
+        with server(run_dir, OLDER_SERVER):
             argv = [*GF, *on_victim("trace", t.pid), "--db", str(tmp_path / "gf.db")]
             ctl, lines = start_controller(argv, env=_env(run_dir), stdout=subprocess.DEVNULL,
                                           cwd=REPO)  # fmt: skip
@@ -230,11 +232,7 @@ def test_doctor_names_the_server_and_a_stale_one(tmp_path: Path) -> None:
         assert (
             c["ok"] and c["detail"] == f"pid {srv.pid} on {run_dir / wire.SOCKET_NAME}, this code"
         )
-    older = (
-        "import sys; from pyctl.resident import wire; wire.fingerprint = lambda: 'older';"
-        "sys.argv = ['gpufault', 'serve']; from pyctl.entry import main; main()"
-    )
-    with server(run_dir, older) as srv:
+    with server(run_dir, OLDER_SERVER) as srv:
         c = _doctor_serve_check(run_dir)
         assert not c["ok"] and not c["required"]  # a WARN: doctor still exits 0
         assert c["fix"] == f"kill {srv.pid} and start gpufault serve again"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 import click
@@ -41,7 +42,6 @@ def serve() -> None:
         raise UserError(str(e)) from None
     except OSError as e:
         raise UserError(f"cannot listen on {server.path}: {e.strerror}") from None
-    import signal
 
     def stop(signo: int, _frame: object) -> None:
         raise SystemExit(0)

@@ -26,16 +26,15 @@ import io
 import os
 import signal
 import socket
-import struct
 import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
 from pyctl import errors
+from pyctl.control import peer
 from pyctl.resident import wire
 
-_CRED = struct.Struct("=iII")  # struct ucred: pid, uid, gid
 # Modules a trace or inject run imports on its way (lazily, in-process):
 # imported once here so each controller has them already.
 PRELOAD = (
@@ -151,8 +150,7 @@ class Server:
 
     def _handle(self, conn: socket.socket) -> None:
         conn.settimeout(5.0)  # a request is one message; a stuck client is dropped
-        pid, uid, _ = _CRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                                   _CRED.size))  # fmt: skip
+        pid, uid = peer(conn)
         fds: list[int] = []
         try:
             data, anc, _flags, _ = conn.recvmsg(4096, socket.CMSG_SPACE(3 * 4))
