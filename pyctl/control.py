@@ -54,8 +54,11 @@ class ControlSocket:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        self.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(self.run_dir, 0o700)
+        from pyctl import rundir
+
+        # Checked, or made 0700; never chmod-ed (pyctl/rundir.py). Unsafe:
+        # an OSError, which the runner turns into its one warning line.
+        os.close(rundir.open_dir(str(self.run_dir), create=True, owner=os.geteuid()))
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
             s.bind(str(self.path))

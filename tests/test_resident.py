@@ -379,3 +379,203 @@ def test_only_attaches_to_running_processes_are_servable() -> None:
     assert not servable(["trace", "--fn", "x", "--", "sleep", "1"])
     assert not servable(["trace", "--help"])
     assert not servable(["show", "latest"])
+
+
+# ---- a server the client must not trust (issue 25, items 4 and 12) -------------------
+
+NOBODY = 65534
+
+
+def _fake_server(sock_path: Path) -> tuple[int, int]:
+    """Fork a process that becomes uid 65534 (another local user), listens
+    on sock_path, and reports on a pipe what one connection sent it: b"R"
+    once listening, then "BYTES FDS" (or "none" if nobody connected
+    within 30 s). Returns (pid, read end)."""
+    import array
+    import socket
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.bind(str(sock_path))
+            os.chmod(sock_path, 0o666)
+            s.listen(4)
+            os.write(w, b"R")
+            s.settimeout(30)
+            try:
+                conn, _ = s.accept()
+            except TimeoutError:
+                os.write(w, b"none")
+                os._exit(0)
+            conn.settimeout(30)
+            got, fds = 0, 0
+            while True:
+                data, anc, _f, _a = conn.recvmsg(65536, socket.CMSG_SPACE(16 * 4))
+                for _lvl, _kind, payload in anc:
+                    a = array.array("i")
+                    a.frombytes(payload[: len(payload) - len(payload) % a.itemsize])
+                    fds += len(a)
+                if not data:
+                    break
+                got += len(data)
+            os.write(w, f"{got} {fds}".encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    assert os.read(r, 1) == b"R"  # listening: the client may come
+    return pid, r
+
+
+def _report(pid: int, r: int) -> str:
+    out = b""
+    while chunk := os.read(r, 64):
+        out += chunk
+    os.close(r)
+    os.waitpid(pid, 0)
+    return out.decode()
+
+
+@contextmanager
+def _world_dir() -> Iterator[Path]:
+    """A directory uid 65534 can reach (tmp_path's parents are 0700)."""
+    base = Path(tempfile.mkdtemp(prefix="gf-test-run-iso-"))
+    os.chmod(base, 0o755)  # made here, by this test
+    try:
+        yield base
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.root
+@pytest.mark.parametrize(
+    "how", ["world-writable dir", "dir of another user", "socket of another user"]
+)
+def test_a_server_that_is_not_roots_gets_nothing(how: str) -> None:
+    """Root's `trace --pid` with GPUFAULT_RUN_DIR where another user's fake
+    server listens: the client sends it no byte and no descriptor (not its
+    stdio, not its environment), says so in one line and runs in-process.
+    The third case passes every directory check (root's, 0755): only the
+    listener's SO_PEERCRED uid tells."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    with _world_dir() as base:
+        run_dir = base / "run"
+        run_dir.mkdir()
+        if how == "world-writable dir":
+            os.chmod(run_dir, 0o777)
+            pid, r = _fake_server(run_dir / wire.SOCKET_NAME)
+        elif how == "dir of another user":
+            os.chown(run_dir, NOBODY, NOBODY)
+            pid, r = _fake_server(run_dir / wire.SOCKET_NAME)
+        else:
+            theirs = base / "theirs"
+            theirs.mkdir()
+            os.chown(theirs, NOBODY, NOBODY)
+            pid, r = _fake_server(theirs / wire.SOCKET_NAME)
+            os.rename(theirs / wire.SOCKET_NAME, run_dir / wire.SOCKET_NAME)
+        env = _env(run_dir, GF_SECRET="hunter2")
+        argv = [*GF, "trace", "--pid", str(dead.pid), "--lib", "libc", "--fn", "getpid"]
+        res = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO, timeout=60)
+        if how != "socket of another user":
+            os.kill(pid, signal.SIGTERM)  # never connected to: end its accept
+        report = _report(pid, r)
+    assert report in ("", "none", "0 0"), report  # not a byte, not a descriptor
+    lines = res.stderr.splitlines()
+    assert len(lines) == 2, res.stderr
+    assert lines[0].startswith("gpufault: ") and lines[0].endswith("; running in-process")
+    want = "is served by uid 65534, not root" if how == "socket of another user" else str(run_dir)
+    assert want in lines[0], lines[0]
+    # ...and it ran in-process: the in-process controller's own one line.
+    assert res.returncode == 2 and lines[1].startswith("gpufault: "), res.stderr
+
+
+@pytest.mark.root
+def test_an_unsafe_run_dir_is_refused_and_never_chmod_ed(tmp_path: Path) -> None:
+    """A shared 1777 directory stays 1777, a link's target keeps its mode:
+    `gpufault serve` refuses both with one line and status 2."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    target = tmp_path / "elsewhere"
+    target.mkdir(mode=0o755)
+    os.chmod(target, 0o755)
+    link = tmp_path / "link"
+    link.symlink_to(target)
+    for d, why in ((shared, "is writable by others (mode 1777)"), (link, "is a symbolic link")):
+        r = subprocess.run([*GF, "serve"], capture_output=True, text=True, env=_env(d),
+                           cwd=REPO, timeout=60)  # fmt: skip
+        assert r.returncode == 2, r.stderr
+        assert r.stderr.splitlines() == [
+            f"gpufault: run directory {d} {why}: use a directory only root can write "
+            "(unset GPUFAULT_RUN_DIR for /run/gpufault)"
+        ]
+    assert shared.stat().st_mode & 0o7777 == 0o1777
+    assert target.stat().st_mode & 0o7777 == 0o755
+    assert not (target / wire.SOCKET_NAME).exists() and not list(shared.iterdir())
+
+
+def test_a_controllers_release_socket_refuses_an_unsafe_run_dir(tmp_path: Path) -> None:
+    from pyctl import control, rundir
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    with pytest.raises(rundir.UnsafeRunDir, match="writable by others"):
+        control.ControlSocket("feedbeef", shared).start()
+    assert shared.stat().st_mode & 0o7777 == 0o1777 and not list(shared.iterdir())
+    fresh = tmp_path / "fresh"  # one it makes itself is 0700
+    c = control.ControlSocket("feedbeef", fresh)
+    c.start()
+    c.close()
+    assert fresh.stat().st_mode & 0o7777 == 0o700
+
+
+@pytest.mark.root
+def test_a_full_backlog_falls_back_after_answer_s(tmp_path: Path) -> None:
+    """A listener whose backlog is full (listen(0), never accepts): connect()
+    is bounded by client.ANSWER_S, then one line and the run goes on
+    in-process (before: the client hung in connect for good)."""
+    import socket
+    import time
+
+    from pyctl.resident import client
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(mode=0o700)
+    full = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    full.bind(str(run_dir / wire.SOCKET_NAME))
+    full.listen(0)
+    fillers = []
+    try:
+        while True:  # fill its backlog until the kernel says it is full
+            f = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            f.setblocking(False)
+            fillers.append(f)
+            try:
+                f.connect(str(run_dir / wire.SOCKET_NAME))
+            except BlockingIOError:
+                break
+        dead = subprocess.Popen(["true"])
+        dead.wait()
+        argv = [*GF, "trace", "--pid", str(dead.pid), "--lib", "libc", "--fn", "getpid"]
+        t0 = time.monotonic()
+        r = subprocess.run(argv, capture_output=True, text=True, env=_env(run_dir), cwd=REPO,
+                           timeout=60)  # fmt: skip
+        took = time.monotonic() - t0
+    finally:
+        for f in fillers:
+            f.close()
+        full.close()
+    lines = r.stderr.splitlines()
+    assert lines[0] == (
+        f"gpufault: gpufault serve ({run_dir / wire.SOCKET_NAME}) did not accept within "
+        f"{client.ANSWER_S:.0f} s; running in-process"
+    ), r.stderr
+    assert r.returncode == 2 and len(lines) == 2  # the in-process run's own line
+    assert client.ANSWER_S <= took < client.ANSWER_S + 20, took

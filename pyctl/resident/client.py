@@ -19,16 +19,60 @@ from __future__ import annotations
 import _signal as signal
 import _socket as socket
 import os
+import struct
 import sys
 
+from pyctl import rundir
 from pyctl.resident import wire
 
 # A served run lost its controller without a status (it was killed).
 EXIT_LOST = 70
 # The server answers within milliseconds (it forks; the controller says
 # "served"); past this the client runs the command itself. A controller
-# forked just after that finds the socket closed and ends unseen.
+# forked just after that finds the socket closed and ends unseen. The
+# same bound holds for connect(): a server whose backlog is full (stuck,
+# or flooded by another user's connects) is skipped after it.
 ANSWER_S = 10.0
+_TIMEVAL = struct.Struct("=qq")  # struct timeval (x86-64, aarch64)
+_CRED = struct.Struct("=iII")  # struct ucred, as pyctl/control.py reads it
+
+
+class _Refused(Exception):
+    """Not handing over, for a reason worth one line to the user."""
+
+
+def _connect(s: socket.socket) -> None:
+    """Connect to the server's socket, or raise: OSError when none can be
+    reached (silent: the common case), _Refused when one is there but is
+    not to be trusted with this process's descriptors and environment.
+
+    Checked before a byte is sent: the run directory (root's alone, by
+    descriptor: pyctl/rundir.py), the connect bounded by ANSWER_S, and the
+    listening process's credentials (SO_PEERCRED uid 0), which no file
+    mode, link or rename in the directory can fake."""
+    try:
+        fd = rundir.open_dir(create=False, owner=0)
+    except rundir.UnsafeRunDir as e:
+        raise _Refused(f"{e.what}: not handing over to gpufault serve") from None
+    try:
+        # A blocking AF_UNIX connect waits for room in a full backlog as
+        # long as SO_SNDTIMEO says, then fails with EAGAIN (the kernel's
+        # unix_stream_connect); settimeout() would fail it at once.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _TIMEVAL.pack(int(ANSWER_S), 0))
+        try:
+            s.connect(rundir.fd_path(fd, wire.SOCKET_NAME))
+        except BlockingIOError:
+            raise _Refused(
+                f"gpufault serve ({wire.socket_path()}) did not accept within {ANSWER_S:.0f} s"
+            ) from None
+    finally:
+        os.close(fd)
+    _pid, uid, _gid = _CRED.unpack(s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
+    if uid != 0:
+        raise _Refused(
+            f"{wire.socket_path()} is served by uid {uid}, not root: not handing over "
+            "(stop that process; check who can write the run directory)"
+        )
 
 
 def _recv_exact(s: socket.socket, n: int) -> bytes:
@@ -55,7 +99,10 @@ def try_serve(argv: list[str]) -> int | None:
 
 def _hand_over(s: socket.socket, argv: list[str]) -> int | None:
     try:
-        s.connect(wire.socket_path())
+        _connect(s)
+    except _Refused as e:
+        print(f"gpufault: {e}; running in-process", file=sys.stderr)
+        return None
     except OSError:  # none listening, a stale socket, not root (0700 dir)
         return None
     try:
@@ -110,8 +157,8 @@ def ping() -> tuple[int, bool] | None:
     when none does (`gpufault doctor`)."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
+        _connect(s)
         s.settimeout(ANSWER_S)
-        s.connect(wire.socket_path())
         s.sendall(wire.LEN.pack(len(wire.PING)) + wire.PING)
         head = _recv_exact(s, 1 + wire.LEN.size)
         if len(head) != 5 or head[:1] != b"P":
@@ -119,7 +166,7 @@ def ping() -> tuple[int, bool] | None:
         body = _recv_exact(s, wire.LEN.unpack(head[1:])[0])
         pid, fp = body.decode("utf-8", "surrogateescape").split("\0", 1)
         return int(pid), fp == wire.fingerprint()
-    except (OSError, ValueError):
+    except (OSError, ValueError, _Refused):
         return None
     finally:
         s.close()

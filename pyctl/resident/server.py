@@ -29,9 +29,8 @@ import socket
 import sys
 import threading
 from collections.abc import Callable
-from pathlib import Path
 
-from pyctl import errors
+from pyctl import errors, rundir
 from pyctl.control import peer
 from pyctl.resident import wire
 
@@ -73,9 +72,10 @@ class Server:
     def bind(self) -> None:
         """Listen on path; a live server there is an error, a stale
         socket (its server was killed) is replaced."""
-        d = os.path.dirname(self.path)
-        Path(d).mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(d, 0o700)
+        try:  # checked, or made 0700; never chmod-ed (pyctl/rundir.py)
+            os.close(rundir.open_dir(os.path.dirname(self.path), create=True, owner=os.geteuid()))
+        except rundir.UnsafeRunDir as e:
+            raise ServeError(str(e)) from None
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
             probe.connect(self.path)
@@ -228,6 +228,10 @@ def _controller(conn: socket.socket, fds: list[int], cwd: str, umask: int,
         if fd > 2:  # received inheritable: its helpers must not get copies
             os.close(fd)
     _reopen_stdio()
+    # The server's '' or relative sys.path entries (a `python -c` server)
+    # would name the client's directory after the chdir: a module planted
+    # there must not be imported by a root controller.
+    sys.path[:] = [p for p in sys.path if os.path.isabs(p)]
     os.chdir(cwd)
     os.umask(umask)
     os.environ.clear()

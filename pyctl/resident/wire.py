@@ -21,6 +21,8 @@ import os
 import struct
 import sys
 
+from pyctl import rundir
+
 VERSION = "gf1"
 LEN = struct.Struct("=I")
 STATUS = struct.Struct("=i")
@@ -47,7 +49,7 @@ IMPORT_TIME_ENV = (
 def socket_path() -> str:
     """Where the server listens: beside the controllers' release sockets
     (pyctl/control.py), in the root-only run directory."""
-    return os.path.join(os.environ.get("GPUFAULT_RUN_DIR", "/run/gpufault"), SOCKET_NAME)
+    return os.path.join(rundir.path(), SOCKET_NAME)
 
 
 def import_time_env(env: dict[str, str]) -> dict[str, str]:
