@@ -446,3 +446,61 @@ def test_bad_targets_exit_2_and_arm_nothing(tmp_path: Path) -> None:
         srv.server_close()
     assert not db.exists()  # no experiment rows: not even a database
     assert not (left := ours_left(db, before)), left
+
+
+def test_a_pid_target_that_dies_in_the_window_is_the_verdicts_first_reason(
+    tmp_path: Path,
+) -> None:
+    """target.pid (a service gpufault did not start) killed by SIGABRT while
+    the tokenizer stall is armed: the verdict's reason says so first, with
+    the signal the step's engine recorded (links, kind exit) and when."""
+    from service_proc import ServiceProc
+
+    db = tmp_path / "gf.db"
+    svc = ServiceProc("--batch-wait", "0")
+    try:
+        f = tmp_path / "pid-target.toml"
+        text = (
+            F.find("tokenizer-stall")
+            .read_text()
+            .replace(
+                'service = { device = "cpu", args = ["--batch-wait", "0"] }',
+                f'url = "{svc.url}"\npid = {svc.pid}',
+            )
+            .replace('baseline = "8s"', 'baseline = "2s"')
+            .replace('recovery = "9s"', 'recovery = "4s"')
+        )
+        f.write_text(text)
+        p = subprocess.Popen(
+            [
+                *GF_EXP,
+                "run",
+                str(f),
+                "--db",
+                str(db),
+                "--set",
+                "duration=6s",
+                "--set",
+                "p99=2s",
+                "--set",
+                "recover=1s",
+            ],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        assert p.stdout is not None
+        seen = lines_until(p.stdout, ": armed (run ")
+        svc.proc.send_signal(signal.SIGABRT)  # an abort in the armed window
+        out = "".join(seen) + finish(p, timeout=90)[0]
+    finally:
+        svc.close()
+    assert p.returncode == 1, out
+    (reason,) = one(db, "SELECT reason FROM experiments")
+    assert reason.startswith(
+        f"the target (pid {svc.pid}) died during the experiment (killed by SIGABRT"
+    ), reason
+    assert "during the fault window" in reason, reason
+    assert reason in out
+    print(reason)

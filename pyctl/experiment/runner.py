@@ -488,6 +488,7 @@ class Run:
         self.breached_at: float | None = None
         self.who: dict[int, tuple[int, int | None]] = {}  # step idx -> (pid, tid)
         self.traffic_bodies: dict[int, list[tuple[str, bytes]] | None] = {}
+        self.pid_watch: PidWatch | None = None  # a target given by pid
 
     # -- abort: called from a guard probe's thread, stops every fault at once
     def abort(self, why: str, probe: str, at: float | None = None) -> None:
@@ -618,6 +619,10 @@ class Run:
         xid = ""
         try:
             proc, facts = start_target(exp)
+            if proc is None:
+                # A target given by pid: gpufault cannot wait() for it, so a
+                # pidfd tells when it ends (its signal: from the evidence).
+                self.pid_watch = PidWatch(int(facts["pid"]))
             for s in exp.steps:
                 if s.traffic is not None:
                     n = int(s.traffic.rate * s.duration) + 1
@@ -678,6 +683,11 @@ class Run:
             if proc is not None and proc.proc.poll() is not None:
                 self.target_died = _died(proc)
                 self.echo(f"  {self.target_died}")
+            elif self.pid_watch is not None:
+                self.pid_watch.stop()
+                if self.pid_watch.died_at is not None:
+                    self.target_died = self._pid_died(self.pid_watch)
+                    self.echo(f"  {self.target_died}")
             if failed is not None:
                 why = f"the runner failed in phase {self.phase}: {type(failed).__name__}: {failed}"
                 ev.finish("error", why, E.Record())
@@ -695,6 +705,8 @@ class Run:
             ended = time.time()
             return Outcome(xid, verdict, self.db_path, started, ended, self.abort_at, self.steps)
         finally:
+            if self.pid_watch is not None:
+                self.pid_watch.stop()
             ev.close()
             if not xid and ev.created:
                 store.remove_db(Path(self.db_path))  # refused: leave no file
@@ -1214,6 +1226,60 @@ class Run:
                         )
         return decide(f)
 
+    def _pid_died(self, w: PidWatch) -> str:
+        """One line on a target given by pid that ended during the run: when
+        (relative to the method), and how when a fault step's engine saw
+        its exit (an `exit` row of the evidence's links table)."""
+        assert w.died_at is not None
+        how = self._exit_seen(w.pid)
+        at = w.died_at
+        tm = self.phase_at.get("fault")
+        fault_end = getattr(self, "fault_end", None)
+        if tm is not None and at >= tm and (fault_end is None or at <= fault_end):
+            when = f"at +{at - tm:.1f}s, during the fault window"
+        else:
+            t0 = self.phase_at.get("baseline", at)
+            when = f"at +{at - t0:.1f}s, in the {self._phase_of(at)} phase"
+        return f"the target (pid {w.pid}) died during the experiment ({how}) {when}"
+
+    def _exit_seen(self, pid: int) -> str:
+        """ "killed by SIGABRT" / "exit status 3" from the evidence, else why
+        it is unknown (only a parent can read the exit status of a process)."""
+        import sqlite3
+
+        runs = sorted(
+            {s.fault.run_id for s in self.steps if s.fault is not None and s.fault.run_id}
+        )
+        unknown = "exit status unknown: gpufault did not start it and no fault step traced it"
+        if not runs:
+            return unknown
+        try:
+            c = sqlite3.connect(f"file:{self.db_path}?mode=ro", uri=True)
+            try:
+                row = c.execute(
+                    "SELECT detail FROM links WHERE kind = 'exit' AND pid = ? AND run_id IN "
+                    f"({','.join('?' * len(runs))}) ORDER BY ts_ns DESC LIMIT 1",
+                    [pid, *runs],
+                ).fetchone()
+            finally:
+                c.close()
+        except sqlite3.Error:
+            return unknown
+        if row is None:
+            return unknown
+        try:
+            d = json.loads(row[0] or "{}")
+        except ValueError:
+            return unknown
+        sig = d.get("term_signal") if isinstance(d, dict) else None
+        if isinstance(sig, int) and sig > 0:
+            try:
+                name = signal.Signals(sig).name
+            except ValueError:
+                name = f"signal {sig}"
+            return f"killed by {name}" + (", core dumped" if d.get("core") else "")
+        return f"exit status {d.get('exit_status')}"
+
     def _phase_of(self, t: float) -> str:
         ph = "baseline"
         for name in ("fault", "recovery", "after"):
@@ -1346,6 +1412,47 @@ class Run:
             + (f" ({seen} unlinked row(s) in the window)" if seen else " (none recorded)")
         )
         return bool(linked), float(linked), d
+
+
+class PidWatch:
+    """When a process gpufault did not start ends: a thread waits on its
+    pidfd (readable once it has exited; a later process that reuses the
+    pid is another pidfd's) and notes the time."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.died_at: float | None = None
+        self._stop = threading.Event()
+        try:
+            self._fd: int | None = os.pidfd_open(pid)
+        except ProcessLookupError:
+            self._fd, self.died_at = None, time.time()
+            return
+        self._thread = threading.Thread(target=self._run, name="gf-pidwatch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import select
+
+        assert self._fd is not None
+        while not self._stop.is_set():
+            # A timeout, not a wake-up pipe: stop() is once per experiment.
+            if select.select([self._fd], [], [], 0.2)[0]:
+                self.died_at = time.time()
+                return
+
+    def stop(self) -> None:
+        if self._fd is None:
+            return
+        import select
+
+        self._stop.set()
+        self._thread.join(2)
+        if not self._thread.is_alive():
+            if self.died_at is None and select.select([self._fd], [], [], 0)[0]:
+                self.died_at = time.time()  # between the thread's last look and now
+            os.close(self._fd)
+            self._fd = None
 
 
 def _died(proc: TargetProcess) -> str:
