@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pyctl import procstate
 from pyctl.engine import Engine, EngineError, StoreWriteError
 from pyctl.run_options import RunOptions
 from pyctl.spec import FaultSpec
@@ -87,6 +88,14 @@ def check_target_pid(pid: int, what: str = "--pid") -> None:
         raise EngineError(
             f"pid 1 ({comm}) is init: a fault there takes the whole system (or container) "
             "down: give the pid of the process that calls the library"
+        )
+    # The leader's state alone is not the process's: main may have called
+    # pthread_exit while other threads run (procstate says why).
+    if not procstate.alive(pid):
+        ppid = fields[1] if len(fields) > 1 else "?"
+        raise EngineError(
+            f"pid {pid} ({comm}) has exited (a zombie its parent, pid {ppid}, has not reaped): "
+            "no code runs there to probe: give the pid of a running process"
         )
 
 
@@ -307,13 +316,17 @@ class Runner:
             n = eng.copilot.release(None)
             self.echo(f"released {n} stalled thread(s)")
 
-    def loop(self) -> int:
-        """Consume until Ctrl-C, --duration, or the command's exit."""
+    def loop(self, handle_signals: bool = True) -> int:
+        """Consume until Ctrl-C, --duration, request_stop() or the command's
+        exit. handle_signals=False: install no handler (the library's
+        sessions run this loop on a thread of their own, where Python
+        refuses signal.signal, and a host program keeps its own handlers)."""
         eng = self.engine
         assert eng is not None
-        old_int = signal.signal(signal.SIGINT, self.request_stop)
-        old_term = signal.signal(signal.SIGTERM, self.request_stop)
-        old_usr1 = signal.signal(signal.SIGUSR1, self.release_stalls)
+        if handle_signals:
+            old_int = signal.signal(signal.SIGINT, self.request_stop)
+            old_term = signal.signal(signal.SIGTERM, self.request_stop)
+            old_usr1 = signal.signal(signal.SIGUSR1, self.release_stalls)
         t0 = time.monotonic()
         last = 0.0
         last_maps = 0.0
@@ -342,7 +355,8 @@ class Runner:
                     break
                 if self.child is not None and self._child_exited():
                     break
-                if self.target.pid and not os.path.exists(f"/proc/{self.target.pid}"):
+                # Exited: gone, or a zombie not yet reaped (no live thread).
+                if self.target.pid and not procstate.alive(self.target.pid):
                     self.echo(f"pid {self.target.pid} exited")
                     break
                 if self.show_status and now - last >= 1.0:
@@ -357,9 +371,10 @@ class Runner:
                     )
                     sys.stderr.flush()
         finally:
-            signal.signal(signal.SIGINT, old_int)
-            signal.signal(signal.SIGTERM, old_term)
-            signal.signal(signal.SIGUSR1, old_usr1)
+            if handle_signals:
+                signal.signal(signal.SIGINT, old_int)
+                signal.signal(signal.SIGTERM, old_term)
+                signal.signal(signal.SIGUSR1, old_usr1)
             if self.show_status:
                 sys.stderr.write("\n")
         if self.child is not None:

@@ -1,0 +1,148 @@
+"""A session's controller as a child process (IsolatedSession).
+
+Started by pyctl.paths.module_argv (`python -I`, this package by absolute
+path, cwd /): nothing of the caller's directory or PYTHONPATH is imported.
+
+Protocol, one JSON object a line:
+- stdin, from the parent: {"specs": [FaultSpec.to_json()...], "target":
+  Target.to_json(), "settings": Settings.to_json(), "parent": PID}. Then
+  stdin stays open: EOF means the parent is gone, and the session disarms.
+- stdout, to the parent: {"event": "armed", run_id, mechanism,
+  started_at}, {"event": "fire", fault_id, wall, function, tid, action}
+  per fire, {"event": "counters", calls, fires, lost, unfinished} once a
+  second and at the end, {"event": "notice", text}, {"event": "error",
+  type, message} (type: a pyctl.api.errors class name), {"event": "end",
+  status, exit_code, ended_at}.
+SIGTERM (and SIGINT) disarm; the kernel-side deadline holds if it is
+SIGKILLed. Exit status: 0 done, 2 refused (bad input, prerequisite,
+target gone), 3 evidence could not be written, 70 internal.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+PR_SET_PDEATHSIG = 1
+
+
+class _Out:
+    """JSON lines on the parent's pipe; a parent that stopped reading costs
+    us a lost line, never the run (BrokenPipe is swallowed)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._fd = os.dup(1)
+        self.broken = False
+
+    def send(self, **msg: Any) -> None:
+        if self.broken:
+            return
+        data = (json.dumps(msg) + "\n").encode()
+        with self._lock:
+            try:
+                os.write(self._fd, data)
+            except OSError:
+                self.broken = True
+
+
+def main() -> int:
+    # Die with the parent even before stdin's EOF is read.
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    out = _Out()
+    # stdout/stderr of the library (warnings, prints) must not mix into the
+    # protocol: fd 1 becomes stderr.
+    os.dup2(2, 1)
+    line = sys.stdin.buffer.readline()
+    from pyctl.api.errors import GpufaultError, translate
+
+    try:
+        req = json.loads(line)
+        parent = int(req.get("parent") or 0)
+        if parent and os.getppid() != parent:
+            return 143  # the parent died before the prctl
+        from pyctl.api.faults import spec_from_json
+        from pyctl.api.session import Session, Settings
+        from pyctl.api.target import Target
+
+        specs = [spec_from_json(d) for d in req["specs"]]
+        target = Target.from_json(req["target"])
+        settings = Settings.from_json(req["settings"])
+    except (ValueError, KeyError, TypeError) as e:
+        out.send(event="error", type="BadInput", message=f"bad request: {e}")
+        return 2
+    except GpufaultError as e:
+        out.send(event="error", type=type(e).__name__, message=str(e))
+        return 2
+
+    session = Session(specs, target, settings)
+    session.on_fire = lambda f: out.send(
+        event="fire", fault_id=f.fault_id, wall=f.wall, function=f.function, tid=f.tid,
+        action=f.action,
+    )  # fmt: skip
+
+    def stop(*_: Any) -> None:
+        session.disarm(timeout=0)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+
+    def parent_gone() -> None:
+        # The parent holds our stdin open for as long as it lives.
+        sys.stdin.buffer.read()
+        session.disarm(timeout=0)
+
+    threading.Thread(target=parent_gone, name="gf-child-stdin", daemon=True).start()
+    try:
+        session.start()
+    except GpufaultError as e:
+        out.send(event="error", type=type(e).__name__, message=str(e))
+        print(f"gpufault: {e}", file=sys.stderr)
+        return 2
+    except BaseException as e:  # noqa: BLE001
+        err = translate(e)
+        out.send(event="error", type=type(err).__name__, message=str(err))
+        return 70
+    out.send(
+        event="armed", run_id=session.run_id, mechanism=session.mechanism,
+        started_at=session.started_at,
+    )  # fmt: skip
+
+    def counters() -> None:
+        c = session.counters
+        out.send(event="counters", calls=c.calls, fires=c.fires, lost=c.lost,
+                 unfinished=c.unfinished)  # fmt: skip
+
+    sent = 0
+    while not session.wait(1.0):
+        counters()
+        for n in session.notices[sent:]:
+            out.send(event="notice", text=n)
+        sent = len(session.notices)
+    for n in session.notices[sent:]:
+        out.send(event="notice", text=n)
+    counters()
+    if session.error is not None:
+        out.send(event="error", type=type(session.error).__name__, message=str(session.error))
+    out.send(
+        event="end", status=session.status, exit_code=session.exit_code,
+        ended_at=session.ended_at or time.time(),
+    )  # fmt: skip
+    if session.status == "failed":
+        from pyctl.api.errors import EvidenceWriteError
+
+        return 3 if isinstance(session.error, EvidenceWriteError) else 70
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
