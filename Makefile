@@ -43,7 +43,8 @@ setup: deps build
 deps:
 	bash tools/setup-deps.sh
 
-TARGETS := $(OUT)/targets/gf_target $(OUT)/targets/libgftarget.so $(OUT)/targets/gf_cxx
+TARGETS := $(OUT)/targets/gf_target $(OUT)/targets/libgftarget.so $(OUT)/targets/gf_cxx \
+	$(OUT)/targets/gf_mainexit
 
 build: $(BPF_OBJS) $(DOUBLES) $(TARGETS) $(PRELOAD) $(LIBS)
 
@@ -77,6 +78,10 @@ $(OUT)/targets/gf_cxx: tests/targets/gf_cxx.cc
 	$(Q)$(CXX) $(TARGET_CFLAGS) -o $@ $<
 
 $(OUT)/targets/gf_target: tests/targets/gf_target.c $(OUT)/targets/libgftarget.so
+	$(Q)$(CC) $(TARGET_CFLAGS) -o $@ $< -L$(OUT)/targets -lgftarget -Wl,-rpath,'$$ORIGIN' -lpthread
+
+# A process whose main thread has exited while its workers call the library.
+$(OUT)/targets/gf_mainexit: tests/targets/gf_mainexit.c $(OUT)/targets/libgftarget.so
 	$(Q)$(CC) $(TARGET_CFLAGS) -o $@ $< -L$(OUT)/targets -lgftarget -Wl,-rpath,'$$ORIGIN' -lpthread
 
 $(DATA)/%.bpf.o: bpf/%.bpf.c bpf/*.h

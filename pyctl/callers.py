@@ -27,9 +27,12 @@ class Range:
 
 
 def _exec_maps(pid: int) -> list[tuple[int, int, str]]:
+    from pyctl.procstate import proc_dir
+
     out = []
     try:
-        with open(f"/proc/{pid}/maps") as f:
+        # A live thread's maps when main has exited (pthread_exit).
+        with open(f"{proc_dir(pid)}/maps") as f:
             lines = f.read().splitlines()
     except OSError as e:
         raise CallerError(f"cannot read /proc/{pid}/maps: {e.strerror}") from None
@@ -58,8 +61,10 @@ def exec_range(pid: int, name: str) -> Range | None:
     """The executable mappings of the one object `name` names in pid, as
     one [lo, hi) range (an object's segments are contiguous); None when it
     is not mapped (yet). CallerError when name matches several objects."""
+    from pyctl.procstate import proc_dir
+
     try:
-        exe = os.readlink(f"/proc/{pid}/exe").removesuffix(" (deleted)")
+        exe = os.readlink(f"{proc_dir(pid)}/exe").removesuffix(" (deleted)")
     except OSError:
         exe = ""
     hits: dict[str, list[tuple[int, int]]] = {}

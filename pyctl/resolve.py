@@ -61,12 +61,24 @@ class Symbol:
 
 
 def pid_alive(pid: int) -> bool:
-    return Path(f"/proc/{pid}").exists()
+    """Some thread of pid runs: a zombie (exited, not reaped) does not
+    count; a process whose main thread exited while others run does."""
+    from pyctl.procstate import alive
+
+    return alive(pid)
+
+
+def _proc(pid: int) -> str:
+    """/proc/PID, or a live thread's /proc/PID/task/TID when the main thread
+    has exited (its own maps, root and environ are then empty or gone)."""
+    from pyctl.procstate import proc_dir
+
+    return proc_dir(pid)
 
 
 def _maps(pid: int) -> list[str]:
     try:
-        return Path(f"/proc/{pid}/maps").read_text().splitlines()
+        return Path(f"{_proc(pid)}/maps").read_text().splitlines()
     except FileNotFoundError:
         raise ResolveError(f"no process {pid}: check the pid (is it still running?)") from None
     except PermissionError:
@@ -157,7 +169,7 @@ def _search_dirs(pid: int | None) -> list[str]:
     dirs: list[str] = list(_extra_dirs)
     if pid:
         try:
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            env = Path(f"{_proc(pid)}/environ").read_bytes().split(b"\0")
             for kv in env:
                 if kv.startswith(b"LD_LIBRARY_PATH="):
                     dirs += [d for d in kv[16:].decode(errors="replace").split(":") if d]
@@ -246,7 +258,7 @@ def _python_package_lib(want: str, pid: int | None, *, mapped_only: bool) -> Lib
     interpreter would import it from."""
     if not _PKG_NAME.fullmatch(want):
         return None
-    root = f"/proc/{pid}/root" if pid else ""
+    root = f"{_proc(pid)}/root" if pid else ""
     files = mapped_files(pid) if pid is not None else []
     if mapped_only:
         cands = [(root + p, p, d) for p in files if (d := _package_dir_in_maps(p, want))]
@@ -296,7 +308,7 @@ def find_library(want: str, pid: int | None = None) -> Library:
     Order: what the target maps (by name, then a Python package of that
     name), where it would load it from (LD_LIBRARY_PATH, RUNPATH, the usual
     dirs, ldconfig), then a Python package of that name on disk."""
-    root = f"/proc/{pid}/root" if pid else ""
+    root = f"{_proc(pid)}/root" if pid else ""
     if "/" in want:
         for cand in ([root + want] if root else []) + [want]:
             if os.path.isfile(cand):

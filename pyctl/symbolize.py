@@ -139,9 +139,12 @@ class Symbolizer:
 def read_maps(pid: int) -> list[tuple[int, int, int, str]] | None:
     """File-backed mappings of pid: (lo, hi, file offset, path); None if
     the process is gone."""
+    from pyctl.procstate import proc_dir
+
     maps = []
     try:
-        text = Path(f"/proc/{pid}/maps").read_text()
+        # A live thread's maps when main has exited (pthread_exit).
+        text = Path(f"{proc_dir(pid)}/maps").read_text()
     except OSError:
         return None
     for line in text.splitlines():

@@ -254,6 +254,8 @@ def run_specs(
             if cmd and "this process's child" in w:
                 continue  # -- CMD: the runner leaves waiting to the copilot, as it says
             click.echo(f"  warning: {w}", err=True)
+        if getattr(eng, "attach_note", None):
+            click.echo(f"  note: {eng.attach_note}", err=True)
         for line in start_notes(specs, eng.atts):
             click.echo(line, err=True)
 

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
 
+from pyctl import procstate
 from pyctl.sigmask import SIGCHLD_SET
 
 from . import procfs, ptrace, rewrite
@@ -198,7 +199,9 @@ class Copilot:
             st = procfs.status(pid)
         except OSError:
             raise CopilotError(f"pid {pid}: no such process") from None
-        if st.get("State", "").startswith(("Z", "X")):
+        # The leader's state is not the process's: after pthread_exit in main
+        # it is Z while the other threads run. Only no live thread is a zombie.
+        if st.get("State", "").startswith(("Z", "X")) and not procstate.alive(pid):
             raise CopilotError(f"pid {pid} has exited (zombie): nothing to trace")
         check_not_traced(pid)
         if self.signo not in DEFAULT_IGNORED:

@@ -159,6 +159,8 @@ class Engine:
         self.armed = False
         self._armed_cfgs: dict[int, abi.Spec] = {}  # what arm() wrote, per spec
         self._db_created = False
+        # Said once the probes are in (the CLI's start lines), or None.
+        self.attach_note: str | None = None
 
     # ---- what the plan, the links and the writer hold -------------------
     mechanism = _Part("plan")  # str: what carries the faults out (the run row's word)
@@ -302,12 +304,36 @@ class Engine:
             fires_ring_bytes=self._fires_ring_bytes,
             copilot_signal=self.copilot_signal,
         )
-        self.links.load_and_attach(self.atts, self.watch, self.pid)
+        self.links.load_and_attach(self.atts, self.watch, self._attach_pid())
         self.events = RingReader(self.links.events_fd, self.ring_bytes)
         self.fires = RingReader(self.links.fires_fd, self._fires_ring_bytes)
         self._ep = select.epoll()
         self._ep.register(self.events.fd, select.EPOLLIN)
         self._ep.register(self.fires.fd, select.EPOLLIN)
+
+    def _attach_pid(self) -> int | None:
+        """The pid the kernel filters probes by: the target's, unless its main
+        thread has exited (pthread_exit) while others run. The kernel's
+        filter goes through the leader's mm, which an exited leader no
+        longer has, so a pid filter would never match (a trace said "not
+        called" while workers called ~1M/s). Then the probes go on the
+        file for every process and BPF keeps the target's calls only (each
+        spec's tgid): other processes mapping the library pay the trap, no
+        more, and the start says so."""
+        if self.pid is None:
+            return None
+        from pyctl import procstate
+
+        live = procstate.live_tid(self.pid)
+        if live is None or live == self.pid:
+            return self.pid
+        libs = sorted({os.path.basename(a.lib.display) for a in self.atts})
+        self.attach_note = (
+            f"pid {self.pid}'s main thread has exited (its other threads run): the probes "
+            f"are on {', '.join(libs)} for every process, and only pid {self.pid}'s calls "
+            "count (others that call it pay the probe's cost)"
+        )
+        return None
 
     def _start_copilot(self) -> None:
         try:
