@@ -81,12 +81,17 @@ class ServiceProc:
 
     # ---- HTTP -------------------------------------------------------------------
     def request(
-        self, method: str, path: str, body: bytes | None = None, timeout: float = 60.0
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        timeout: float = 60.0,
+        headers: dict[str, str] | None = None,
     ) -> tuple[int, dict[str, str], bytes]:
         c = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
         try:
-            headers = {"Content-Type": "application/json"} if body is not None else {}
-            c.request(method, path, body=body, headers=headers)
+            h = {"Content-Type": "application/json"} if body is not None else {}
+            c.request(method, path, body=body, headers={**h, **(headers or {})})
             r = c.getresponse()
             return r.status, dict(r.getheaders()), r.read()
         finally:

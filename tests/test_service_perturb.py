@@ -5,8 +5,13 @@ service process (tests/service_proc.py; ready line, never a sleep)."""
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -240,15 +245,24 @@ def greedy(s: ServiceProc) -> str:
     return body["choices"][0]["text"]
 
 
-def admin(s: ServiceProc, method: str, body: Any = None) -> tuple[int, dict[str, Any]]:
+# The admin token the services of these tests are started with.
+TOKEN = "test-admin-token-0123456789abcdef"
+
+
+def admin(
+    s: ServiceProc, method: str, body: Any = None, token: str | None = TOKEN
+) -> tuple[int, dict[str, Any]]:
     raw = None if body is None else json.dumps(body).encode()
-    st, _h, out = s.request(method, "/admin/perturb", raw)
+    auth = {"Authorization": f"Bearer {token}"} if token is not None else {}
+    st, _h, out = s.request(method, "/admin/perturb", raw, headers=auth)
     return st, json.loads(out)
 
 
 @pytest.fixture(scope="module")
 def svc() -> Iterator[ServiceProc]:
-    s = ServiceProc("--perturb-control", "--max-tokens-limit", "16")
+    s = ServiceProc(
+        "--perturb-control", "--max-tokens-limit", "16", env={"GPUFAULT_ADMIN_TOKEN": TOKEN}
+    )
     yield s
     assert s.close() == 0, s.stderr()
 
@@ -318,3 +332,90 @@ def test_without_the_flag_the_route_is_closed() -> None:
         assert s.complete(PROMPT, 4, temperature=0)[0] == 200
     finally:
         assert s.close() == 0, s.stderr()
+
+
+# ---- who may arm: the admin token (issue 25, item 5) -------------------------------
+
+
+def test_admin_needs_the_token_and_each_arm_is_logged_with_its_peer(svc: ServiceProc) -> None:
+    """No token and a wrong one: 401 for every method, nothing armed; the
+    right one: 200, and the service's log names who armed what."""
+    arm = {"rules": [QUIET], "duration_s": 5, "seed": 3}
+    for token in (None, "wrong-token-0123456789abcdef", TOKEN[:-1]):
+        for method, body in (("POST", arm), ("GET", None), ("DELETE", None)):
+            st, out = admin(svc, method, body, token=token)
+            assert st == 401 and out["error"]["type"] == "unauthorized", (token, method, out)
+            assert "Authorization: Bearer" in out["error"]["message"]
+    # Nothing was armed by the refused POSTs.
+    st, rep = admin(svc, "GET")
+    assert st == 404 or not rep["active"], rep
+    st, rep = admin(svc, "POST", arm)
+    assert st == 200 and rep["active"], rep
+    st, end = admin(svc, "DELETE")
+    assert st == 200 and end["id"] == rep["id"]
+    log = svc.stderr()
+    assert re.search(
+        rf"admin: 127\.0\.0\.1:\d+ armed perturbation {rep['id']}: {re.escape(QUIET)} seed 3 "
+        r"for 5 s",
+        log,
+    ), log
+    assert re.search(rf"admin: 127\.0\.0\.1:\d+ ended perturbation {rep['id']}", log), log
+    assert re.search(r"admin: POST /admin/perturb from 127\.0\.0\.1:\d+ refused", log), log
+
+
+def _service_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    e = {k: v for k, v in os.environ.items() if k != "GPUFAULT_ADMIN_TOKEN"}
+    return subprocess.run(
+        [sys.executable, "-m", "pyctl", "service", "--port", "0", *args],
+        capture_output=True,
+        text=True,
+        env={**e, **(env or {})},
+        timeout=60,
+    )
+
+
+def _one_line(r: subprocess.CompletedProcess[str]) -> str:
+    assert r.returncode == 2, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, r.stderr
+    return lines[0]
+
+
+def test_perturb_control_without_a_token_does_not_start() -> None:
+    line = _one_line(_service_cli("--perturb-control"))
+    assert line.startswith("gpufault: ") and "needs an admin token" in line, line
+    assert "--admin-token-file" in line and "GPUFAULT_ADMIN_TOKEN" in line, line
+
+
+def test_a_token_file_others_can_read_is_refused(tmp_path: Path) -> None:
+    f = tmp_path / "token"
+    f.write_text(TOKEN + "\n")
+    os.chmod(f, 0o644)
+    line = _one_line(_service_cli("--perturb-control", "--admin-token-file", str(f)))
+    assert f"--admin-token-file {f}" in line and "chmod 600" in line, line
+    link = tmp_path / "link"
+    link.symlink_to(f)
+    os.chmod(f, 0o600)
+    line = _one_line(_service_cli("--perturb-control", "--admin-token-file", str(link)))
+    assert f"--admin-token-file {link}" in line, line  # a link is not followed
+
+
+def test_a_token_file_works(tmp_path: Path) -> None:
+    f = tmp_path / "token"
+    fd = os.open(f, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    os.write(fd, TOKEN.encode() + b"\n")
+    os.close(fd)
+    s = ServiceProc("--perturb-control", "--admin-token-file", str(f))
+    try:
+        assert admin(s, "GET", token=None)[0] == 401
+        assert admin(s, "GET")[0] == 404  # authorized: nothing armed yet
+    finally:
+        assert s.close() == 0, s.stderr()
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::"])
+def test_a_remote_admin_bind_needs_a_second_flag(host: str) -> None:
+    env = {"GPUFAULT_ADMIN_TOKEN": TOKEN}
+    line = _one_line(_service_cli("--host", host, "--perturb-control", env=env))
+    assert line.startswith("gpufault: ") and f"--host {host} with --perturb-control" in line
+    assert "--allow-remote-admin" in line, line

@@ -6,8 +6,10 @@
 
 The step POSTs the rules to the service's /admin/perturb (`gpufault
 service --perturb-control`, pyctl/service/perturb.py) with the step's
-duration: the service itself ends the flips at that deadline, so they stop
-on time even if this runner hangs or is killed. At the step's end (or an
+duration and the service's admin token (a fresh one the runner gave the
+service it started, else GPUFAULT_ADMIN_TOKEN): the service itself ends
+the flips at that deadline, so they stop on time even if this runner
+hangs or is killed. At the step's end (or an
 abort) it DELETEs them and reads what was flipped, per layer.
 
 Evidence, like the hooks' (pyctl/hooks/record.py): a run (kind
@@ -30,11 +32,14 @@ from typing import Any
 from pyctl.experiment.host import EndsOnItsOwn, FaultHostError
 
 
-def _call(url: str, method: str, body: Any = None, timeout: float = 5.0) -> dict[str, Any]:
+def _call(
+    url: str, method: str, body: Any = None, timeout: float = 5.0, token: str | None = None
+) -> dict[str, Any]:
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(
-        url, data=data, method=method, headers={"Content-Type": "application/json"}
-    )
+    headers = {"Content-Type": "application/json"}
+    if token:  # the service's admin token (pyctl/service/perturb.py)
+        headers["Authorization"] = f"Bearer {token}"
+    req = urllib.request.Request(url, data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             out: dict[str, Any] = json.loads(r.read())
@@ -60,6 +65,7 @@ class PerturbRun(EndsOnItsOwn):
         duration: float,
         db_path: str,
         who: tuple[int | None, int | None] = (None, None),
+        token: str | None = None,
     ) -> None:
         from pyctl import store
         from pyctl.evidence import layers
@@ -69,7 +75,8 @@ class PerturbRun(EndsOnItsOwn):
         self.ts_ns = time.monotonic_ns()
         self.rules, self.seed, self.duration = rules, seed, duration
         spec = {"rules": rules, "seed": seed, "duration_s": duration}
-        self.report = _call(url, "POST", spec)  # FaultHostError: the step failed to arm
+        self.token = token
+        self.report = _call(url, "POST", spec, token=token)  # FaultHostError: failed to arm
         self.started_at = float(self.report.get("started") or time.time())
         self._ended_at: float | None = None
         self._stop = threading.Event()
@@ -90,7 +97,7 @@ class PerturbRun(EndsOnItsOwn):
     def _run(self) -> None:
         self._stop.wait(self.duration)  # the step's end, or stop() early
         try:
-            self.report = _call(self.url, "DELETE")
+            self.report = _call(self.url, "DELETE", token=self.token)
         except FaultHostError as e:
             # The service's own deadline ended the flips; only the counts are lost.
             self.report = {**self.report, "error": str(e)}

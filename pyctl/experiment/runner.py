@@ -73,6 +73,7 @@ class TargetProcess:
     ) -> None:
         self.ready_re = re.compile(ready)
         self.ready_file = ready_file
+        self.admin_token: str | None = None  # a service's /admin token, set by start_target
         self.lines: list[str] = []
         self.match: re.Match[str] | None = None
         self._ready = threading.Event()
@@ -184,7 +185,19 @@ def start_target(exp: Experiment) -> tuple[TargetProcess | None, dict[str, Any]]
                 ready_file = Path(tempfile.mkdtemp(prefix="gpufault-exp-")) / "ready.json"
                 argv = [a.replace("{ready_file}", str(ready_file)) for a in argv]
         env = t.service.get("env") if t.service is not None else None
+        token = None
+        if t.service is not None and "--perturb-control" in t.service["args"]:
+            # A fresh admin token for the service it starts: its perturb
+            # steps send it; nobody else knows it (the child's environment
+            # is readable by its own user only).
+            import secrets
+
+            from pyctl.service.perturb import TOKEN_ENV
+
+            token = secrets.token_urlsafe(32)
+            env = {**(env or {}), TOKEN_ENV: token}
         proc = TargetProcess(argv, t.ready, ready_file, t.start_timeout, env)
+        proc.admin_token = token
         facts.update({k: v for k, v in proc.facts().items() if v is not None})
         if t.url:
             facts["url"] = t.url
@@ -487,6 +500,7 @@ class Run:
         self.remediation_thread: threading.Thread | None = None
         self.breached_at: float | None = None
         self.who: dict[int, tuple[int, int | None]] = {}  # step idx -> (pid, tid)
+        self.admin_token: str | None = None  # what perturb steps send (start_target's)
         self.traffic_bodies: dict[int, list[tuple[str, bytes]] | None] = {}
         self.pid_watch: PidWatch | None = None  # a target given by pid
 
@@ -619,6 +633,10 @@ class Run:
         xid = ""
         try:
             proc, facts = start_target(exp)
+            # A service it started: its token; one given by url: GPUFAULT_ADMIN_TOKEN.
+            self.admin_token = (proc.admin_token if proc is not None else None) or os.environ.get(
+                "GPUFAULT_ADMIN_TOKEN"
+            )
             if proc is None:
                 # A target given by pid: gpufault cannot wait() for it, so a
                 # pidfd tells when it ends (its signal: from the evidence).
@@ -858,6 +876,7 @@ class Run:
                         s.duration,
                         self.db_path,
                         (facts.get("pid"), facts.get("worker_tid")),
+                        token=self.admin_token,
                     )
                 else:
                     f = self.host.armed(pending)  # type: ignore[attr-defined]

@@ -68,7 +68,8 @@ class Service:
         self.fallback_name = f"gf-tiny-{cfg.fallback_layers}l-fallback"
         self.perturb: PerturbControl | None = None
         if cfg.perturb_control:
-            self.perturb = PerturbControl()
+            # cfg.check() made sure there is a token (pyctl/service/perturb.py).
+            self.perturb = PerturbControl(cfg.admin_token or "", log=log)
             self.perturb.bind(self.primary)
         # graph mode's static buffer on the double: a full context's activations.
         self.backend = make_backend(

@@ -145,7 +145,19 @@ def _write_ready(path: Path, info: dict[str, Any]) -> None:
     "--perturb-control",
     is_flag=True,
     help="open /admin/perturb: bit flips in the primary model's layer outputs, armed for a "
-    "bounded time by a POST (class 4 experiments; docs/service.md)",
+    "bounded time by a POST (class 4 experiments; docs/service.md); needs an admin token",
+)
+@click.option(
+    "--admin-token-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="the /admin token (Authorization: Bearer TOKEN): a file only root can read; "
+    "else GPUFAULT_ADMIN_TOKEN",
+)
+@click.option(
+    "--allow-remote-admin",
+    is_flag=True,
+    help="with --perturb-control: allow a --host that is not loopback (/admin/perturb "
+    "then answers other machines that have the token)",
 )
 @click.option(
     "--double-bytes-per-token",
@@ -243,6 +255,8 @@ def service(
     torch_threads: int,
     hang_after: float,
     perturb_control: bool,
+    admin_token_file: Path | None,
+    allow_remote_admin: bool,
     double_bytes_per_token: int,
     ready_file: Path | None,
     ranks: int,
@@ -297,6 +311,8 @@ def service(
         torch_threads=torch_threads,
         hang_after_s=hang_after,
         perturb_control=perturb_control,
+        admin_token=_admin_token(admin_token_file) if perturb_control else None,
+        allow_remote_admin=allow_remote_admin,
         double_bytes_per_token=double_bytes_per_token,
         ready_file=str(ready_file) if ready_file else None,
         ranks=ranks,
@@ -321,6 +337,17 @@ def service(
         _run_follower(cfg)
         return
     run(cfg)
+
+
+def _admin_token(token_file: Path | None) -> str:
+    """--perturb-control's token, or one line and status 2 (no token: the
+    control does not start; pyctl/service/perturb.py says why)."""
+    from pyctl.service.perturb import AdminTokenError, admin_token
+
+    try:
+        return admin_token(str(token_file) if token_file else None)
+    except AdminTokenError as e:
+        raise click.UsageError(str(e)) from None
 
 
 def _run_follower(cfg: ServiceConfig) -> None:

@@ -7,7 +7,7 @@ the worker never re-validate.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # cpu: plain torch on the CPU. cuda: real CUDA through torch (the GPU host).
 # cpu-double: torch on the CPU, and every batch also goes through the
@@ -60,6 +60,9 @@ class ServiceConfig:
     hang_after_s: float = 5.0
     # /admin/perturb: Tensor Core bit flips in the primary model (class 4)
     perturb_control: bool = False
+    # ... and its token (--admin-token-file or GPUFAULT_ADMIN_TOKEN): kept out of repr
+    admin_token: str | None = field(default=None, repr=False)
+    allow_remote_admin: bool = False  # --perturb-control on a --host that is not loopback
     # cpu-double: bytes of "activations" per token of a batch (allocated
     # with the double's cuMemAlloc_v2); 0 = d_model * 4 * model_layers * 4
     double_bytes_per_token: int = 0
@@ -124,7 +127,17 @@ class ServiceConfig:
         need(self.double_bytes_per_token >= 0, "--double-bytes-per-token must not be negative")
         if self.ranks != 1:
             self._check_ranks(need)
+        if self.perturb_control:
+            self._check_admin(need)
         return self
+
+    def _check_admin(self, need) -> None:  # type: ignore[no-untyped-def]
+        need(bool(self.admin_token), "--perturb-control needs an admin token")
+        need(
+            self.allow_remote_admin or is_loopback(self.host),
+            f"--host {self.host} with --perturb-control opens /admin/perturb to other "
+            "machines: listen on 127.0.0.1, or add --allow-remote-admin",
+        )
 
     def _check_cuda_mode(self, need) -> None:  # type: ignore[no-untyped-def]
         m = self.cuda_mode
@@ -171,3 +184,16 @@ class ServiceConfig:
     def bytes_per_token(self) -> int:
         """Activation bytes per token a batch allocates on the double."""
         return self.double_bytes_per_token or self.d_model * 4 * self.model_layers * 4
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 or localhost; anything else (0.0.0.0, a name) may
+    be reachable from other machines."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

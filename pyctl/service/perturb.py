@@ -12,6 +12,13 @@ when the experiment runner that armed them hangs or is killed. Only one
 perturbation is armed at a time; a second POST while one runs is refused
 (409), so two experiments cannot mix their flips.
 
+Who may: the holder of the admin token (`Authorization: Bearer TOKEN`),
+from --admin-token-file (a regular file only root can read) or
+GPUFAULT_ADMIN_TOKEN; the control refuses to start without one, since
+any local user can reach a loopback port. Every request without the
+token is 401; every arm and end is logged with the peer's address.
+`gpufault experiment` makes a fresh token for a service it starts.
+
 The worker thread applies it (`around(model)` around each primary batch):
 forward hooks and the matmul TorchFunctionMode of the Perturber must be
 entered on the thread that runs the model.
@@ -19,6 +26,9 @@ entered on the thread that runs the model.
 
 from __future__ import annotations
 
+import hmac
+import os
+import stat
 import threading
 import time
 import uuid
@@ -30,8 +40,55 @@ from typing import Any
 MAX_DURATION_S = 600.0  # an arm without an end is refused: the service must not stay corrupt
 
 
+TOKEN_ENV = "GPUFAULT_ADMIN_TOKEN"
+
+
 class PerturbError(ValueError):
     """A bad arm request: the message says which field and what to do."""
+
+
+class AdminTokenError(ValueError):
+    """No usable admin token: one line, what and what to do."""
+
+
+def read_token_file(path: str) -> str:
+    """The token in PATH: a regular file (not a link), owned by root (or
+    this user) and readable by nobody else, checked on the open file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError as e:
+        raise AdminTokenError(
+            f"--admin-token-file {path}: {e.strerror}: give a file only root can read"
+        ) from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise AdminTokenError(f"--admin-token-file {path}: not a regular file")
+        if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o077:
+            raise AdminTokenError(
+                f"--admin-token-file {path}: owned by uid {st.st_uid}, mode "
+                f"{st.st_mode & 0o777:04o}: make it root's and 0600 (chmod 600)"
+            )
+        token = f.read(4096).decode("utf-8", "replace").strip()
+    if len(token) < 16:
+        raise AdminTokenError(f"--admin-token-file {path}: give a token of 16 characters or more")
+    return token
+
+
+def admin_token(token_file: str | None, env: dict[str, str] | None = None) -> str:
+    """The token from --admin-token-file, else GPUFAULT_ADMIN_TOKEN;
+    AdminTokenError when neither gives one."""
+    if token_file:
+        return read_token_file(token_file)
+    token = (os.environ if env is None else env).get(TOKEN_ENV, "").strip()
+    if not token:
+        raise AdminTokenError(
+            "--perturb-control needs an admin token: pass --admin-token-file PATH "
+            f"(a file only root can read) or set {TOKEN_ENV}"
+        )
+    if len(token) < 16:
+        raise AdminTokenError(f"{TOKEN_ENV}: give a token of 16 characters or more")
+    return token
 
 
 @dataclass
@@ -87,15 +144,31 @@ def _rules(spec: dict[str, Any]) -> tuple[list[Any], list[str]]:
 class PerturbControl:
     """The armed perturbation, shared by the HTTP threads and the worker."""
 
-    def __init__(self) -> None:
+    def __init__(self, token: str = "", log: Any = None) -> None:
+        self._token = token.encode()  # "": in-process use only, HTTP gets 401
+        self._log = log or (lambda _msg: None)
         self._lock = threading.Lock()
         self._cur: Armed | None = None
         self._model: Any = None  # checked at arm: a pattern must name a layer
 
+    def deny(self, authorization: str | None, peer: str, method: str) -> str | None:
+        """None when `Authorization: Bearer TOKEN` holds the admin token;
+        else the 401's message (and a log line naming the peer)."""
+        scheme, _, given = (authorization or "").strip().partition(" ")
+        ok = scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), self._token)
+        if ok and self._token:  # an empty token (never configured) opens nothing
+            return None
+        why = "no admin token" if not authorization else "a wrong admin token"
+        self._log(f"admin: {method} /admin/perturb from {peer} refused ({why})")
+        return (
+            f"{why}: send Authorization: Bearer TOKEN (the service's --admin-token-file "
+            f"or {TOKEN_ENV})"
+        )
+
     def bind(self, model: Any) -> None:
         self._model = model
 
-    def arm(self, spec: Any) -> dict[str, Any]:
+    def arm(self, spec: Any, peer: str = "in-process") -> dict[str, Any]:
         from pyctl.hooks.tc_perturb import Perturber
 
         if not isinstance(spec, dict):
@@ -128,6 +201,10 @@ class PerturbControl:
                 duration_s=float(dur),
                 perturber=p,
                 rules_text=texts,
+            )
+            self._log(
+                f"admin: {peer} armed perturbation {self._cur.id}: {', '.join(texts)} "
+                f"seed {seed} for {float(dur):g} s"
             )
             return self._cur.report()
 
@@ -167,7 +244,7 @@ class PerturbControl:
             self._expire(self._cur)
             return self._cur.report()
 
-    def disarm(self) -> dict[str, Any] | None:
+    def disarm(self, peer: str = "in-process") -> dict[str, Any] | None:
         with self._lock:
             cur = self._cur
             if cur is None:
@@ -175,6 +252,7 @@ class PerturbControl:
             self._expire(cur)
             if cur.ended is None:
                 cur.ended, cur.end_reason = time.time(), "deleted"
+                self._log(f"admin: {peer} ended perturbation {cur.id}")
             return cur.report()
 
     @contextmanager
@@ -203,4 +281,12 @@ class PerturbControl:
             cur.perturber.detach()
 
 
-__all__ = ["MAX_DURATION_S", "PerturbControl", "PerturbError"]
+__all__ = [
+    "MAX_DURATION_S",
+    "TOKEN_ENV",
+    "AdminTokenError",
+    "PerturbControl",
+    "PerturbError",
+    "admin_token",
+    "read_token_file",
+]

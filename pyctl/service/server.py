@@ -98,14 +98,19 @@ class Handler(BaseHTTPRequestHandler):
                 ),
             )
             return
+        peer = f"{self.client_address[0]}:{self.client_address[1]}"
+        denied = ctl.deny(self.headers.get("Authorization"), peer, method)
+        if denied is not None:
+            self._json(401, error_body("unauthorized", denied), {"WWW-Authenticate": "Bearer"})
+            return
         if method == "POST":
             try:
-                self._json(200, ctl.arm(body))
+                self._json(200, ctl.arm(body, peer))
             except PerturbError as e:
                 busy = "is active" in str(e)
                 self._json(409 if busy else 400, error_body("invalid_request_error", str(e)))
             return
-        rep = ctl.status() if method == "GET" else ctl.disarm()
+        rep = ctl.status() if method == "GET" else ctl.disarm(peer)
         if rep is None:
             self._json(404, error_body("not_found", f"nothing was armed: POST {PERTURB} first"))
         else:
