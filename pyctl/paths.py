@@ -48,16 +48,31 @@ def hint(path: Path) -> str:
 
 # Runs a module in isolated mode (-I: no cwd, no PYTHONPATH, no user site)
 # with the directory that holds THIS pyctl first on sys.path, so a child
-# imports the same package as its parent and never a planted ./pyctl or
-# ./hooks from the working directory.
+# imports the same package as its parent and never a planted ./pyctl,
+# ./ctypes.py or a PYTHONPATH entry of the caller's (the child is root).
+# die_with=PID: first ask the kernel for SIGTERM when the parent dies
+# (PR_SET_PDEATHSIG), and check that the parent is still the one that
+# started it (it may have died before the prctl). The one way gpufault
+# starts a Python child: tests/test_child_isolation.py proves it for every
+# command that starts one.
 _BOOT = (
-    "import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); "
-    "runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)"
+    "import sys; sys.path.insert(0, sys.argv.pop(1)); m = sys.argv.pop(1); p = int(sys.argv.pop(1))"
+    "\nif p:"
+    "\n import ctypes, os, signal"
+    "\n ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)"
+    "\n os.getppid() == p or sys.exit(143)"
+    "\nimport runpy; runpy.run_module(m, run_name='__main__', alter_sys=True)"
 )
 
 
-def module_argv(module: str, args: list[str] | tuple[str, ...] = ()) -> list[str]:
+def module_argv(
+    module: str,
+    args: list[str] | tuple[str, ...] = (),
+    *,
+    die_with: int | None = None,
+    python: str = sys.executable,
+) -> list[str]:
     """argv that runs `python -m MODULE ARGS` safely as a child (see _BOOT)."""
-    if not module.startswith("pyctl."):
+    if module != "pyctl" and not module.startswith("pyctl."):
         raise ValueError(f"{module}: only pyctl modules run this way")
-    return [sys.executable, "-I", "-c", _BOOT, str(PACKAGE.parent), module, *args]
+    return [python, "-I", "-c", _BOOT, str(PACKAGE.parent), module, str(die_with or 0), *args]

@@ -23,7 +23,7 @@ DEFAULT = "/run/gpufault"
 
 
 def path() -> str:
-    return os.environ.get("GPUFAULT_RUN_DIR", DEFAULT)
+    return os.environ.get("GPUFAULT_RUN_DIR") or DEFAULT  # empty: unset
 
 
 class UnsafeRunDir(OSError):

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from pyctl import paths
 from pyctl.spec import FaultSpec
 
 # `Injecting ... [run 1a2b3c4d, mechanism copilot] ... Ctrl-C to end`: the
@@ -38,24 +39,20 @@ from pyctl.spec import FaultSpec
 ARMED = re.compile(r"\[run ([0-9a-f]+), mechanism (\w+)\].*Ctrl-C to end")
 STOP_GRACE_S = 5.0  # SIGTERM, then SIGKILL (the kernel detaches what is left)
 
-# The child runs pyctl's own __main__, after asking the kernel for SIGTERM
-# when its parent dies (and checking that the parent is still the one that
-# started it: it may have died before the prctl).
-_BOOT = (
-    "import ctypes,os,runpy,signal,sys;"
-    "ctypes.CDLL(None,use_errno=True).prctl(1,signal.SIGTERM,0,0,0);"
-    "os.getppid()==int(sys.argv.pop(1)) or sys.exit(143);"
-    "sys.argv[0]='gpufault';runpy.run_module('pyctl',run_name='__main__',alter_sys=True)"
-)
 _REPO = str(Path(__file__).resolve().parent.parent.parent)
 
 
 def child_argv(args: list[str], python: str = sys.executable) -> list[str]:
-    """`python -m pyctl ARGS`, dying with SIGTERM when this process dies."""
-    return [python, "-c", _BOOT, str(os.getpid()), *args]
+    """`python -m pyctl ARGS`, isolated (pyctl.paths.module_argv: never a
+    module from the cwd or PYTHONPATH), dying with SIGTERM when this
+    process dies."""
+    return paths.module_argv("pyctl", args, die_with=os.getpid(), python=python)
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a child: ours, unbuffered. PYTHONPATH names this
+    checkout first for a target.command that runs `python -m pyctl...`
+    itself (gpufault's own children are isolated and ignore it)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra or {}))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO, env.get("PYTHONPATH", "")) if p)
     return env

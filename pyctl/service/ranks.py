@@ -27,13 +27,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from typing import Any
 
 import torch.distributed as dist
 
+from pyctl import paths
 from pyctl.service import dist as gdist
 from pyctl.service.app import Service, log
 from pyctl.service.batcher import Pending
@@ -60,13 +60,15 @@ def _pdeathsig() -> None:
 def follower_argv(cfg: ServiceConfig, port: int) -> list[str]:
     """The command line of the rank 1 that rank 0 spawns (model settings
     come through the store, so rank 1 cannot disagree on them)."""
-    argv = [
-        sys.executable, "-m", "pyctl.service", "--ranks", "2", "--rank", "1",
+    # Isolated (pyctl.paths.module_argv): rank 1 runs as rank 0's user,
+    # root under an experiment, and must not import from the cwd.
+    argv = paths.module_argv("pyctl.service", [
+        "--ranks", "2", "--rank", "1",
         "--device", cfg.device, "--dist-backend", cfg.dist_backend,
         "--dist-timeout", repr(cfg.dist_timeout_s), "--master-addr", cfg.master_addr,
         "--master-port", str(port), "--host", cfg.host, "--metrics-port", "0",
         "--torch-threads", str(cfg.torch_threads),
-    ]  # fmt: skip
+    ])  # fmt: skip
     if cfg.dist_iface:
         argv += ["--dist-iface", cfg.dist_iface]
     return argv
