@@ -10,24 +10,27 @@ docs/benchmarks.md).
 Safety: the file and its WAL/SHM siblings are created 0600 under a umask
 of 077, so the evidence (registers, arguments, stacks) is readable only by
 root. Every batch is one transaction, so a killed controller leaves every
-committed row intact and no half-written one. open_db() checks the path
-before anything is written (no symlink, SQLite, gpufault's or new) and
-opens read-only for readers (faults, show): see docs/cli.md.
+committed row intact and no half-written one. open_db() walks the path by
+fd and refuses one another user could swap or read (pyctl/evidence/
+dbfile.py), checks an existing file read-only and completely before
+anything is written or armed (gpufault's, a schema it can migrate, every
+page readable), and opens read-only for readers (faults, show): see
+docs/cli.md.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sqlite3
-import stat
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from pyctl.evidence import schema
+from pyctl.evidence import dbfile, schema
 from pyctl.evidence.schema import SCHEMA_VERSION
 from pyctl.evidence.sqlitedb import Database
 
@@ -54,34 +57,11 @@ def _is_default(p: Path) -> bool:
         return False
 
 
-def _check_path(p: Path) -> os.stat_result | None:
-    """lstat the database path: refuse a symlink (O_NOFOLLOW semantics) or
-    anything but a regular file. None: it does not exist."""
-    try:
-        st = os.lstat(p)
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        raise StoreError(f"{p}: {e.strerror}") from None
-    if stat.S_ISLNK(st.st_mode):
-        raise StoreError(f"{p}: is a symbolic link; pass the real path of the database")
-    if not stat.S_ISREG(st.st_mode):
-        raise StoreError(f"{p}: not a regular file")
-    return st
-
-
-def _open_nofollow(p: Path, mode: int) -> int:
-    """An fd of the existing database, never through a symlink."""
-    try:
-        return os.open(p, mode | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as e:
-        raise StoreError(f"{p}: {e.strerror}") from None
-
-
-def _check_header(fd: int, p: Path) -> None:
-    head = os.pread(fd, len(SQLITE_MAGIC), 0)
-    if head and head != SQLITE_MAGIC:
+def _check_header(fd: int, p: Path) -> bytes:
+    head = os.pread(fd, 100, 0)
+    if head and not head.startswith(SQLITE_MAGIC):
         raise StoreError(f"{p}: not an SQLite database; pass another --db")
+    return head
 
 
 def _check_ours(db: Database, p: Path) -> None:
@@ -108,121 +88,233 @@ def _check_ours(db: Database, p: Path) -> None:
     )
 
 
+def _uri(path: str, *, immutable: bool) -> str:
+    return f"file:{quote(path)}?mode=ro" + ("&immutable=1" if immutable else "")
+
+
+def _validate(loc: dbfile.Located, p: Path) -> None:
+    """Everything that could refuse an existing file, on a read-only
+    connection and before anything is written, chmod-ed or armed: SQLite
+    and gpufault's, a schema ensure_schema can bring to the current one,
+    and every page readable (PRAGMA quick_check: a damaged page found
+    mid-run would come after the probes and the copilot)."""
+    try:
+        con = sqlite3.connect(
+            _uri(loc.path, immutable=loc.lstat("-wal") is None), uri=True, check_same_thread=False
+        )
+    except sqlite3.Error as e:
+        raise StoreError(f"{p}: {e}") from None
+    try:
+        db = Database(con)
+        _check_ours(db, p)
+        schema.check(db)
+        bad = [r[0] for r in con.execute("PRAGMA quick_check(3)")]
+        if bad != ["ok"]:
+            raise StoreError(
+                f"{p}: damaged ({bad[0][:80]}); restore it from a copy or pass another --db"
+            )
+    except schema.SchemaError as e:
+        raise StoreError(f"{p}: {e}; pass another --db") from None
+    except sqlite3.DatabaseError as e:
+        raise StoreError(f"{p}: {e}; restore it from a copy or pass another --db") from None
+    finally:
+        con.close()
+
+
+def _locate(p: Path, *, writer: bool) -> dbfile.Located:
+    """The walk of dbfile.locate, the default path's directories made 0700."""
+
+    def made(fd: int) -> None:
+        os.fchmod(fd, 0o700)  # ours, just made: 0700 whatever the umask
+
+    try:
+        loc = dbfile.locate(p, mkdirs=writer and _is_default(p), on_mkdir=made)
+    except dbfile.UnsafePath as e:
+        raise StoreError(str(e)) from None
+    if writer and loc.shared:
+        loc.close()
+        raise StoreError(
+            f"{loc.dir_path}: other users can create files there (the database's -wal and "
+            "-shm would be theirs); pass a --db in a directory only root can write"
+        )
+    return loc
+
+
+def _open_file(loc: dbfile.Located, p: Path, *, create: bool) -> tuple[int, bool]:
+    """An fd of the database in its checked directory, never through a
+    link (O_NOFOLLOW), created O_EXCL 0600 when missing and `create`;
+    checked on the fd (dbfile.check_file). True: this call made it."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    for _ in range(2):
+        try:
+            fd = os.open(loc.name, flags, dir_fd=loc.dir_fd)
+            created = False
+        except FileNotFoundError:
+            if not create:
+                raise StoreError(
+                    f"no database at {p}: run gpufault trace/inject first, or pass --db"
+                ) from None
+            try:
+                fd = os.open(
+                    loc.name,
+                    os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC,
+                    0o600,
+                    dir_fd=loc.dir_fd,
+                )
+                created = True
+            except FileExistsError:
+                continue  # made meanwhile: opened and checked like any other
+            except OSError as e:
+                raise StoreError(f"{p}: {e.strerror}") from None
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise StoreError(
+                    f"{p}: is a symbolic link; pass the real path of the database"
+                ) from None
+            raise StoreError(f"{p}: {e.strerror}") from None
+        try:
+            dbfile.check_file(os.fstat(fd), str(p))
+        except dbfile.UnsafePath as e:
+            os.close(fd)
+            raise StoreError(str(e)) from None
+        return fd, created
+    raise StoreError(f"{p}: replaced while being opened; try again")
+
+
 def open_db(path: str | os.PathLike[str] = DEFAULT_DB, *, readonly: bool = False) -> Database:
     """Open the store, checked before anything is written.
 
-    Writable (trace, inject): refuses a symlink, a non-regular file, a file
-    that is not SQLite, and an SQLite database that is not gpufault's (or
-    empty); creates the file 0600 with O_CREAT|O_EXCL|O_NOFOLLOW (never
-    through a wider mode, never through a link); creates missing parent
-    directories only for the default path (0700); WAL, schema applied.
-    Raises StoreError with a one-line message.
+    The path is walked by fd and the file and its sidecars checked on
+    fds (pyctl/evidence/dbfile.py says why and how): every directory
+    root's and writable by no one else (a sticky one too for a writer),
+    the file and any -wal/-shm/-journal a regular file of root's with
+    one link, the name itself no symlink. An existing file is then
+    checked read-only and completely (_validate: gpufault's, a schema
+    this gpufault can migrate, every page readable) before it is
+    chmod-ed, switched to WAL or migrated: a refused file is left
+    byte for byte as it was.
+
+    Writable (trace, inject): creates the file 0600 with
+    O_CREAT|O_EXCL|O_NOFOLLOW; creates missing parent directories only
+    for the default path (0700); WAL, schema applied. Raises StoreError
+    with a one-line message.
 
     readonly (faults, show): the file must exist and be gpufault's; opened
     with SQLite's mode=ro (and immutable=1 when no writer's WAL is there),
     so nothing is created, converted or chmodded.
     """
     p = Path(path)
-    st = _check_path(p)
-    if readonly:
-        return _open_readonly(p, st)
-    created = False
-    old = os.umask(0o077)
+    loc = _locate(p, writer=not readonly)
     try:
-        if st is None:
-            if not p.parent.is_dir():
-                if not _is_default(p):
-                    raise StoreError(
-                        f"{p.parent}: no such directory (create it, or pass another --db)"
-                    )
-                try:
-                    p.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-                    os.chmod(p.parent, 0o700)
-                except OSError as e:
-                    raise StoreError(f"{p.parent}: {e.strerror}") from None
-            try:
-                fd = os.open(
-                    p, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
-                )
-                created = True
-            except FileExistsError:
-                # Someone created it meanwhile: check it like any existing one.
-                _check_path(p)
-                fd = _open_nofollow(p, os.O_RDWR)
-            except OSError as e:
-                raise StoreError(f"{p}: {e.strerror}") from None
-        else:
-            fd = _open_nofollow(p, os.O_RDWR)
-        # Check through our fd, then close it BEFORE SQLite opens the file:
-        # closing any fd of a file drops every POSIX lock this process holds
-        # on it, SQLite's too (a reader would then take the WAL for
-        # abandoned and a writer's commits would be lost).
+        if readonly:
+            return _open_readonly(loc, p)
+        return _open_writable(loc, p)
+    finally:
+        loc.close()
+
+
+def _open_writable(loc: dbfile.Located, p: Path) -> Database:
+    old = os.umask(0o077)
+    created = False
+    try:
+        fd, created = _open_file(loc, p, create=True)
         try:
-            _check_header(fd, p)
-            fst = os.fstat(fd)
-        except OSError as e:
-            raise StoreError(f"{p}: {e.strerror or e}") from None
+            try:
+                head = _check_header(fd, p)
+                fst = os.fstat(fd)
+            except OSError as e:
+                raise StoreError(f"{p}: {e.strerror or e}") from None
+            try:
+                loc.check_sidecars()
+            except dbfile.UnsafePath as e:
+                raise StoreError(str(e)) from None
+            if head:
+                _validate(loc, p)
+                # Evidence is root's alone: a file already checked to be
+                # gpufault's and root's, never a foreign one.
+                if fst.st_mode & 0o777 != 0o600:
+                    os.fchmod(fd, 0o600)
         finally:
+            # Closed BEFORE SQLite opens the file: closing any fd of a file
+            # drops every POSIX lock this process holds on it, SQLite's
+            # too (a reader would then take the WAL for abandoned and a
+            # writer's commits would be lost).
             os.close(fd)
         try:
-            db = Database(sqlite3.connect(p, check_same_thread=False))
+            db = Database(sqlite3.connect(loc.path, check_same_thread=False))
             try:
-                lst = os.lstat(p)
-                if (lst.st_dev, lst.st_ino) != (fst.st_dev, fst.st_ino):
+                # Nobody but root can change a name on the walked path:
+                # the inode checked is the one SQLite opened.
+                if not loc.same_file(fst):
                     raise StoreError(f"{p}: replaced while being opened; try again")
                 _check_ours(db, p)
-                # Evidence is root's alone: our own file, never a foreign one
-                # (that was refused above).
-                if fst.st_mode & 0o777 != 0o600:
-                    os.chmod(p, 0o600)
                 db.conn.execute("PRAGMA journal_mode=WAL")
+                loc.check_sidecars()
                 db.conn.execute("PRAGMA synchronous=NORMAL")
                 db.conn.execute("PRAGMA busy_timeout=5000")
                 ensure_schema(db)
+                loc.fix_sidecar_modes()
             except BaseException:
                 db.close()
                 raise
+        except dbfile.UnsafePath as e:
+            raise StoreError(str(e)) from None
         except sqlite3.Error as e:
             raise StoreError(f"{p}: {e}") from None
         except OSError as e:
             raise StoreError(f"{p}: {e.strerror or e}") from None
     except BaseException:
         if created:
-            remove_db(p)
+            _remove_in(loc)
         raise
     finally:
         os.umask(old)
-    for sibling in (Path(f"{p}-wal"), Path(f"{p}-shm")):
-        try:
-            if stat.S_ISREG(os.lstat(sibling).st_mode):
-                os.chmod(sibling, 0o600)
-        except OSError:
-            pass
     db.gf_created = created
     return db
 
 
-def _open_readonly(p: Path, st: os.stat_result | None) -> Database:
-    if st is None:
-        raise StoreError(f"no database at {p}: run gpufault trace/inject first, or pass --db")
-    fd = _open_nofollow(p, os.O_RDONLY)
+def _open_readonly(loc: dbfile.Located, p: Path) -> Database:
+    fd, _ = _open_file(loc, p, create=False)
     try:
-        _check_header(fd, p)
+        head = _check_header(fd, p)
+        fst = os.fstat(fd)
     finally:
         os.close(fd)
-    if st.st_size == 0:
+    if not head:
         raise StoreError(f"{p}: empty (no run recorded yet)")
-    # No writer's WAL there: immutable, so SQLite creates no -wal/-shm.
-    live = os.path.lexists(f"{p}-wal")
-    uri = f"file:{quote(str(p.absolute()))}?mode=ro" + ("" if live else "&immutable=1")
     try:
-        db = Database(sqlite3.connect(uri, uri=True, check_same_thread=False))
-        _check_ours(db, p)
-        # An older file is read as the current schema without converting it.
-        schema.overlay(db)
+        loc.check_sidecars()
+        # No writer's WAL there: immutable, so SQLite creates no -wal/-shm.
+        live = loc.lstat("-wal") is not None
+        db = Database(
+            sqlite3.connect(_uri(loc.path, immutable=not live), uri=True, check_same_thread=False)
+        )
+        try:
+            if not loc.same_file(fst):
+                raise StoreError(f"{p}: replaced while being opened; try again")
+            _check_ours(db, p)
+            if live:
+                loc.check_sidecars()  # the -shm SQLite may just have made
+            # An older file is read as the current schema without converting it.
+            schema.overlay(db)
+        except BaseException:
+            db.close()
+            raise
+    except dbfile.UnsafePath as e:
+        raise StoreError(str(e)) from None
     except sqlite3.Error as e:
         raise StoreError(f"{p}: {e}") from None
     return db
+
+
+def _remove_in(loc: dbfile.Located) -> None:
+    """Unlink a database this call created, and its sidecars, by name in
+    the checked directory."""
+    for suffix in ("", "-wal", "-shm"):
+        try:
+            os.unlink(loc.name + suffix, dir_fd=loc.dir_fd)
+        except OSError:
+            pass
 
 
 def remove_db(p: Path) -> None:

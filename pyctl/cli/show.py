@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sqlite3
+from collections.abc import Iterator
 from typing import Any
 
 import click
@@ -12,6 +15,18 @@ import click
 from pyctl.cli.base import UserError, open_existing, user_errors
 from pyctl.cli.completion import fault_ids
 from pyctl.cli.options import SINCE, db_option, json_option
+
+
+@contextlib.contextmanager
+def damaged_is_one_line(db_path: str) -> Iterator[None]:
+    """A page SQLite finds damaged while reading (open_existing checks the
+    file's header, owner and schema, not every page: a full check would
+    cost a reader seconds on a large store) is the file's fault, not
+    gpufault's: one line and exit 2, not an internal error."""
+    try:
+        yield
+    except sqlite3.DatabaseError as e:
+        raise UserError(f"{db_path}: {e}; restore it from a copy or pass another --db") from None
 
 
 @click.command()
@@ -42,7 +57,8 @@ def faults(
     from pyctl import query
 
     db = open_existing(db_path)
-    rows = query.faults(db, run_id=run_id, limit=limit, function=function, since=since)
+    with damaged_is_one_line(db_path):
+        rows = query.faults(db, run_id=run_id, limit=limit, function=function, since=since)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
@@ -91,9 +107,15 @@ def show(fault_id: str, db_path: str, as_json: bool) -> None:
       gpufault show latest
       gpufault show 1a2b3c4d
     """
-    from pyctl import query
 
     db = open_existing(db_path)
+    with damaged_is_one_line(db_path):
+        _show(db, fault_id, db_path, as_json)
+
+
+def _show(db: Any, fault_id: str, db_path: str, as_json: bool) -> None:
+    from pyctl import query
+
     ids: list[str] | None = None
     one = True
     if fault_id in ("latest", "last"):

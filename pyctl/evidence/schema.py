@@ -749,6 +749,49 @@ def _complete(conn: sqlite3.Connection) -> bool:
     )
 
 
+def check(db: Any) -> None:
+    """Raise SchemaError for a database ensure_schema would refuse or
+    leave unusable, found without writing (store.open_db runs it on a
+    read-only connection before anything is converted or armed): a newer
+    version; at the current one, a table of ours in another shape (it is
+    not conformed, so the first insert would fail mid-run); at an older
+    one, a table whose rebuild would drop a column or leave a NOT NULL
+    column empty."""
+    conn = _conn(db)
+    version = user_version(conn)
+    if version > SCHEMA_VERSION:
+        raise SchemaError(f"schema {version} is newer than this gpufault's ({SCHEMA_VERSION})")
+    have = _names(conn, "table")
+    ref = reference()
+    try:
+        for t in TABLES:
+            if t.name not in have:
+                continue
+            old, new = shape(conn, t.name), shape(ref, t.name)
+            if version == SCHEMA_VERSION:
+                if old["columns"] != new["columns"]:
+                    raise SchemaError(
+                        f"table {t.name} is not schema {SCHEMA_VERSION}'s "
+                        f"(columns {', '.join(c[0] for c in old['columns'][:6])})"
+                    )
+                continue
+            cols = [c[0] for c in old["columns"]]
+            lost = [c for c in cols if c not in t.column_names]
+            if lost:
+                raise SchemaError(
+                    f"table {t.name}: columns {', '.join(lost)} are not in "
+                    f"schema {SCHEMA_VERSION}; refusing to drop them"
+                )
+            empty = [c[0] for c in new["columns"] if c[2] and c[0] not in cols]
+            if empty and conn.execute(f"SELECT 1 FROM {_q(t.name)} LIMIT 1").fetchone():
+                raise SchemaError(
+                    f"table {t.name}: no column {', '.join(empty)}, which schema "
+                    f"{SCHEMA_VERSION} requires"
+                )
+    finally:
+        ref.close()
+
+
 def ensure_schema(db: Any) -> None:
     """Bring the database to SCHEMA_VERSION: migrations from its
     user_version, then every missing table and index. Idempotent, and
