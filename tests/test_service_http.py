@@ -247,3 +247,189 @@ def test_reject_mode_answers_503() -> None:
         assert st == 503 and h["status"] == "unhealthy", h
     finally:
         assert s.close() == 0, s.stderr()
+
+
+# ---- input handling: hostile or broken clients (docs/service.md) -----------------
+# One service with short timeouts and few handler threads, so that each
+# bound shows within a second or two.
+HEADER_S, BODY_S = 1.0, 1.0
+
+
+@pytest.fixture(scope="module")
+def strict():
+    s = ServiceProc(
+        "--batch-wait",
+        "0",
+        "--max-connections",
+        "16",
+        "--header-timeout",
+        f"{HEADER_S}s",
+        "--body-timeout",
+        f"{BODY_S}s",
+        "--idle-timeout",
+        "5s",
+    )
+    yield s
+    assert s.close() == 0, s.stderr()
+    assert "Traceback" not in s.stderr() and "Error" not in s.stderr(), s.stderr()
+
+
+def raw_exchange(s: ServiceProc, data: bytes, timeout: float = 10.0) -> tuple[bytes, float]:
+    """Send data on a fresh connection, read until the service closes it:
+    (everything it answered, seconds until the close)."""
+    import socket
+    import time
+
+    c = socket.create_connection((s.host, s.port), timeout=timeout)
+    t = time.monotonic()
+    try:
+        c.sendall(data)
+        got = b""
+        while chunk := c.recv(65536):
+            got += chunk
+        return got, time.monotonic() - t
+    finally:
+        c.close()
+
+
+def status_of(answer: bytes) -> int:
+    return int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/1.1 ") else 0
+
+
+def one_json_line(answer: bytes) -> dict:
+    body = answer.split(b"\r\n\r\n", 1)[1]
+    assert body.count(b"\n") == 1 and body.endswith(b"\n"), body
+    return json.loads(body)
+
+
+@pytest.mark.parametrize("length", [b"abc", b"\xb2", b"\xb9", b"-1", b"4 4", b"0x10", b"1e3"])
+def test_content_length_not_a_number_is_400(strict: ServiceProc, length: bytes) -> None:
+    # Headers are Latin-1: b"\xb2" is "²", which passed str.isdigit() and
+    # then failed int(): a traceback and a dropped connection.
+    req = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %s\r\n\r\n{}" % length
+    got, _ = raw_exchange(strict, req)
+    assert status_of(got) == 400, got
+    assert "Content-Length" in one_json_line(got)["error"]["message"]
+
+
+@pytest.mark.parametrize("length", [b"99999999", pytest.param(b"9" * 5000, id="5000-digits")])
+def test_body_over_the_limit_is_413(strict: ServiceProc, length: bytes) -> None:
+    # 5000 digits: int() of more than 4300 digits raises (CVE-2020-10735's limit).
+    req = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %s\r\n\r\n" % length
+    got, _ = raw_exchange(strict, req)
+    assert status_of(got) == 413, got
+    one_json_line(got)
+
+
+def test_deeply_nested_json_is_400(strict: ServiceProc) -> None:
+    deep = b"[" * 200_000 + b"]" * 200_000
+    st, _h, raw = strict.request("POST", "/v1/completions", deep)
+    assert st == 400, raw
+    assert b"nested too deeply" in raw
+    st, _h, raw = strict.request("POST", "/admin/perturb", deep)
+    assert st in (400, 404), raw  # closed without --perturb-control: 404 after the body
+
+
+def test_half_sent_headers_get_408_within_the_header_timeout(strict: ServiceProc) -> None:
+    got, took = raw_exchange(strict, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+    assert status_of(got) == 408, got
+    assert HEADER_S * 0.9 <= took < HEADER_S + 2, took
+    # A client that trickles its headers a byte at a time is bounded the same way.
+    import socket
+    import time
+
+    c = socket.create_connection((strict.host, strict.port), timeout=10)
+    t = time.monotonic()
+    try:
+        c.sendall(b"GET /health HTTP/1.1\r\n")
+        c.setblocking(False)
+        got = b""
+        while time.monotonic() - t < HEADER_S + 3:
+            try:
+                c.send(b"X")  # never a complete header line
+            except OSError:
+                break
+            try:
+                chunk = c.recv(65536)
+            except BlockingIOError:
+                time.sleep(0.1)  # the trickle's pace, not a synchronization
+                continue
+            if not chunk:
+                break
+            got += chunk
+    finally:
+        c.close()
+    assert status_of(got) == 408 and time.monotonic() - t < HEADER_S + 3, got
+
+
+def test_short_body_gets_408_within_the_body_timeout(strict: ServiceProc) -> None:
+    req = b'POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"pro'
+    got, took = raw_exchange(strict, req)
+    assert status_of(got) == 408, got
+    assert "did not arrive" in one_json_line(got)["error"]["message"]
+    assert BODY_S * 0.9 <= took < BODY_S + 2, took
+
+
+def test_aborted_clients_leave_no_traceback(strict: ServiceProc) -> None:
+    import socket
+    import struct
+    import time
+
+    def answered() -> float:
+        return sample(strict.metric_samples(), "gf_service_requests_total")
+
+    before, lines = answered(), len(strict.lines)
+    n = 10  # under --max-connections: each is a request the worker runs
+    for _ in range(n):
+        c = socket.create_connection((strict.host, strict.port), timeout=10)
+        # RST at close: the answer's write meets a reset connection.
+        c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        body = json.dumps({"prompt": "hello world", "max_tokens": 4}).encode()
+        c.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body)
+            + body
+        )
+        c.close()
+    t = time.monotonic()
+    while answered() < before + n and time.monotonic() - t < 30:
+        time.sleep(0.05)  # the answers' writes have no event visible from outside
+    assert answered() >= before + n
+    assert strict.complete("hello", 2)[0] == 200
+    assert strict.lines[lines:] == [], strict.lines[lines:]
+
+
+def test_half_open_connections_do_not_grow_threads(strict: ServiceProc) -> None:
+    import os
+    import socket
+    import time
+
+    def threads() -> int:
+        return len(os.listdir(f"/proc/{strict.pid}/task"))
+
+    base = threads()
+    socks = []
+    try:
+        for _ in range(200):
+            c = socket.create_connection((strict.host, strict.port), timeout=10)
+            c.sendall(b"POST /v1/completions HTTP/1.1\r\n")  # and nothing more
+            socks.append(c)
+        peak = threads()
+        # 16 handler threads at most; the other connections are answered 503.
+        assert peak <= base + 16, (base, peak)
+        refused = 0
+        for c in socks:
+            c.settimeout(HEADER_S + 5)
+            try:
+                got = c.recv(65536)
+            except (ConnectionResetError, TimeoutError):
+                got = b""
+            refused += status_of(got) == 503
+        assert refused >= 200 - 16 - 2, refused
+    finally:
+        for c in socks:
+            c.close()
+    t = time.monotonic()
+    while threads() > base and time.monotonic() - t < HEADER_S + 5:
+        time.sleep(0.05)  # thread exits have no event to wait on from outside
+    assert threads() <= base
+    assert strict.complete("hello", 2)[0] == 200

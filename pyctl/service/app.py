@@ -172,6 +172,18 @@ class Service:
         """For the transport's own 400s (invalid JSON, no body): counted the same way."""
         return self.complete(BadRequest(message), t0)
 
+    def refused(self, status: int, message: str, t0: float) -> Outcome:
+        """The transport's 408 (a body too slow) and 413 (too large): counted
+        as requests of that status and as errors of that kind."""
+        kind = "request_timeout" if status == 408 else "invalid_request_error"
+        out = Outcome(status, error_body(kind, message))
+        self.metrics.errors.labels(kind="bad_request", code=str(status)).inc()
+        self.metrics.request_latency.labels(outcome=_outcome_label(out, False)).observe(
+            time.monotonic() - t0
+        )
+        self.metrics.requests.labels(status=str(status), degraded="false").inc()
+        return out
+
     def _complete(self, body: Any, t0: float) -> Outcome:
         try:
             if isinstance(body, BadRequest):

@@ -142,6 +142,34 @@ def _write_ready(path: Path, info: dict[str, Any]) -> None:
     help="/health says unhealthy when the worker made no progress for this long",
 )
 @click.option(
+    "--max-connections",
+    type=int,
+    default=256,
+    show_default=True,
+    help="HTTP handler threads at most (one per open connection); past them: 503",
+)
+@click.option(
+    "--idle-timeout",
+    type=Duration(),
+    default="30s",
+    show_default=True,
+    help="close a kept-alive connection that sends no next request for this long",
+)
+@click.option(
+    "--header-timeout",
+    type=Duration(),
+    default="10s",
+    show_default=True,
+    help="408 when a request line and headers, once begun, take longer",
+)
+@click.option(
+    "--body-timeout",
+    type=Duration(),
+    default="10s",
+    show_default=True,
+    help="408 when a body takes longer than this to arrive",
+)
+@click.option(
     "--perturb-control",
     is_flag=True,
     help="open /admin/perturb: bit flips in the primary model's layer outputs, armed for a "
@@ -254,6 +282,10 @@ def service(
     seed: int,
     torch_threads: int,
     hang_after: float,
+    max_connections: int,
+    idle_timeout: float,
+    header_timeout: float,
+    body_timeout: float,
     perturb_control: bool,
     admin_token_file: Path | None,
     allow_remote_admin: bool,
@@ -310,6 +342,10 @@ def service(
         seed=seed,
         torch_threads=torch_threads,
         hang_after_s=hang_after,
+        max_connections=max_connections,
+        idle_timeout_s=idle_timeout,
+        header_timeout_s=header_timeout,
+        body_timeout_s=body_timeout,
         perturb_control=perturb_control,
         admin_token=_admin_token(admin_token_file) if perturb_control else None,
         allow_remote_admin=allow_remote_admin,

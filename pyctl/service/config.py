@@ -58,6 +58,13 @@ class ServiceConfig:
     cuda_mode: str = "eager"
     # health: a worker that has made no progress for this long is hung
     hang_after_s: float = 5.0
+    # the HTTP front against slow or hostile clients (docs/service.md,
+    # "Input handling"): handler threads at most, and how long a kept-alive
+    # connection may wait idle, its request line + headers and its body
+    max_connections: int = 256
+    idle_timeout_s: float = 30.0
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 10.0
     # /admin/perturb: Tensor Core bit flips in the primary model (class 4)
     perturb_control: bool = False
     # ... and its token (--admin-token-file or GPUFAULT_ADMIN_TOKEN): kept out of repr
@@ -124,6 +131,13 @@ class ServiceConfig:
         need(self.breaker_window_s > 0, "--breaker-window must be positive")
         need(self.breaker_cooldown_s >= 0, "--breaker-cooldown must not be negative")
         need(self.hang_after_s > 0, "--hang-after must be positive")
+        need(self.max_connections >= 1, "--max-connections must be at least 1")
+        for flag, v in (
+            ("--idle-timeout", self.idle_timeout_s),
+            ("--header-timeout", self.header_timeout_s),
+            ("--body-timeout", self.body_timeout_s),
+        ):
+            need(v > 0, f"{flag} must be positive")
         need(self.double_bytes_per_token >= 0, "--double-bytes-per-token must not be negative")
         if self.ranks != 1:
             self._check_ranks(need)
