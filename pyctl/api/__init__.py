@@ -13,7 +13,8 @@ Stable names (docs/api.md): Fault, Target, arm, Session, IsolatedSession,
 Counters, Fire, trace, run_experiment, load_experiment, ExperimentVerdict,
 Evidence, FaultRecord, open_evidence, FaultSpec, and the errors
 GpufaultError > BadInput, MissingPrerequisite, TargetGone,
-EvidenceWriteError, ExperimentFailed. The `gpufault` package re-exports
+EvidenceWriteError, ExperimentFailed; for tests, assert_fired and
+assert_followed (pyctl/api/asserts.py). The `gpufault` package re-exports
 this module; the CLI, the experiment runner's fault steps, the pytest
 plugin and the Chaos Toolkit extension are its clients.
 """
@@ -21,6 +22,7 @@ plugin and the Chaos Toolkit extension are its clients.
 from __future__ import annotations
 
 from pyctl import __version__
+from pyctl.api.asserts import assert_fired, assert_followed
 from pyctl.api.errors import (
     BadInput,
     EvidenceWriteError,
@@ -59,4 +61,6 @@ __all__ = [
     "TargetGone",
     "EvidenceWriteError",
     "ExperimentFailed",
+    "assert_fired",
+    "assert_followed",
 ]
