@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from pyctl.api.faults import spec_from_json
 from pyctl.experiment import evidence as E
 from pyctl.experiment import files as F
 from pyctl.experiment.cli import experiment
-from pyctl.experiment.host import LocalFaultHost, StepRequest, inject_args
+from pyctl.experiment.host import LocalFaultHost, StepRequest
 from pyctl.experiment.verdict import Findings, decide
 from pyctl.spec import FaultSpec
 
@@ -176,70 +177,35 @@ def test_name_lookup_and_env_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         },
     ],
 )
-def test_inline_fault_gives_the_same_spec_as_its_inject_options(
-    fault: dict, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The recorded spec (from the table) is the one the child arms (from
-    its `gpufault inject` options): both through FaultSpec.from_fields."""
-    import importlib
-
-    import pyctl.cli.inject as mod
-
-    # Where inject hands its specs to the engine (the CLI package is young:
-    # the first module that has run_specs).
-    where = next(
-        (m for m in (importlib.import_module("pyctl.cli.launch"), mod) if hasattr(m, "run_specs")),
-        None,
-    )
-    assert where is not None, "run_specs moved out of pyctl.cli.launch: update this test"
-    got: list[FaultSpec] = []
-    monkeypatch.setattr(where, "run_specs", lambda specs, *a, **kw: got.extend(specs))
-    r = CliRunner().invoke(mod.inject, [*inject_args(fault), "--pid", "1234"])
-    assert r.exit_code == 0, r.output
-    assert got == [FaultSpec.from_fields(dict(fault))]
+def test_inline_fault_reaches_the_child_as_the_same_spec(fault: dict) -> None:
+    """The recorded spec (from the table) is the one the child arms: the
+    step's FaultSpec goes to it as JSON (pyctl/api/child.py), and reading
+    that JSON back gives the spec unchanged, every field."""
+    spec = FaultSpec.from_fields(dict(fault))
+    wire = json.loads(json.dumps(spec.to_json()))
+    assert spec_from_json(wire) == spec
 
 
-def test_child_argv_for_template_and_inline_steps(tmp_path: Path) -> None:
+def test_step_session_for_template_and_inline_steps(tmp_path: Path) -> None:
+    """A step becomes a library session: its specs as they are, its
+    target, its duration (the kernel deadline) and its run row's kind; no
+    command line is built from it."""
     h = LocalFaultHost(str(tmp_path / "gf.db"))
     spec = FaultSpec.from_fields({"lib": "libcuda", "fn": "cuMemAlloc_v2"})
     t = StepRequest(0, "oom", "cuda-oom-sticky@v1", {"after": "3"}, None, [spec], 6.0, 99)
-    assert h.argv(t) == [
-        "template",
-        "run",
-        "cuda-oom-sticky@v1",
-        "--set",
-        "after=3",
-        "--pid",
-        "99",
-        "--db",
-        str(tmp_path / "gf.db"),
-        "--duration",
-        "6s",
-        "-q",
-    ]
+    s = h.session(t)
+    assert s.specs == [spec]
+    assert (s.target.pid, s.target.tid) == (99, None)
+    assert (s.settings.db, s.settings.duration) == (str(tmp_path / "gf.db"), 6.0)
+    assert s.settings.kind == "template:cuda-oom-sticky@v1"
     i = StepRequest(
-        1,
-        "hang",
-        None,
-        {},
+        1, "hang", None, {},
         {"lib": "libcuda", "fn": "cuCtxSynchronize", "action": "stall", "nth": 1},
-        [spec],
-        30.0,
-        99,
-        100,
-    )
-    assert h.argv(i)[:9] == [
-        "inject",
-        "--lib",
-        "libcuda",
-        "--fn",
-        "cuCtxSynchronize",
-        "--action",
-        "stall",
-        "--nth",
-        "1",
-    ]
-    assert h.argv(i)[9:11] == ["--tid", "100"]
+        [spec], 30.0, 99, 100, arm_timeout=120.0,
+    )  # fmt: skip
+    s = h.session(i)
+    assert (s.target.pid, s.target.tid) == (None, 100)
+    assert (s.settings.kind, s.settings.arm_timeout) == ("inject", 120.0)
 
 
 def test_verdict_order() -> None:

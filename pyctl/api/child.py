@@ -52,6 +52,18 @@ class _Out:
                 self.broken = True
 
 
+def _read_line(fd: int, limit: int = 16 << 20) -> bytes:
+    """The request: bytes up to the first newline, read without a buffer
+    (what follows on the pipe is nothing but its EOF)."""
+    buf = bytearray()
+    while b"\n" not in buf and len(buf) < limit:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        buf += chunk
+    return bytes(buf.split(b"\n", 1)[0])
+
+
 def main() -> int:
     # Die with the parent even before stdin's EOF is read.
     try:
@@ -59,10 +71,14 @@ def main() -> int:
     except (OSError, AttributeError):
         pass
     out = _Out()
+    from pyctl.sigmask import block_sigchld
+
+    # Before any thread starts: only the copilot's tracer takes SIGCHLD.
+    block_sigchld()
     # stdout/stderr of the library (warnings, prints) must not mix into the
     # protocol: fd 1 becomes stderr.
     os.dup2(2, 1)
-    line = sys.stdin.buffer.readline()
+    line = _read_line(0)
     from pyctl.api.errors import GpufaultError, translate
 
     try:
@@ -97,8 +113,14 @@ def main() -> int:
     signal.signal(signal.SIGINT, stop)
 
     def parent_gone() -> None:
-        # The parent holds our stdin open for as long as it lives.
-        sys.stdin.buffer.read()
+        # The parent holds our stdin open for as long as it lives. Raw
+        # reads: a daemon thread blocked in a buffered reader's lock aborts
+        # the interpreter at exit ("could not acquire lock ... at shutdown").
+        try:
+            while os.read(0, 4096):
+                pass
+        except OSError:
+            pass
         session.disarm(timeout=0)
 
     threading.Thread(target=parent_gone, name="gf-child-stdin", daemon=True).start()

@@ -428,7 +428,11 @@ class IsolatedSession(_Base):
             "parent": os.getpid(),
         }
         self.proc = subprocess.Popen(
-            module_argv("pyctl.api.child"),
+            # The db and kind in argv say in `ps` which controller writes
+            # where (the child reads its request from stdin only).
+            module_argv(
+                "pyctl.api.child", ["--db", self.settings.db, "--kind", self.settings.kind]
+            ),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -2,41 +2,39 @@
 
 The runner never arms a fault itself. It hands a step (specs + target +
 duration) to a FaultHost and gets back a RunningFault it can stop, wait
-for and ask about its fires. Today LocalFaultHost runs each step as a
-child `python -m pyctl template run|inject ... --duration D -q` on this
-machine, so each fault has its own engine, its own run row and its own
-kernel deadline; a node agent serving the same two calls over the network
-can replace it later (docs/experiments.md, "FaultHost").
+for and ask about its fires. LocalFaultHost runs each step as a library
+session in a child controller (pyctl.api.IsolatedSession): the step's
+specs go to the child as JSON on a pipe, and readiness and fires come
+back as JSON lines, so each fault has its own engine, its own run row and
+its own kernel deadline; a node agent serving the same two calls over the
+network can replace it later (docs/experiments.md, "FaultHost").
 
-Why a child process per step, not an Engine in this process: a step is
-then exactly what `gpufault inject` does (the same checks, the same
-evidence, the same cleanup on SIGTERM), the copilot's ptrace session and
-SIGCHLD mask stay out of the runner, and a crash of the runner cannot
-leave a fault armed past its deadline: the deadline lives in BPF, and the
-child is told to stop when its parent dies (PR_SET_PDEATHSIG, below).
+Why a child process per step, not a session in this process: the
+copilot's ptrace session and SIGCHLD mask stay out of the runner, steps
+due together arm in parallel, and a crash of the runner cannot leave a
+fault armed past its deadline: the deadline lives in BPF, and the child
+disarms when its parent dies (its request pipe closes; PR_SET_PDEATHSIG).
+The child is `python -I` with this package by absolute path (pyctl.paths):
+nothing from the current directory or PYTHONPATH is imported as root.
 """
 
 from __future__ import annotations
 
 import os
-import re
-import signal
 import sqlite3
-import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from pyctl import paths
 from pyctl.spec import FaultSpec
 
-# `Injecting ... [run 1a2b3c4d, mechanism copilot] ... Ctrl-C to end`: the
-# controller prints it once every spec is armed (pyctl/cli.py _run_engine).
-ARMED = re.compile(r"\[run ([0-9a-f]+), mechanism (\w+)\].*Ctrl-C to end")
+if TYPE_CHECKING:
+    from pyctl.api.session import IsolatedSession
+
 STOP_GRACE_S = 5.0  # SIGTERM, then SIGKILL (the kernel detaches what is left)
 
 _REPO = str(Path(__file__).resolve().parent.parent.parent)
@@ -123,105 +121,66 @@ class FaultHost(Protocol):
     def start(self, step: StepRequest) -> RunningFault: ...
 
 
-def inject_args(fault: dict[str, object]) -> list[str]:
-    """An inline [[fault]] table as `gpufault inject` options. The table was
-    already built by templates.build_spec (the spec that is recorded);
-    tests/test_experiment_files.py checks both give the same spec."""
-    out = ["--lib", str(fault["lib"])]
-    fns = fault["fn"] if isinstance(fault["fn"], list) else [fault["fn"]]
-    for f in fns:
-        out += ["--fn", str(f)]
-    out += ["--action", str(fault.get("action", "observe"))]
-    for k in (
-        "ret",
-        "mode",
-        "signal",
-        "corrupt",
-        "stall",
-        "nth",
-        "every",
-        "after",
-        "max",
-        "prob",
-        "when",
-        "window",
-        "caller",
-    ):
-        v = fault.get(k)
-        if v in (None, "") or (k == "stall" and not v):
-            continue
-        out += [f"--{k}", str(v)]
-    for k, flag in (("sticky", "--sticky"), ("trace", "--trace"), ("no_stack", "--no-stack")):
-        if fault.get(k):
-            out.append(flag)
-    return out
-
-
 class LocalFault:
-    """One step as a child controller process."""
+    """One step as a child controller: a library session in its own
+    process (pyctl.api.IsolatedSession). The child gets the step's specs
+    as JSON on a pipe and reports readiness and each fire as JSON lines:
+    no command line is rebuilt from the spec and no banner is parsed."""
 
-    def __init__(self, proc: subprocess.Popen[str], db_path: str, step: StepRequest) -> None:
-        self.proc = proc
+    def __init__(self, session: IsolatedSession, db_path: str, step: StepRequest) -> None:
+        self.session = session
         self.db_path = db_path
         self.step = step
-        self.run_id = ""
-        self.mechanism = ""
-        self.started_at = 0.0
-        self.lines: list[str] = []
-        self._ended_at: float | None = None
-        self._exited = threading.Event()
-        self._armed = threading.Event()
-        self._reader = threading.Thread(target=self._read, name="gf-exp-step", daemon=True)
-        self._reader.start()
 
-    def _read(self) -> None:
-        assert self.proc.stderr is not None
-        for ln in self.proc.stderr:
-            self.lines.append(ln.rstrip("\n"))
-            if not self.run_id and (m := ARMED.search(ln)):
-                self.run_id, self.mechanism = m.group(1), m.group(2)
-                self.started_at = time.time()
-                self._armed.set()
-        self.proc.wait()
-        self._ended_at = time.time()
-        self._exited.set()
-        self._armed.set()
+    @property
+    def run_id(self) -> str:
+        return self.session.run_id
+
+    @property
+    def mechanism(self) -> str:
+        return self.session.mechanism
+
+    @property
+    def started_at(self) -> float:
+        return self.session.started_at
+
+    @property
+    def lines(self) -> list[str]:
+        """The child's stderr, then its error (the runner quotes the last)."""
+        err = self.session.error
+        return [*self.session.stderr_lines, *([f"gpufault: {err}"] if err else [])]
 
     def wait_armed(self, timeout: float) -> None:
-        if not self._armed.wait(timeout):
-            self.stop()
-            raise FaultHostError(f"step {self.step.name!r} not armed within {timeout:g}s")
-        if not self.run_id:
-            last = next((ln for ln in reversed(self.lines) if ln.strip()), "")
-            last = last.removeprefix("gpufault: ")
-            raise FaultHostError(
-                f"step {self.step.name!r} could not be armed: "
-                f"{last or f'exit status {self.proc.returncode}'}"
-            )
+        from pyctl.api import GpufaultError
+
+        try:
+            self.session.wait_armed(timeout)
+        except GpufaultError as e:
+            if not self.session.run_id and "not armed within" in str(e):
+                why = f"not armed within {timeout:g}s"
+                raise FaultHostError(f"step {self.step.name!r} {why}") from e
+            raise FaultHostError(f"step {self.step.name!r} could not be armed: {e}") from e
 
     def stop(self) -> None:
         """SIGTERM: the controller disarms every spec (one map write each),
         releases held threads and detaches; SIGKILL after STOP_GRACE_S."""
-        if self.proc.poll() is None:
-            try:
-                self.proc.send_signal(signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+        self.session.stop()
 
     def kill_after_grace(self) -> None:
-        if not self._exited.wait(STOP_GRACE_S) and self.proc.poll() is None:
-            self.proc.kill()
+        p = self.session.proc
+        if p is not None and not self.session.wait(STOP_GRACE_S) and p.poll() is None:
+            p.kill()
 
     def wait(self, timeout: float | None = None) -> bool:
-        return self._exited.wait(timeout)
+        return self.session.wait(timeout)
 
     @property
     def ended_at(self) -> float | None:
-        return self._ended_at
+        return self.session.ended_at
 
     @property
     def rc(self) -> int | None:
-        return self.proc.returncode if self._exited.is_set() else None
+        return self.session.rc if self.session.wait(0) else None
 
     def run_row(self) -> dict[str, object] | None:
         """The child's runs row (ended: when it finished disarming and detaching)."""
@@ -285,38 +244,37 @@ class LocalFaultHost:
 
     db_path: str
     arm_timeout: float = 60.0
-    python: str = sys.executable
     env: dict[str, str] = field(default_factory=dict)
     on_line: Callable[[str], None] | None = None
     name: str = field(default_factory=lambda: f"local:{os.uname().nodename}")
 
-    def argv(self, step: StepRequest) -> list[str]:
-        who = ["--tid", str(step.tid)] if step.tid else ["--pid", str(step.pid)]
-        common = [*who, "--db", self.db_path, "--duration", f"{step.duration:g}s", "-q"]
-        if step.template:
-            sets = [a for k, v in step.sets.items() for a in ("--set", f"{k}={v}")]
-            return ["template", "run", step.template, *sets, *common]
-        assert step.fault is not None
-        return ["inject", *inject_args(step.fault), *common]
+    def session(self, step: StepRequest) -> IsolatedSession:
+        """The step as a library session: its specs, its target, its
+        duration (the kernel-side deadline), its run row's kind."""
+        from pyctl.api import Target
+        from pyctl.api.session import IsolatedSession, Settings
+
+        target = Target(tid=step.tid) if step.tid else Target(pid=step.pid)
+        kind = f"template:{step.template}" if step.template else "inject"
+        settings = Settings(
+            db=self.db_path,
+            duration=step.duration,
+            kind=kind,
+            argv=("gpufault", "experiment", "step", step.name),
+            arm_timeout=step.arm_timeout or self.arm_timeout,
+        )
+        return IsolatedSession(list(step.specs), target, settings, env=self.env or None)
 
     def launch(self, step: StepRequest) -> LocalFault:
         """Start the child, do not wait: steps due together arm in parallel
         (each child takes 1-3 s here to load BPF and seize the threads).
         Call it from a long-lived thread: PR_SET_PDEATHSIG fires when the
         thread that forked the child exits, not only the process."""
-        proc = subprocess.Popen(
-            child_argv(self.argv(step), self.python),
-            env=child_env(self.env),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        return LocalFault(proc, self.db_path, step)
+        return LocalFault(self.session(step).launch(), self.db_path, step)
 
     def armed(self, f: LocalFault) -> LocalFault:
-        """Return once its faults are armed (its start-up line), or raise
-        FaultHostError with the child's reason."""
+        """Return once its faults are armed, or raise FaultHostError with
+        the child's reason."""
         try:
             f.wait_armed(f.step.arm_timeout or self.arm_timeout)
         except BaseException:
@@ -336,7 +294,6 @@ __all__ = [
     "LocalFault",
     "StepRequest",
     "FaultHostError",
-    "inject_args",
     "child_argv",
     "child_env",
 ]
