@@ -48,8 +48,19 @@ from pyctl.bpf import raw
 
 NETNS_DIR = "/run/netns"
 # gf + owner pid (hex) + "n" + random hex + side: recognisable, and cleanup()
-# can tell whether the owner still runs.
-_NAME_RE = re.compile(r"^gf([0-9a-f]+)n([0-9a-f]{6})([ab])$")
+# can tell whether the owner still runs. Under a test session (tests/
+# conftest.py sets GPUFAULT_TEST_ID) "gf" becomes "gf-t<id>-": the suite's
+# leak check then looks at its own namespaces only, not at the machine's
+# links or another session's.
+_NAME_RE = re.compile(r"^(?:gf|gf-t[0-9a-z]{1,16}-)([0-9a-f]+)n([0-9a-f]{6})([ab])$")
+_TEST_ID_RE = re.compile(r"^[0-9a-z]{1,16}$")
+
+
+def _ns_prefix() -> str:
+    """gf, or gf-t<id>- under a test session (anything else in the variable is ignored)."""
+    tid = os.environ.get("GPUFAULT_TEST_ID", "")
+    return f"gf-t{tid}-" if _TEST_ID_RE.match(tid) else "gf"
+
 _CLONE_NEWNET = 0x40000000
 _T = TypeVar("_T")
 # tc carries a rate as a u32 of bytes per second (tc_ratespec; netem's
@@ -414,8 +425,9 @@ class Link:
             raise NetChaosError("subnet must be a private 10.x or 192.168.x /30 base address")
         a_ip = ".".join(map(str, o[:3] + [o[3] + 1]))
         b_ip = ".".join(map(str, o[:3] + [o[3] + 2]))
-        self.a = _End(f"gf{owner}n{tag}a", f"gf{tag}a", a_ip)
-        self.b = _End(f"gf{owner}n{tag}b", f"gf{tag}b", b_ip)
+        ns = f"{_ns_prefix()}{owner}n{tag}"
+        self.a = _End(f"{ns}a", f"gf{tag}a", a_ip)
+        self.b = _End(f"{ns}b", f"gf{tag}b", b_ip)
         self._lock = threading.Lock()
         self._closed = False
         self._opened = False
@@ -701,7 +713,7 @@ def netem_available() -> bool:
         from pyroute2 import IPRoute
         from pyroute2.netlink.exceptions import NetlinkError
 
-        name = f"gf{os.getpid():x}n{secrets.token_hex(3)}a"
+        name = f"{_ns_prefix()}{os.getpid():x}n{secrets.token_hex(3)}a"
         _create_netns(name)
         try:
             with IPRoute(netns=name) as ipr:

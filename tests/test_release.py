@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import tag
 from gftarget import LIB, TARGET, Target
 
 from pyctl import control
@@ -82,7 +83,7 @@ def test_a_request_from_another_user_is_refused() -> None:
 
     hits: list[int] = []
     # Under /tmp itself: pytest's tmp_path sits below a 0700 directory.
-    where = Path(tempfile.mkdtemp(prefix="gf-ctl-"))
+    where = Path(tempfile.mkdtemp(prefix=tag("ctl-")))  # conftest checks it goes
     old = signal.signal(signal.SIGUSR1, lambda *a: hits.append(1))
     ctl = control.ControlSocket("r1", where)
     ctl.start()

@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from conftest import tag
 from gftarget import TARGET, Target, bpf_progs, no_new_progs, on_victim
 from procio import finish, start_controller
 
@@ -289,9 +290,9 @@ def test_a_server_that_does_not_answer_is_skipped(tmp_path: Path) -> None:
 
 @pytest.mark.root
 def test_a_caller_that_is_not_root_is_refused() -> None:
-    # Not under tmp_path: its parents are root's only. conftest ignores
-    # gf-test-run-* (a test session's own run directories).
-    run_dir = Path(tempfile.mkdtemp(prefix="gf-test-run-serve-"))
+    # Not under tmp_path: its parents are root's only. It carries the
+    # session's id, so conftest checks that it goes.
+    run_dir = Path(tempfile.mkdtemp(prefix=tag("run-serve-")))
     with _removed(run_dir), server(run_dir) as srv:
         sock = run_dir / wire.SOCKET_NAME
         os.chmod(run_dir, 0o755)  # let nobody reach it: SO_PEERCRED must still refuse
