@@ -45,6 +45,10 @@ def servable(argv: list[str]) -> bool:
 
 
 def main() -> None:
+    from pyctl.outchan import fill_std_fds
+
+    # Before anything opens a file: a closed 0/1/2 would be given to it.
+    fill_std_fds()
     argv = sys.argv[1:]
     if servable(argv):
         from pyctl.resident import client

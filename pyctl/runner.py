@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pyctl import procstate
+from pyctl import outchan, procstate
 from pyctl.engine import Engine, EngineError, StoreWriteError
 from pyctl.run_options import RunOptions
 from pyctl.spec import FaultSpec
@@ -153,6 +153,22 @@ def _start_with_original_mask(argv: list[str], fd: int) -> subprocess.Popen[byte
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, OSError, ValueError):  # None (fd 2 closed at start), closed
+        return False
+
+
+def _status(text: str) -> None:
+    """The status line, best effort: a failed write is not the run's."""
+    try:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+    except (AttributeError, OSError, ValueError):
+        pass
+
+
 def _rc_from_status(status: int) -> int:
     """Shell convention: exit code, or 128+N when signal N killed it."""
     if os.WIFSIGNALED(status):
@@ -192,8 +208,10 @@ class Runner:
         self.kind = opts.kind
         self.duration = opts.duration
         self.copilot_signal = opts.copilot_signal
-        self.show_status = opts.status and sys.stderr.isatty()
-        self.echo = echo or (lambda s: print(s, file=sys.stderr))
+        self.show_status = opts.status and _isatty(sys.stderr)
+        # Best effort: a closed or broken stderr never ends the loop
+        # (pyctl/outchan.py; the CLI also makes it non-blocking).
+        self.echo = echo or outchan.echo
         self.child: subprocess.Popen[bytes] | None = None
         self._control: Any = None  # the ControlSocket `gpufault release` talks to
         self.engine: Engine | None = None
@@ -365,18 +383,17 @@ class Runner:
                     # other stats are errors of another kind, not records).
                     st = eng.lost()
                     lost = st["events_lost"] + st["fires_lost"]
-                    sys.stderr.write(
+                    _status(
                         f"\r{now - t0:6.1f}s  events {eng.stats.events}  fires {eng.stats.fires}"
                         f"  lost {lost}   "
                     )
-                    sys.stderr.flush()
         finally:
             if handle_signals:
                 signal.signal(signal.SIGINT, old_int)
                 signal.signal(signal.SIGTERM, old_term)
                 signal.signal(signal.SIGUSR1, old_usr1)
             if self.show_status:
-                sys.stderr.write("\n")
+                _status("\n")
         if self.child is not None:
             # Ctrl-C ends our watch, not the command: _child_rc detaches, then waits.
             rc = self._child_rc()

@@ -335,7 +335,7 @@ def test_dash_p_and_several_fn_trace_both(target: Target, tmp_path: Path) -> Non
     db = tmp_path / "gf.db"
     ctl, _ = _controller(
         "trace", "-p", str(target.pid), "--lib", str(LIB), "--fn", "gf_victim", "--fn",
-        "gf_alloc", "--db", str(db), "-q",
+        "gf_alloc", "--db", str(db),
     )  # fmt: skip
     assert ctl.stderr is not None
     probes = ctl.stderr.readline()
@@ -358,7 +358,7 @@ def test_dash_p_and_several_fn_trace_both(target: Target, tmp_path: Path) -> Non
 def test_inject_lib_libc_and_observe_note(target: Target, tmp_path: Path) -> None:
     ctl, _ = _controller(
         "inject", "-p", str(target.pid), "--lib", "libc", "--fn", "mall*", "--action",
-        "observe", "--nth", "5", "--db", str(tmp_path / "gf.db"), "-q",
+        "observe", "--nth", "5", "--db", str(tmp_path / "gf.db"),
     )  # fmt: skip
     ctl.send_signal(signal.SIGINT)
     assert ctl.stderr is not None

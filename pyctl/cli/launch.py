@@ -162,6 +162,53 @@ def _metrics(options: RunOptions) -> Any:
     return m
 
 
+class FireLines:
+    """Fire lines, rate-limited: a burst in full, then a few a second, and
+    for what was held back one line with its count. A sticky fault fires
+    on every call (1,616 lines in 3 s once): the terminal, or a slow
+    reader, was the run's bottleneck, and the lines told no one more than
+    `gpufault faults --run RUN` does afterwards."""
+
+    BURST = 10  # lines in full before the limit applies
+    PER_S = 2.0  # then about this many a second
+    SUMMARY_S = 1.0  # a held-back count at most this often (and at the end)
+
+    def __init__(self, say: Callable[[str], None], run_id: Callable[[], str]) -> None:
+        import time
+
+        self._say = say
+        self._run_id = run_id
+        self._clock = time.monotonic
+        self._tokens = float(self.BURST)
+        self._last = self._summary_at = self._clock()
+        self.held = 0  # not shown since the last count line
+        self.held_total = 0
+
+    def fire(self, row: dict[str, Any]) -> None:
+        now = self._clock()
+        self._tokens = min(float(self.BURST), self._tokens + (now - self._last) * self.PER_S)
+        self._last = now
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+            self._say(fire_line(row))
+        else:
+            self.held += 1
+            self.held_total += 1
+        if self.held and now - self._summary_at >= self.SUMMARY_S:
+            self.flush()
+
+    def flush(self) -> None:
+        """Say how many lines were held back since the last time (the end of
+        a run calls this: nothing held goes unsaid)."""
+        self._summary_at = self._clock()
+        if self.held:
+            n, self.held = self.held, 0
+            self._say(
+                f"  ... {n} more fire line{'s' if n != 1 else ''} not shown "
+                f"(`gpufault faults --run {self._run_id()}` lists every fault)"
+            )
+
+
 def fire_line(row: dict[str, Any]) -> str:
     from pyctl.demangle import demangle
 
@@ -218,8 +265,6 @@ def run_specs(
     """Run `specs` against the target until it ends, Ctrl-C or --duration;
     with `-- CMD`, exit with the command's status. on_end(engine) runs after
     the closing line (trace prints its summary there)."""
-    from pyctl.runner import Target, run
-
     cmd = tuple(cmd)
     # Input first: a refused command leaves even its own signal mask alone.
     if pid is None and tid is None and not cmd:
@@ -230,10 +275,43 @@ def run_specs(
 
     # Before any thread starts: only the copilot's tracer may take SIGCHLD.
     block_sigchld()
+    from pyctl import outchan
 
+    # While the run lasts, stderr is best effort (pyctl/outchan.py): a
+    # closed, broken or stuck stderr costs lines, never evidence or the
+    # deadline. Put back (when it drained) after the last line.
+    outchan.install_stderr()
+    try:
+        _run_specs(specs, options, pid=pid, tid=tid, cmd=cmd, on_end=on_end)
+    finally:
+        outchan.settle_stderr()
+
+
+def _run_specs(
+    specs: list[FaultSpec],
+    options: RunOptions,
+    *,
+    pid: int | None,
+    tid: int | None,
+    cmd: tuple[str, ...],
+    on_end: Callable[[Any], None] | None,
+) -> None:
+    from pyctl.runner import Target, run
+
+    quiet = options.quiet
+
+    def say(line: str) -> None:
+        click.echo(line, err=True)
+
+    # -q: the one line that says the probes are live (scripts and tests
+    # wait for it), warnings and errors; nothing else.
+    info = (lambda line: None) if quiet else say
     metrics = _metrics(options)
+    run_id = [""]
+    lines = FireLines(info, lambda: run_id[0])
 
     def started(eng: Any) -> None:
+        run_id[0] = eng.run_id
         metrics.set_faults_active(sum(1 for s in specs if s.action != "observe"))
         who = f"pid {pid}" if pid else (f"tid {tid}" if tid else (" ".join(cmd) or "all processes"))
         what = "; ".join(s.describe() for s in specs)
@@ -242,29 +320,26 @@ def run_specs(
         fns = ", ".join(sorted({demangle(a.sym.name) for a in eng.atts}))
         slow = [demangle(a.sym.name) for a in eng.atts if a.sym.slow]
         verb = "Tracing" if options.kind == "trace" else "Injecting"
-        click.echo(
+        say(
             f"{verb} {what} in {who} [run {eng.run_id}, mechanism {eng.mechanism}] "
-            "... Ctrl-C to end",
-            err=True,
+            "... Ctrl-C to end"
         )
-        click.echo(f"  probes: {fns}", err=True)
+        info(f"  probes: {fns}")
         if slow:
-            click.echo(f"  slow probe sites (single-stepped): {', '.join(slow)}", err=True)
+            info(f"  slow probe sites (single-stepped): {', '.join(slow)}")
         for w in getattr(eng.copilot, "warnings", None) or []:
             if cmd and "this process's child" in w:
                 continue  # -- CMD: the runner leaves waiting to the copilot, as it says
-            click.echo(f"  warning: {w}", err=True)
+            say(f"  warning: {w}")
         if getattr(eng, "attach_note", None):
-            click.echo(f"  note: {eng.attach_note}", err=True)
+            info(f"  note: {eng.attach_note}")
         for line in start_notes(specs, eng.atts):
-            click.echo(line, err=True)
-
-    quiet = options.quiet
+            (say if line.lstrip().startswith("warning:") else info)(line)
 
     def fired(row: dict[str, Any]) -> None:
         metrics.on_fire(row)
         if not quiet:
-            click.echo(fire_line(row), err=True)
+            lines.fire(row)
 
     try:
         rc, eng = run(
@@ -273,13 +348,13 @@ def run_specs(
             options,
             on_start=started,
             on_fire=fired if metrics.enabled or not quiet else None,
-            on_xid=None
-            if quiet
-            else (lambda x: click.echo(f"XID {x.error_code} on {x.dev}: {x.msg}", err=True)),
+            on_xid=None if quiet else (lambda x: say(f"XID {x.error_code} on {x.dev}: {x.msg}")),
         )
     except BaseException:
+        lines.flush()
         metrics.close()
         raise
+    lines.flush()
     st = eng.stats
     counts = st.lost or {}
     lost = counts.get("events_lost", 0) + counts.get("fires_lost", 0)
@@ -304,11 +379,10 @@ def run_specs(
 
     causes = loss_words(st.loss_causes)
     lost_words = f"{lost} lost ({causes})" if causes else f"{lost} lost"
-    click.echo(
+    info(
         f"run {eng.run_id}: {st.calls} matching calls, {st.fires} fires, "
         f"{st.events} events, {lost_words}{dropped}{why}{', ' + errs if errs else ''}"
-        f" -> {options.db_path}",
-        err=True,
+        f" -> {options.db_path}"
     )
     if on_end is not None:
         on_end(eng)

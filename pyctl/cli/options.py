@@ -231,7 +231,12 @@ def duration_option(*, help: str, required: bool = False, default: Any = None) -
 
 # click.option(...) makes a new Option each time it decorates: one bundle
 # serves every command.
-quiet_option = click.option("--quiet", "-q", is_flag=True, help="no per-fire lines, no status")
+quiet_option = click.option(
+    "--quiet",
+    "-q",
+    is_flag=True,
+    help="print only the line that says the probes are live, warnings and errors",
+)
 
 xids_option = click.option(
     "--xids/--no-xids",

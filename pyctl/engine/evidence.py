@@ -218,6 +218,7 @@ class EvidenceWriter:
         self.symbolizers: dict[int, Symbolizer] = {}  # pid -> its stacks' symbolizer
         self.anchor_dev: Any = None  # gpufa.ko's device, where loaded (tagged per fault)
         self.on_fire: Callable[[dict[str, Any]], None] | None = None
+        self._fired_rows: list[dict[str, Any]] = []  # stored, not yet handed to on_fire
         # One-line notices for the user (the size cap); stderr by default.
         self.on_notice: Callable[[str], None] = lambda m: print(m, file=sys.stderr)
         self.max_db_bytes = max(0, int(max_db_bytes))  # 0: no cap
@@ -382,18 +383,49 @@ class EvidenceWriter:
         done = 0
         while self._journal and (end is None or not done or time.monotonic() < end):
             batch, span = self._journal[0]
-            with self._tx() as c:
-                if span is None:
-                    (span,) = c.execute(
-                        "SELECT records FROM fire_journal WHERE run_id=? AND batch=?",
-                        (self.run_id, batch),
-                    ).fetchone()
-                self._ingest_fires_and_procs(split_span(span))
-                c.execute(
-                    "DELETE FROM fire_journal WHERE run_id=? AND batch=?", (self.run_id, batch)
-                )
+            try:
+                with self._tx() as c:
+                    if span is None:
+                        (span,) = c.execute(
+                            "SELECT records FROM fire_journal WHERE run_id=? AND batch=?",
+                            (self.run_id, batch),
+                        ).fetchone()
+                    self._ingest_fires_and_procs(split_span(span))
+                    c.execute(
+                        "DELETE FROM fire_journal WHERE run_id=? AND batch=?", (self.run_id, batch)
+                    )
+            except BaseException:
+                self._fired_rows.clear()  # rolled back: nothing of it was stored
+                raise
             self._journal.popleft()
             done += 1
+            self._deliver_fired()
+
+    def _deliver_fired(self) -> None:
+        """on_fire for each row of the batch just committed. After the commit,
+        never inside the transaction: a callback that raises (a fire line
+        written to a closed stderr raised BrokenPipeError there) rolled the
+        whole batch back, and the run kept 0 of its faults. A callback's
+        error is reported once and costs no evidence."""
+        rows, self._fired_rows = self._fired_rows, []
+        cb = self.on_fire
+        if cb is None:
+            return
+        for row in rows:
+            try:
+                cb(row)
+            except Exception as e:  # noqa: BLE001 - output never costs evidence
+                if not self._callback_failed:
+                    self._callback_failed = True
+                    try:
+                        self.on_notice(
+                            f"warning: the fire callback raised {type(e).__name__}: {e}; "
+                            "faults are still recorded"
+                        )
+                    except Exception:  # noqa: BLE001 - the notice is output too
+                        pass
+
+    _callback_failed = False
 
     def _ingest_fires_and_procs(self, recs: list[bytes]) -> None:
         """Records of the fires ring in order: runs of fires go in as one
@@ -513,9 +545,8 @@ class EvidenceWriter:
                 self.anchor_dev.set_context(rows[-1]["fault_id"], evs[-1].pid)
             except OSError:
                 pass
-        if self.on_fire:
-            for row in rows:
-                self.on_fire(row)
+        # Handed to on_fire once the batch's transaction commits (_deliver_fired).
+        self._fired_rows.extend(rows)
 
     def _frames(
         self, ev: abi.FireEvent, a: Attachment, fid: str, regs: dict[str, int]

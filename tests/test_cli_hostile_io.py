@@ -1,0 +1,129 @@
+"""A controller whose stderr is hostile keeps its evidence, its deadline and
+its run's final state (issue 25 item 7): stderr into `head -3` (a reader
+that exits), stderr closed (`2>&-`), stderr a pipe nobody reads (full).
+
+Output is best effort: every stored fault is one the target saw fail, the
+run row's counts match what is stored, and the run ends at --duration."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from gftarget import LIB, Target
+
+GF = [sys.executable, "-m", "pyctl"]
+DURATION_S = 2.0
+# Start-up (imports, BPF load, attach) comes before the first fault; the
+# margin is for the end: detach, the last drain, the run row.
+END_MARGIN_S = 3.0
+
+pytestmark = pytest.mark.root
+
+
+@pytest.fixture
+def target() -> Iterator[Target]:
+    t = Target()
+    yield t
+    t.close()
+
+
+@contextmanager
+def into_head() -> Iterator[tuple[dict[str, Any], Callable[[], str]]]:
+    """stderr into `head -3`, which exits after three lines."""
+    head = subprocess.Popen(["head", "-3"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert head.stdin is not None and head.stdout is not None
+    try:
+        yield {"stderr": head.stdin}, lambda: head.stdout.read().decode()  # type: ignore[union-attr]
+    finally:
+        head.stdin.close()
+        head.wait(timeout=10)
+        head.stdout.close()
+
+
+@contextmanager
+def closed() -> Iterator[tuple[dict[str, Any], Callable[[], str]]]:
+    """fd 2 closed in the controller, as `2>&-` leaves it."""
+    yield {"preexec_fn": lambda: os.close(2)}, lambda: ""
+
+
+@contextmanager
+def full_pipe() -> Iterator[tuple[dict[str, Any], Callable[[], str]]]:
+    """A pipe already full that nobody reads: every write to it blocks."""
+    r, w = os.pipe()
+    fl = fcntl.fcntl(w, fcntl.F_GETFL)
+    fcntl.fcntl(w, fcntl.F_SETFL, fl | os.O_NONBLOCK)
+    try:
+        while True:
+            os.write(w, b"x" * 4096)
+    except BlockingIOError:
+        pass
+    try:
+        os.write(w, b"x")  # the last byte's worth of room, if any
+    except BlockingIOError:
+        pass
+    # Blocking again (the flag is the open file's, shared with the child).
+    fcntl.fcntl(w, fcntl.F_SETFL, fl)
+    try:
+        yield {"stderr": w}, lambda: ""
+    finally:
+        os.close(w)
+        os.close(r)
+
+
+def _failures(rows: list[tuple[int, int, int, int, int]]) -> int:
+    return sum(1 for _, _, i, ret, _ in rows if ret != i + 1)
+
+
+@pytest.mark.parametrize("sink", [into_head, closed, full_pipe], ids=["head-3", "closed", "full"])
+def test_evidence_and_deadline_do_not_depend_on_stderr(
+    sink: Callable[[], Any], target: Target, tmp_path: Path
+) -> None:
+    db = tmp_path / "gf.db"
+    argv = [*GF, "--db", str(db), "inject", "--pid", str(target.pid), "--lib", str(LIB),
+            "--fn", "gf_victim", "--ret", "-5", "--duration", f"{DURATION_S}s"]  # fmt: skip
+    with sink() as (popen_kw, head_output):
+        ctl = subprocess.Popen(argv, stdout=subprocess.DEVNULL, **popen_kw)
+        try:
+            # Armed when a call fails: the controller may print nothing we can read.
+            failed = 0
+            give_up = time.monotonic() + 30
+            while failed == 0:
+                assert ctl.poll() is None, f"controller exited {ctl.returncode} before arming"
+                assert time.monotonic() < give_up, "no fault within 30 s"
+                failed += _failures(target.victim(20))
+            armed = time.monotonic()
+            # Calls while the run lasts: every one fails, each prints a fire line.
+            while ctl.poll() is None and time.monotonic() - armed < DURATION_S + 30:
+                failed += _failures(target.victim(50))
+            ended = time.monotonic()
+            rc = ctl.wait(timeout=30)
+        finally:
+            if ctl.poll() is None:
+                ctl.kill()
+                ctl.wait()
+        printed = head_output()
+    assert rc == 0, (rc, printed)
+    # The run ended at its deadline, not when (or if) its output drained.
+    assert ended - armed < DURATION_S + END_MARGIN_S, ended - armed
+    with sqlite3.connect(db) as c:
+        ((run_id, status, fires),) = c.execute(
+            "SELECT run_id, status, json_extract(stats, '$.fires') FROM runs"
+        ).fetchall()
+        (stored,) = c.execute("SELECT count(*) FROM faults WHERE run_id=?", (run_id,)).fetchone()
+        (journal,) = c.execute("SELECT count(*) FROM fire_journal").fetchone()
+    assert status == "done"
+    assert journal == 0  # every fire became its rows
+    # Hundreds of fire lines were due: stored faults are every one of them.
+    assert failed > 100 and stored == fires == failed, (stored, fires, failed)
+    # After the run the target's calls run unchanged: nothing left attached.
+    assert _failures(target.victim(20)) == 0
