@@ -40,16 +40,7 @@ def trace(
         s.disarm()
     if s.error is not None:
         raise s.error
-    from pyctl import store, summary
-
-    try:
-        d = store.open_db(str(db), readonly=True)
-        try:
-            return summary.from_calls(d, s.run_id, per_thread=per_thread)
-        finally:
-            d.close()
-    except Exception as e:  # noqa: BLE001 - StoreError, SummaryError: one line
-        raise translate(e) from e
+    return s.summary(per_thread=per_thread)
 
 
 @dataclass(frozen=True)

@@ -225,6 +225,24 @@ class _Base:
         with Evidence(self.db) as ev:
             return ev.faults(self.run_id)
 
+    def summary(self, per_thread: bool = False) -> Any:
+        """The run's call summary (pyctl.summary.Summary: per function the
+        calls, errors by code name, latency percentiles, a log2 histogram)
+        from its call rows: a session of Fault.trace(...) specs records one
+        per call. .to_json() is plain data, .render() `gpufault trace`'s text."""
+        from pyctl import store, summary
+
+        try:
+            d = store.open_db(self.db, readonly=True)
+        except Exception as e:  # noqa: BLE001 - StoreError: one line
+            raise translate(e) from e
+        try:
+            return summary.from_calls(d, self.run_id, per_thread=per_thread)
+        except Exception as e:  # noqa: BLE001 - SummaryError
+            raise translate(e) from e
+        finally:
+            d.close()
+
     def run_row(self) -> dict[str, Any]:
         with Evidence(self.db) as ev:
             return ev.run(self.run_id)
