@@ -4,6 +4,7 @@ on this kernel), vm (qemu/TCG). A skip always says why."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -203,7 +204,7 @@ def _default_places() -> set[str]:
     return out
 
 
-def _session_pids() -> set[int]:
+def session_pids() -> set[int]:
     """This process and its descendants, now."""
     children: dict[int, list[int]] = {}
     for d in os.listdir("/proc"):
@@ -236,7 +237,7 @@ def _held_by_session(path: str) -> bool:
     except OSError:
         pass
     real = os.path.realpath(path)
-    for pid in _session_pids():
+    for pid in session_pids():
         try:
             fds = os.listdir(f"/proc/{pid}/fd")
         except OSError:
@@ -249,6 +250,46 @@ def _held_by_session(path: str) -> bool:
             if t in inodes or t == real:
                 return True
     return False
+
+
+def bpf_prog_holders() -> dict[int, set[int]]:
+    """BPF program id -> pids holding an fd of it or of a link to it (fdinfo)."""
+    import re
+
+    out: dict[int, set[int]] = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            fds = os.listdir(f"/proc/{d}/fdinfo")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                with open(f"/proc/{d}/fdinfo/{fd}") as f:
+                    text = f.read()
+            except OSError:
+                continue
+            for m in re.finditer(r"^prog_id:\s*(\d+)", text, re.M):
+                out.setdefault(int(m.group(1)), set()).add(int(d))
+    return out
+
+
+def our_bpf_progs(named: Callable[[str], bool]) -> set[int]:
+    """Ids of the loaded BPF programs with a name that `named` accepts that
+    are this session's: held by one of its processes, or by nobody (being
+    freed after its holder exited, or leaked: pinned, attached without an
+    fd). Those another gpufault on the machine holds (another session, a
+    controller beside the suite) are not counted."""
+    import json
+    import subprocess
+
+    out = subprocess.run(["bpftool", "prog", "show", "-j"], capture_output=True, text=True)
+    ids = {int(p["id"]) for p in json.loads(out.stdout or "[]") if named(str(p.get("name", "")))}
+    if not ids:
+        return ids
+    held, mine = bpf_prog_holders(), session_pids()
+    return {i for i in ids if not held.get(i) or held[i] & mine}
 
 
 # Settings a test could change for good (netchaos, the copilot). They carry

@@ -67,15 +67,18 @@ class Target:
 
 
 def bpf_progs() -> int:
-    """gpufault engine programs loaded in the kernel now."""
-    out = subprocess.run(["bpftool", "prog", "show"], capture_output=True, text=True).stdout
-    return sum(1 for ln in out.splitlines() if "gf_entry" in ln or "gf_return" in ln)
+    """gpufault engine programs loaded in the kernel now that are this test
+    session's (conftest.our_bpf_progs): another gpufault running on this
+    host at the same time (another session, an xdist worker beside this
+    one) holds its own, not counted."""
+    from conftest import our_bpf_progs
+
+    return len(our_bpf_progs(lambda n: n.startswith(("gf_entry", "gf_return"))))
 
 
 def no_new_progs(before: int, timeout: float = 10.0) -> bool:
     """The kernel frees a dead process's programs after an RCU grace
-    period: await the count, do not sample it once. (Another gpufault
-    running on this host at the same time would keep it up.)"""
+    period: await the count, do not sample it once."""
     deadline = time.monotonic() + timeout
     while bpf_progs() > before:
         if time.monotonic() > deadline:

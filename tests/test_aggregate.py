@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import requires_root
+from conftest import our_bpf_progs, requires_root
 from gftarget import LIB, Target
 from procio import finish
 
@@ -31,9 +31,9 @@ pytestmark = [pytest.mark.root, requires_root, needs_obj]
 
 # ---- helpers ----------------------------------------------------------------
 def agg_progs() -> int:
-    """Our aggregation programs loaded in the kernel now."""
-    out = subprocess.run(["bpftool", "prog", "show"], capture_output=True, text=True).stdout
-    return sum(1 for ln in out.splitlines() if " name agg_" in ln)
+    """Our aggregation programs loaded in the kernel now (this session's:
+    another one's beside it are not counted)."""
+    return len(our_bpf_progs(lambda n: n.startswith("agg_")))
 
 
 def settles_at(before: int, timeout: float = 10.0) -> bool:
