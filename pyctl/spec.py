@@ -380,7 +380,31 @@ class FaultSpec:
                 raise SpecError(f"{what}: {secs:g}s is too long (at most 10 years)")
         if not isinstance(self.fn, str) and not self.fn:
             raise SpecError("--fn: give at least one function name or glob")
+        self.check_can_fire(self.duration_s)
         return self
+
+    def check_can_fire(self, duration_s: float = 0.0) -> None:
+        """Refuse triggers no call can ever meet: the run would attach, wait
+        and end with nothing, as if the target never failed. duration_s:
+        the run's --duration where the spec has none of its own."""
+        if self.action == "observe":
+            return  # triggers do not apply (start_notes says so)
+        if self.nth and self.every and self.nth % self.every:
+            raise SpecError(
+                f"--nth {self.nth} with --every {self.every}: call {self.nth} is not a "
+                f"multiple of {self.every}, so no call can fire: give one of the two"
+            )
+        if self.nth and self.after and self.nth <= self.after:
+            raise SpecError(
+                f"--nth {self.nth} with --after {self.after}: call {self.nth} comes before "
+                f"call {self.after + 1}, so no call can fire: give one of the two"
+            )
+        dur = self.duration_s or duration_s
+        if self.window_start_s and dur and self.window_start_s >= dur:
+            raise SpecError(
+                f"--window {self.window_start_s:g}s starts when --duration {dur:g}s has "
+                "ended, so no call can fire: give a --window shorter than --duration"
+            )
 
     @property
     def fn_text(self) -> str:

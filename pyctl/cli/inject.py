@@ -14,6 +14,7 @@ from pyctl.cli.options import (
     DURATION,
     PROBABILITY,
     SIGNAL,
+    BadValue,
     Duration,
     bundle,
     fault_target_options,
@@ -22,11 +23,39 @@ from pyctl.cli.options import (
 )
 from pyctl.spec import FaultSpec
 
+
 # Each option's destination is its FaultSpec.from_fields field name, so the
 # command hands its fault options over whole (split_run_params), not one by one.
+def _counted_from_one(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
+    """--nth/--every N: calls count from 1. A 0 given was taken as "not
+    given", which fires on every call (80k faults in 40 s where one was
+    meant): refused. Left out, the option is None (from_fields: 0)."""
+    if value is None:
+        return None
+    from pyctl.spec import SpecError, parse_int
+
+    what = max(param.opts, key=len)
+    try:
+        n = parse_int(value, what)
+    except SpecError as e:
+        raise BadValue(str(e), ctx=ctx, param=param) from None
+    if n == 0:
+        raise BadValue(
+            f"{what} 0: calls count from 1, and 0 would fire on every matching call: "
+            f"give N >= 1, or leave {what} out to fire on every call",
+            ctx=ctx,
+            param=param,
+        )
+    return value
+
+
 trigger_options = bundle(
-    click.option("--nth", default="0", help="fire on the Nth matching call only"),
-    click.option("--every", default="0", help="fire on every Nth matching call"),
+    click.option(
+        "--nth", default=None, callback=_counted_from_one, help="fire on the Nth matching call only"
+    ),
+    click.option(
+        "--every", default=None, callback=_counted_from_one, help="fire on every Nth matching call"
+    ),
     click.option("--after", default="0", help="fire only after N matching calls"),
     click.option(
         "--prob", type=PROBABILITY, default=None, help="fire with this probability (5%, 0.05, ppm)"

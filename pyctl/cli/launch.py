@@ -331,6 +331,8 @@ def _run_specs(
             if cmd and "this process's child" in w:
                 continue  # -- CMD: the runner leaves waiting to the copilot, as it says
             say(f"  warning: {w}")
+        for w in getattr(eng, "start_warnings", None) or []:
+            say(f"  warning: {w}")
         if getattr(eng, "attach_note", None):
             info(f"  note: {eng.attach_note}")
         for line in start_notes(specs, eng.atts):

@@ -47,7 +47,7 @@ from pyctl.engine.evidence import (
 from pyctl.engine.links import Links
 from pyctl.engine.mechanism import Attachment, Plan, needs_return_probe, plan
 from pyctl.run_options import DEFAULT_MAX_DB_BYTES, RunOptions
-from pyctl.spec import FaultSpec
+from pyctl.spec import FaultSpec, SpecError
 from pyctl.symbolize import Symbolizer, read_maps
 
 DEFAULT_COPILOT_SIGNAL = main_object.DEFAULT_COPILOT_SIGNAL
@@ -161,6 +161,8 @@ class Engine:
         self._db_created = False
         # Said once the probes are in (the CLI's start lines), or None.
         self.attach_note: str | None = None
+        # What the run cannot do until the target loads something (said once).
+        self.start_warnings: list[str] = []
 
     # ---- what the plan, the links and the writer hold -------------------
     mechanism = _Part("plan")  # str: what carries the faults out (the run row's word)
@@ -209,9 +211,15 @@ class Engine:
                 check_not_traced(self.seize_pid)
             except CopilotError as e:
                 raise EngineError(str(e)) from None
+        for sp in self.specs:
+            try:
+                sp.check_can_fire(self.duration)
+            except SpecError as e:
+                raise EngineError(str(e)) from None
         self.atts = self.plan.attachments(self.pid if self.resolve_in_target else None)
         if self.pid is not None and not resolve.pid_alive(self.pid):
             raise EngineError(f"no process {self.pid}: check the pid (is it still running?)")
+        self._check_not_loaded()
         # The database is opened and checked (writable, SQLite, gpufault's or
         # new) before anything is loaded: a bad --db must not be found with
         # faults already armed. A file we create here goes again if the
@@ -249,6 +257,45 @@ class Engine:
             if self._db_created and not self.armed:
                 store.remove_db(Path(self.db_path))
             raise
+
+    def _check_not_loaded(self) -> None:
+        """Before anything is loaded: a --caller object no process could ever
+        map is refused; one, or a --lib, that the target has not mapped yet
+        is a warning (start_warnings, said once): a later dlopen makes it
+        fire, and until then nothing does."""
+        from pyctl.callers import CallerError, exec_range
+
+        in_target = self.pid is not None and self.resolve_in_target
+        for lib in dict.fromkeys(a.lib for a in self.atts):
+            if in_target and not lib.mapped:
+                self.start_warnings.append(
+                    f"{lib.display} is not loaded in pid {self.pid} yet: its probes fire "
+                    "once the process loads it, nothing fires until then"
+                )
+        for sp in self.specs:
+            if not sp.caller or sp.caller in ("main", "exe"):
+                continue
+            if in_target:
+                try:
+                    if exec_range(self.pid, sp.caller) is not None:  # type: ignore[arg-type]
+                        continue
+                except CallerError as e:
+                    raise EngineError(str(e)) from None
+            if not any(c in sp.caller for c in "*?["):
+                try:
+                    resolve.find_library(sp.caller, self.pid if in_target else None)
+                except resolve.ResolveError:
+                    where = f"pid {self.pid}'s maps" if in_target else "the program's maps"
+                    raise EngineError(
+                        f"--caller {sp.caller}: no object of that name in {where} or on the "
+                        "library path, so no call can come from it: give main, a loaded "
+                        "library's name or a path"
+                    ) from None
+            if in_target:
+                self.start_warnings.append(
+                    f"--caller {sp.caller}: not mapped in pid {self.pid} yet: nothing fires "
+                    "until it is loaded (a line says when the filter goes live)"
+                )
 
     def arm(self) -> None:
         """Write the specs (probes attached with every spec disarmed, so a
