@@ -275,12 +275,14 @@ def bpf_prog_holders() -> dict[int, set[int]]:
     return out
 
 
-def our_bpf_progs(named: Callable[[str], bool]) -> set[int]:
+def our_bpf_progs(named: Callable[[str], bool], unheld: bool = True) -> set[int]:
     """Ids of the loaded BPF programs with a name that `named` accepts that
-    are this session's: held by one of its processes, or by nobody (being
-    freed after its holder exited, or leaked: pinned, attached without an
-    fd). Those another gpufault on the machine holds (another session, a
-    controller beside the suite) are not counted."""
+    are this session's: held by one of its processes, or (unheld) by nobody:
+    being freed after its holder exited, or leaked (pinned, attached without
+    an fd); another's being freed is one of those for a moment, so an exact
+    count of what a live test holds passes unheld=False. Those another
+    gpufault on the machine holds (another session, a controller beside the
+    suite) are not counted."""
     import json
     import subprocess
 
@@ -289,7 +291,7 @@ def our_bpf_progs(named: Callable[[str], bool]) -> set[int]:
     if not ids:
         return ids
     held, mine = bpf_prog_holders(), session_pids()
-    return {i for i in ids if not held.get(i) or held[i] & mine}
+    return {i for i in ids if (unheld and not held.get(i)) or held.get(i, set()) & mine}
 
 
 # Settings a test could change for good (netchaos, the copilot). They carry
@@ -382,3 +384,51 @@ def evidence(tmp_path: Path) -> dict:
     ids = fill(db)
     ids["db"] = str(db)
     return ids
+
+
+# ---- in parallel (pytest-xdist: `make test` runs -n 2 --dist loadgroup) ------
+# Each test file runs whole on one worker, so a module's fixtures (a VM boot,
+# a built target) are made once; these groups of files run on one worker one
+# after the other, because two at once would not bear each other:
+#  netns    /run/netns is mounted by the first namespace and unmounted only
+#           by the process that mounted it, when its last goes: two workers'
+#           links at once can leave it mounted;
+#  tracefs  tracefs_mounted unmounts what it mounted, under the other
+#           worker's test that found it mounted;
+#  vm       qemu/TCG takes a core per guest: one boot at a time keeps the
+#           guests' timeouts what they are on a quiet machine.
+_NETNS_FILES = {
+    "test_netchaos.py",
+    "test_service_ranks.py",
+    "test_layers_store.py",
+    "test_hooks_cli.py",
+    "test_suite_isolation.py",
+}
+# Longest first (measured, --durations): the scheduler hands out groups in
+# this order, so no long one starts last while the other worker idles.
+_FIRST = ("vm", "netns")
+
+
+def _group(item: pytest.Item) -> str:
+    name = item.path.name
+    if name in _NETNS_FILES:
+        return "netns"
+    if item.get_closest_marker("vm") is not None:
+        return "vm"
+    if "tracefs_mounted" in getattr(item, "fixturenames", ()):
+        return "tracefs"
+    return name
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("dist", "no") != "loadgroup":
+        return
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(_group(item)))
+
+    def rank(item: pytest.Item) -> int:
+        g = _group(item)
+        return _FIRST.index(g) if g in _FIRST else len(_FIRST)
+
+    items.sort(key=rank)  # stable: a file's tests keep their order
