@@ -132,7 +132,17 @@ def _locate(p: Path, *, writer: bool) -> dbfile.Located:
     except dbfile.UnsafePath as e:
         raise StoreError(str(e)) from None
     if writer and loc.shared:
-        loc.close()
+        try:
+            # What another user left there is named first (theirs: the
+            # sharper reason), then why the directory will not do.
+            st = loc.lstat()
+            if st is not None:
+                dbfile.check_file(st, str(p))
+            loc.check_sidecars()
+        except dbfile.UnsafePath as e:
+            raise StoreError(str(e)) from None
+        finally:
+            loc.close()
         raise StoreError(
             f"{loc.dir_path}: other users can create files there (the database's -wal and "
             "-shm would be theirs); pass a --db in a directory only root can write"
