@@ -9,12 +9,21 @@ direction at run time:
   tbf (token bucket) root qdisc on the sender's veth (sch_tbf, which
   kernels without sch_netem usually still have);
 - loss where the kernel lacks sch_netem, and partitions everywhere, with a
-  small tc BPF drop filter (clsact egress, direct action) whose drop
-  probability lives in a BPF array map, so changing it is one map write.
+  small tc BPF drop filter (bpf/netchaos.bpf.c: clsact egress, direct
+  action) whose drop probability and deadline live in a BPF array map, so
+  changing it is one map write.
 
 Nothing outside the namespaces we create is touched. Cleanup always runs:
 `Link` is a context manager, registers an atexit hook, and `cleanup()`
 removes namespaces left behind by dead owners (the owner pid is in the name).
+
+A window on another process's link (`Link.attach`, the CLI's partition,
+delay, loss and rate) cannot outlive its controller: its drop filter
+passes everything from the window's deadline on (in the kernel), a
+watchdog process removes the window's qdiscs and filter when the
+controller dies, and the next window removes one whose controller is dead
+or whose deadline has passed (the filter's name says whose and until
+when: `Marker`).
 
 Example::
 
@@ -40,6 +49,7 @@ import secrets
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -60,6 +70,7 @@ def _ns_prefix() -> str:
     """gf, or gf-t<id>- under a test session (anything else in the variable is ignored)."""
     tid = os.environ.get("GPUFAULT_TEST_ID", "")
     return f"gf-t{tid}-" if _TEST_ID_RE.match(tid) else "gf"
+
 
 _CLONE_NEWNET = 0x40000000
 _T = TypeVar("_T")
@@ -101,56 +112,14 @@ class Impairment:
 
 
 # ---------------------------------------------------------------- BPF drop
-# A hand-assembled tc classifier (no clang at run time, no libbpf):
-#   if skb->protocol == ARP: pass  (keep neighbour resolution working)
-#   v = map[0]; v.seen++
-#   if v.threshold and prandom_u32() < v.threshold: v.drops++, TC_ACT_SHOT
-#   else TC_ACT_OK
-# threshold is in [0, 2**32]; 2**32 drops every non-ARP packet (partition).
+# bpf/netchaos.bpf.c, built by `make build` into pyctl/data/netchaos.bpf.o:
+#   ARP passes (neighbour resolution keeps working); every other packet is
+#   counted (seen), passes once deadline_ns (CLOCK_MONOTONIC) is reached,
+#   else is dropped when prandom_u32() < threshold. threshold is in
+#   [0, 2**32]; 2**32 drops every non-ARP packet (a partition).
 
-_BPF_MAP_CREATE, _BPF_MAP_LOOKUP, _BPF_MAP_UPDATE, _BPF_PROG_LOAD = 0, 1, 2, 5
-_BPF_MAP_TYPE_ARRAY = 2
-_BPF_PROG_TYPE_SCHED_CLS = 3
-_ETH_P_ARP_BE = 0x0608  # htons(0x0806) as the u32 skb->protocol reads it
-_TC_ACT_OK, _TC_ACT_SHOT = 0, 2
-
-
-def _insn(code: int, dst: int = 0, src: int = 0, off: int = 0, imm: int = 0) -> bytes:
-    return struct.pack("<BBhi", code, (src << 4) | dst, off, imm)
-
-
-def _drop_prog(map_fd: int) -> bytes:
-    r0, r1, r2, r6, r7, r8, r10 = 0, 1, 2, 6, 7, 8, 10
-    p = [
-        _insn(0xBF, r6, r1),  # r6 = skb
-        _insn(0x61, r2, r6, 16),  # r2 = skb->protocol
-        _insn(0x15, r2, 0, 17, _ETH_P_ARP_BE),  # ARP -> ok
-        _insn(0x62, r10, 0, -4, 0),  # *(u32 *)(fp - 4) = 0 (key)
-        _insn(0xBF, r2, r10),  # r2 = fp
-        _insn(0x07, r2, 0, 0, -4),  # r2 = &key
-        _insn(0x18, r1, 1, 0, map_fd),  # r1 = map (ld_imm64, pseudo fd)
-        _insn(0x00),
-        _insn(0x85, 0, 0, 0, 1),  # call map_lookup_elem
-        _insn(0x15, r0, 0, 10, 0),  # NULL -> ok
-        _insn(0xBF, r7, r0),  # r7 = value
-        _insn(0xB7, r1, 0, 0, 1),
-        _insn(0xDB, r7, r1, 16, 0),  # lock value->seen += 1
-        _insn(0x79, r8, r7, 0),  # r8 = value->threshold
-        _insn(0x15, r8, 0, 5, 0),  # 0 -> ok
-        _insn(0x85, 0, 0, 0, 7),  # call get_prandom_u32
-        _insn(0x3D, r0, r8, 3),  # r0 >= threshold -> ok
-        _insn(0xB7, r1, 0, 0, 1),
-        _insn(0xDB, r7, r1, 8, 0),  # lock value->drops += 1
-        _insn(0x05, 0, 0, 2, 0),  # goto shot
-        _insn(0xB7, r0, 0, 0, _TC_ACT_OK),  # ok:
-        _insn(0x95),
-        _insn(0xB7, r0, 0, 0, _TC_ACT_SHOT),  # shot:
-        _insn(0x95),
-    ]
-    return b"".join(p)
-
-
-_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+_BPF_MAP_LOOKUP, _BPF_MAP_UPDATE = 1, 2
+_STATE = struct.Struct("<QQQQ")  # struct netchaos_state: threshold, drops, seen, deadline_ns
 
 
 def _bpf(cmd: int, attr: bytes) -> int:
@@ -158,68 +127,197 @@ def _bpf(cmd: int, attr: bytes) -> int:
 
 
 class DropFilter:
-    """The BPF program and its map for one veth end; owns both fds."""
+    """The tc program and its map for one veth end; owns both until close()
+    (once attached, the kernel's filter holds them too: a controller that
+    dies leaves them in place, and their deadline still applies)."""
 
-    def __init__(self) -> None:
-        self.map_fd = _bpf(_BPF_MAP_CREATE, struct.pack("<IIIII", _BPF_MAP_TYPE_ARRAY, 4, 24, 1, 0))
+    def __init__(self, deadline_ns: int = 0) -> None:
+        from pyctl import paths
+        from pyctl.bpf import libbpf
+        from pyctl.bpf.names import NetChaos
+
+        path = paths.DATA / NetChaos.OBJECT
+        if not path.exists():
+            raise NetChaosError(f"the tc drop filter {path} is missing: run `make build`")
         try:
-            code = _drop_prog(self.map_fd)
-            lic = ctypes.create_string_buffer(b"GPL")
-            log = ctypes.create_string_buffer(4096)
-            code_buf = ctypes.create_string_buffer(code, len(code))
-            attr = struct.pack(
-                "<IIQQIIQ",
-                _BPF_PROG_TYPE_SCHED_CLS,
-                len(code) // 8,
-                ctypes.addressof(code_buf),
-                ctypes.addressof(lic),
-                1,
-                len(log),
-                ctypes.addressof(log),
-            )
-            try:
-                self.prog_fd = _bpf(_BPF_PROG_LOAD, attr)
-            except OSError as e:
-                verifier = log.value.decode(errors="replace").strip().splitlines()
-                last = verifier[-1] if verifier else ""
-                raise NetChaosError(f"cannot load the tc drop filter: {e} {last}") from e
-        except BaseException:
-            os.close(self.map_fd)
-            raise
+            self._obj = libbpf.Object(path)
+        except OSError as e:
+            raise NetChaosError(f"cannot load the tc drop filter: {e}") from None
+        try:
+            self._obj.load()
+            self.prog_fd = int(libbpf.lib().bpf_program__fd(self._obj.program(NetChaos.DROP)))
+            self.map_fd = self._obj.map_fd(NetChaos.STATE)
+            # The deadline is in the map before the filter is attached: there
+            # is no moment at which it drops without one.
+            self._write(0, 0, 0, deadline_ns)
+        except OSError as e:
+            self._obj.close()
+            raise NetChaosError(f"cannot load the tc drop filter: {e}") from None
 
     def set_threshold(self, fraction: float) -> None:
         threshold = min(1 << 32, max(0, round(fraction * (1 << 32))))
-        self._update(threshold, keep_counters=True)
+        _, drops, seen, deadline = self._read()
+        # Counters may move between the read and the write; they are
+        # statistics, a lost increment there is acceptable.
+        self._write(threshold, drops, seen, deadline)
 
     def counters(self) -> tuple[int, int, int]:
         """(threshold, drops, seen) as the kernel sees them now."""
+        thr, drops, seen, _ = self._read()
+        return thr, drops, seen
+
+    def deadline_ns(self) -> int:
+        return self._read()[3]
+
+    def _read(self) -> tuple[int, int, int, int]:
         key = ctypes.c_uint32(0)
-        val = ctypes.create_string_buffer(24)
+        val = ctypes.create_string_buffer(_STATE.size)
         attr = struct.pack(
             "<IIQQQ", self.map_fd, 0, ctypes.addressof(key), ctypes.addressof(val), 0
         )
         _bpf(_BPF_MAP_LOOKUP, attr)
-        thr, drops, seen = struct.unpack("<QQQ", val.raw)
-        return thr, drops, seen
+        return _STATE.unpack(val.raw)  # type: ignore[return-value]
 
-    def _update(self, threshold: int, keep_counters: bool) -> None:
-        _, drops, seen = self.counters() if keep_counters else (0, 0, 0)
+    def _write(self, threshold: int, drops: int, seen: int, deadline_ns: int) -> None:
         key = ctypes.c_uint32(0)
-        # Counters may move between the read and the write; they are
-        # statistics, a lost increment there is acceptable.
-        val = ctypes.create_string_buffer(struct.pack("<QQQ", threshold, drops, seen), 24)
+        val = ctypes.create_string_buffer(_STATE.pack(threshold, drops, seen, deadline_ns))
         attr = struct.pack(
             "<IIQQQ", self.map_fd, 0, ctypes.addressof(key), ctypes.addressof(val), 0
         )
         _bpf(_BPF_MAP_UPDATE, attr)
 
     def close(self) -> None:
-        for fd in (self.prog_fd, self.map_fd):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        self._obj.close()
+
+
+# ---------------------------------------------------------------- owners
+# A window on an attached link (`gpufault netchaos partition|delay|loss|rate`)
+# names its drop filter after itself: gf_drop:PID:START:DEADLINE:HANDLE, the
+# controller's pid and start time (clock ticks since boot, /proc/PID/stat:
+# a later process with the same pid is not it), the filter's deadline (ns of
+# CLOCK_MONOTONIC, 0: none) and the major number of its root qdisc (0: none).
+# Every window installs the filter (threshold 0 when it drops nothing), so
+# the kernel itself says whose an impairment is and until when: its
+# watchdog and the next window can remove a dead or expired one, and
+# nothing else.
+
+_MARK_RE = re.compile(r"^gf_drop:(\d+):(\d+):(\d+):([0-9a-f]+)$")
+
+
+@dataclass(frozen=True)
+class Marker:
+    pid: int
+    start: int
+    deadline_ns: int
+    handle: int  # root qdisc major (handle = major << 16); 0: none
+
+    @property
+    def name(self) -> str:
+        return f"gf_drop:{self.pid}:{self.start}:{self.deadline_ns}:{self.handle:x}"
+
+    @classmethod
+    def parse(cls, name: str | None) -> Marker | None:
+        m = _MARK_RE.match(name or "")
+        if not m:
+            return None
+        return cls(int(m.group(1)), int(m.group(2)), int(m.group(3)), int(m.group(4), 16))
+
+    def owner_alive(self) -> bool:
+        return _start_time(self.pid) == self.start
+
+    def expired(self, now_ns: int | None = None) -> bool:
+        now = time.monotonic_ns() if now_ns is None else now_ns
+        return self.deadline_ns != 0 and now >= self.deadline_ns
+
+
+def _start_time(pid: int) -> int | None:
+    """Start time of a live pid in clock ticks since boot; None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    rest = stat[stat.rindex(")") + 2 :].split()  # comm may hold spaces and parens
+    if rest[0] in ("Z", "X"):
+        return None  # exited, not yet reaped: it undoes nothing any more
+    return int(rest[19])
+
+
+_CLSACT_EGRESS = 0xFFFFFFF3
+
+
+def _markers(ipr: Any, index: int) -> list[Marker]:
+    """The window markers among the clsact egress filters of link `index`."""
+    from pyroute2.netlink.exceptions import NetlinkError
+
+    try:
+        filters = ipr.get_filters(index=index, parent=_CLSACT_EGRESS)
+    except NetlinkError:
+        return []  # no clsact
+    out = []
+    for f in filters:
+        opts = f.get_attr("TCA_OPTIONS")
+        name = opts.get_attr("TCA_BPF_NAME") if hasattr(opts, "get_attr") else None
+        mk = Marker.parse(name)
+        if mk is not None and mk not in out:
+            out.append(mk)
+    return out
+
+
+def remove_window(ipr: Any, index: int, mk: Marker) -> bool:
+    """Remove what the window `mk` installed on link `index` (its root qdisc,
+    by its own handle, then its clsact), if its marker is still there.
+    True if it was."""
+    from pyroute2.netlink.exceptions import NetlinkError
+
+    if mk not in _markers(ipr, index):
+        return False  # its controller undid it, or someone cleaned it already
+    if mk.handle:
+        # The kernel deletes a root qdisc only if the handle matches: a
+        # later window's qdisc (another handle) is never removed.
+        with contextlib.suppress(NetlinkError):
+            ipr.tc("del", index=index, handle=f"{mk.handle:x}:", root=True)
+    with contextlib.suppress(NetlinkError):
+        ipr.tc("del", "clsact", index)
+    return True
+
+
+def watchdog_main() -> None:
+    """A window's watchdog process (Link.start_watchdog): waits for its
+    controller to say "done" on the pipe it inherited. End of file instead (the
+    controller died: SIGKILL, a crash) or the deadline plus a grace passing
+    (a controller hung past its window) removes the window's impairment,
+    if its marker is still there."""
+    import json
+    import select
+    import sys
+
+    # Imported before the wait: the undo after a SIGKILL is then netlink
+    # calls only (pyroute2's import alone is ~0.5 s on a small machine).
+    from pyroute2 import IPRoute
+
+    spec = json.loads(sys.argv[1])
+    mk = Marker(**spec["marker"])
+    fd = int(spec["fd"])
+    timeout = None
+    if mk.deadline_ns:
+        timeout = max(0.0, (mk.deadline_ns - time.monotonic_ns()) / 1e9 + spec["grace_s"])
+    got = b""
+    if select.select([fd], [], [], timeout)[0]:
+        got = os.read(fd, 16)
+    if got == b"done":
+        return
+    for ns, index in spec["ends"]:
+        try:
+            with IPRoute(netns=ns) as ipr:
+                remove_window(ipr, index, mk)
+        except OSError:
+            pass  # the link's namespaces are gone: nothing left to undo
 
 
 # ---------------------------------------------------------------- netns
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 
 
 def _netns_dir_mounted() -> bool:
@@ -255,8 +353,11 @@ def _remove_netns(name: str, *, ours_made_the_mount: bool = False) -> None:
     from pyroute2 import netns
 
     netns.remove(name)
-    if ((_MADE_NETNS_MOUNT or ours_made_the_mount) and _netns_dir_mounted()
-            and not os.listdir(NETNS_DIR)):
+    if (
+        (_MADE_NETNS_MOUNT or ours_made_the_mount)
+        and _netns_dir_mounted()
+        and not os.listdir(NETNS_DIR)
+    ):
         libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
         if libc.umount2(NETNS_DIR.encode(), 2) == 0:  # MNT_DETACH
             _MADE_NETNS_MOUNT = False
@@ -369,11 +470,11 @@ def _root_qdisc(new: Impairment, use_netem: bool) -> _Root | None:
     return "tbf", {"rate": rate, "burst": burst, "limit": limit}
 
 
-def _replace_root(ipr: Any, index: int, root: _Root) -> None:
-    """Create or change (tc `replace`) the root qdisc 1: of link `index`."""
+def _replace_root(ipr: Any, index: int, root: _Root, major: int = 1) -> None:
+    """Create or change (tc `replace`) the root qdisc major: of link `index`."""
     kind, opts = root
     if kind != "netem":
-        ipr.tc("replace", kind, index, handle="1:", **opts)
+        ipr.tc("replace", kind, index, handle=f"{major:x}:", **opts)
         return
     # pyroute2's tc() also copies netem's `rate` into TCA_RATE (the rate
     # estimator attribute) and then fails to encode it: build the message
@@ -386,7 +487,7 @@ def _replace_root(ipr: Any, index: int, root: _Root) -> None:
     msg["header"]["type"] = RTM_NEWQDISC
     msg["header"]["flags"] = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE
     msg["index"] = index
-    msg["handle"] = 0x10000  # 1:
+    msg["handle"] = major << 16
     msg["parent"] = TC_H_ROOT
     msg["attrs"] = [
         ["TCA_KIND", "netem"],
@@ -404,6 +505,7 @@ class _End:
     addr: str
     index: int = 0
     root: _Root | None = None  # the root qdisc we installed on this veth end
+    major: int = 1  # its handle's major number (a window's own on an attached link)
     drop: DropFilter | None = None
     state: Impairment = field(default_factory=Impairment)
 
@@ -432,6 +534,9 @@ class Link:
         self._closed = False
         self._opened = False
         self._owner = True  # False: attach()ed to another process's link
+        self._for_ns = 0  # attached: the window's length (0: until close())
+        self._marker: Marker | None = None  # attached: this window's, once installed
+        self._watchdog: Any = None  # attached: (Popen, pipe write end)
 
     @property
     def name(self) -> str:
@@ -439,11 +544,18 @@ class Link:
         return self.a.ifname[:-1]
 
     @classmethod
-    def attach(cls, name: str | None = None) -> Link:
+    def attach(cls, name: str | None = None, for_s: float | None = None) -> Link:
         """The live link `name` (gf<6 hex>, from `gpufault netchaos link`) of
         another process, to impair until close(): close() then removes what
         this object installed (its qdisc, its drop filter), never the
-        namespaces. name None: the only link there is."""
+        namespaces. name None: the only link there is.
+
+        for_s: the window's length. Its drop filter (installed with the
+        first impairment, threshold 0 if it drops nothing) then passes
+        everything from that deadline on, in the kernel, whether or not
+        this process is still there to lift it. An impairment left by a
+        window whose controller is dead or whose deadline has passed is
+        removed here, before anything else is refused."""
         if os.geteuid() != 0:
             raise NetChaosError("netchaos needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN): run as root")
         from pyroute2 import IPRoute, netns
@@ -468,6 +580,8 @@ class Link:
             )
         self = cls.__new__(cls)
         self._lock, self._closed, self._opened, self._owner = threading.Lock(), False, True, False
+        self._for_ns = round(for_s * 1e9) if for_s else 0
+        self._marker, self._watchdog = None, None
         ends = []
         for side in ("a", "b"):
             end = _End(links[name][side], f"{name}{side}", "")
@@ -478,6 +592,12 @@ class Link:
                 end.index = found[0]
                 for a in ipr.get_addr(index=end.index, family=socket.AF_INET):
                     end.addr = a.get_attr("IFA_ADDRESS")
+                for mk in _markers(ipr, end.index):
+                    # A window that cannot lift its impairment any more (its
+                    # controller and watchdog were killed) or need not (past
+                    # its deadline, the filter passes everything already).
+                    if not mk.owner_alive() or mk.expired():
+                        remove_window(ipr, end.index, mk)
                 # One impairment at a time per direction: a second would
                 # replace the first's qdisc and undo it at its own end.
                 for q in ipr.get_qdiscs(index=end.index):
@@ -489,8 +609,73 @@ class Link:
                         )
             ends.append(end)
         self.a, self.b = ends
+        # The window's own root qdisc handle (major:), the same on both ends:
+        # its watchdog and a later window delete only that one.
+        major = 0x100 + secrets.randbelow(0xFF00 - 0x100)
+        for end in ends:
+            end.major = major
         atexit.register(self.close)
         return self
+
+    def start_watchdog(self, grace_s: float = 2.0) -> None:
+        """An attached window's watchdog: a process of its own session that
+        removes this window's impairment if this process dies without
+        close() (SIGKILL), or if it is still there `grace_s` after the
+        window's deadline. close() tells it to go. The drop filter's own
+        deadline needs no process; qdiscs (delay, rate, netem loss) have
+        none in the kernel, so this one lifts them."""
+        import json
+        import subprocess
+        import sys
+
+        assert not self._owner and self._watchdog is None
+        pid = os.getpid()
+        start = _start_time(pid) or 0
+        deadline = time.monotonic_ns() + self._for_ns if self._for_ns else 0
+        self._marker = Marker(pid, start, deadline, self.a.major)
+        r, w = os.pipe()
+        spec = {
+            "fd": r,
+            "marker": self._marker.__dict__,
+            "grace_s": grace_s,
+            "ends": [[e.ns, e.index] for e in (self.a, self.b)],
+        }
+        try:
+            # -I and an explicit path: as root, never import a pyctl from
+            # the caller's directory or PYTHONPATH.
+            pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+            code = (
+                f"import sys; sys.path.insert(0, {pkg_parent!r}); "
+                "from pyctl.netchaos import watchdog_main; watchdog_main()"
+            )
+            proc = subprocess.Popen(
+                [sys.executable, "-I", "-c", code, json.dumps(spec)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                cwd="/",
+                pass_fds=(r,),
+                start_new_session=True,  # Ctrl-C or a kill of our group is not its end
+            )
+        except BaseException:
+            os.close(w)
+            raise
+        finally:
+            os.close(r)
+        self._watchdog = (proc, w)
+
+    def _stop_watchdog(self) -> None:
+        if self._watchdog is None:
+            return
+        proc, w = self._watchdog
+        self._watchdog = None
+        with contextlib.suppress(OSError):
+            os.write(w, b"done")
+        os.close(w)
+        try:
+            proc.wait(10)
+        except Exception:  # noqa: BLE001 - a stuck watchdog must not keep us
+            proc.kill()
+            proc.wait(5)
 
     # -- lifecycle
     def __enter__(self) -> Link:
@@ -533,6 +718,7 @@ class Link:
             self._closed = True
         if not self._owner:
             self._undo()
+            self._stop_watchdog()  # after the undo: until then, it is our net
             atexit.unregister(self.close)
             return
 
@@ -553,12 +739,13 @@ class Link:
         for end in (self.a, self.b):
             try:
                 with IPRoute(netns=end.ns) as ipr:
-                    if end.drop is not None:
+                    if self._marker is not None:
+                        # Only while our marker is there: past our deadline the
+                        # next window may have removed ours and put its own.
+                        remove_window(ipr, end.index, self._marker)
+                    elif end.root is not None:
                         with contextlib.suppress(NetlinkError):
-                            ipr.tc("del", "clsact", end.index)
-                    if end.root is not None:
-                        with contextlib.suppress(NetlinkError):
-                            ipr.tc("del", index=end.index, handle="1:", root=True)
+                            ipr.tc("del", index=end.index, handle=f"{end.major:x}:", root=True)
             except (OSError, NetlinkError):
                 pass
             if end.drop is not None:
@@ -634,15 +821,17 @@ class Link:
             )
         root = _root_qdisc(new, use_netem)
         with IPRoute(netns=end.ns) as ipr:
-            if root != end.root:
-                self._set_root(ipr, end, root)
             # The drop filter sits on clsact egress, before the root qdisc:
             # it composes with any of them, and what it drops never queues.
-            want_drop = new.partitioned or bpf_loss > 0
+            # An attached window always has one, first: it is the window's
+            # marker (whose, until when) and carries the kernel deadline.
+            want_drop = new.partitioned or bpf_loss > 0 or not self._owner
             if want_drop and end.drop is None:
                 self._attach_drop(ipr, end)
             if end.drop is not None:
                 end.drop.set_threshold(1.0 if new.partitioned else bpf_loss / 100.0)
+            if root != end.root:
+                self._set_root(ipr, end, root)
         end.state = new
 
     @staticmethod
@@ -655,16 +844,16 @@ class Link:
         # stays); a qdisc of another kind under the same handle is refused,
         # so that one goes first.
         if old is not None and (root is None or root[0] != old[0]):
-            ipr.tc("del", index=end.index, handle="1:", root=True)
+            ipr.tc("del", index=end.index, handle=f"{end.major:x}:", root=True)
             end.root = None
         if root is None:
             return
         try:
-            _replace_root(ipr, end.index, root)
+            _replace_root(ipr, end.index, root, end.major)
         except NetlinkError as e:
             if end.root is None and old is not None:  # put the old one back
                 with contextlib.suppress(NetlinkError):
-                    _replace_root(ipr, end.index, old)
+                    _replace_root(ipr, end.index, old, end.major)
                     end.root = old
             if root[0] == "tbf" and e.code in (errno.ENOENT, errno.EOPNOTSUPP):
                 raise NetChaosError(
@@ -674,11 +863,13 @@ class Link:
             raise
         end.root = root
 
-    @staticmethod
-    def _attach_drop(ipr: Any, end: _End) -> None:
+    def _attach_drop(self, ipr: Any, end: _End) -> None:
         from pyroute2.netlink.exceptions import NetlinkError
 
-        drop = DropFilter()
+        if not self._owner and self._marker is None:
+            self.start_watchdog()  # the marker and the deadline come with it
+        mk = self._marker
+        drop = DropFilter(mk.deadline_ns if mk is not None else 0)
         try:
             ipr.tc("add", "clsact", end.index)
             ipr.tc(
@@ -687,7 +878,7 @@ class Link:
                 end.index,
                 ":1",
                 fd=drop.prog_fd,
-                name="gf_drop",
+                name=mk.name if mk is not None else "gf_drop",
                 parent="ffff:fff3",  # clsact egress
                 classid=1,
                 direct_action=True,

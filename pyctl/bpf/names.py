@@ -72,4 +72,16 @@ class RegsProbe:
     RODATA: tuple[str, ...] = ()
 
 
-OBJECTS: tuple[type, ...] = (Main, Xid, RegsProbe)
+class NetChaos:
+    """pyctl/data/netchaos.bpf.o, from bpf/netchaos.bpf.c: netchaos's tc
+    drop filter (loss, partitions) with its kernel-side deadline."""
+
+    OBJECT = "netchaos.bpf.o"
+    STATE = "netchaos_state"  # array[1]: threshold, drops, seen, deadline_ns
+    MAPS = (STATE,)
+    DROP = "netchaos_drop"  # tc classifier, clsact egress, direct action
+    PROGRAMS = (DROP,)
+    RODATA: tuple[str, ...] = ()
+
+
+OBJECTS: tuple[type, ...] = (Main, Xid, RegsProbe, NetChaos)

@@ -184,7 +184,7 @@ def _window(
             "netchaos delay: this kernel lacks sch_netem: load it with `modprobe sch_netem`"
             " (CONFIG_NET_SCH_NETEM), or use loss, rate or partition")
     try:
-        link = netchaos.Link.attach(link_name)
+        link = netchaos.Link.attach(link_name, for_s=for_s)
     except netchaos.NetChaosError as e:
         raise UserError(f"netchaos {what}: {e}") from None
     stop, why, restore = _stop_event()
@@ -209,6 +209,9 @@ def _window(
         from pyroute2.netlink.exceptions import NetlinkError
 
         try:
+            # The kernel deadline (for_s) and the watchdog that lifts the
+            # impairment if this process dies first: before anything is cut.
+            link.start_watchdog()
             apply(link)
         except (netchaos.NetChaosError, NetlinkError, OSError) as e:
             # Undone in the finally below; the fault keeps why it failed.
