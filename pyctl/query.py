@@ -13,6 +13,31 @@ from pyctl import words
 from pyctl.bpf.abi import u64
 
 
+def _fault_filter(
+    run_id: str | None, function: str | None, since: float | None
+) -> tuple[str, list[Any]]:
+    conds: list[str] = []
+    params: list[Any] = []
+    for cond, value in (("f.run_id = ?", run_id), ("f.function GLOB ?", function),
+                        ("f.wall >= ?", since)):  # fmt: skip
+        if value is not None and value != "":
+            conds.append(cond)
+            params.append(value)
+    return ("WHERE " + " AND ".join(conds)) if conds else "", params
+
+
+def count_faults(
+    db: Any,
+    *,
+    run_id: str | None = None,
+    function: str | None = None,
+    since: float | None = None,
+) -> int:
+    """How many faults faults() would list without its limit."""
+    where, params = _fault_filter(run_id, function, since)
+    return int(db.conn.execute(f"SELECT count(*) FROM faults f {where}", params).fetchone()[0])
+
+
 def faults(
     db: Any,
     *,
@@ -24,14 +49,7 @@ def faults(
     """Fired faults, newest first: of one run, of functions matching a glob
     (SQLite GLOB: case-sensitive, as symbol names are), fired at or after
     Unix time `since`."""
-    conds: list[str] = []
-    params: list[Any] = []
-    for cond, value in (("f.run_id = ?", run_id), ("f.function GLOB ?", function),
-                        ("f.wall >= ?", since)):  # fmt: skip
-        if value is not None and value != "":
-            conds.append(cond)
-            params.append(value)
-    where = ("WHERE " + " AND ".join(conds)) if conds else ""
+    where, params = _fault_filter(run_id, function, since)
     sql = (
         "SELECT f.fault_id, f.run_id, f.function, f.library, f.action, f.mechanism, f.retval, "
         "f.ret, f.latency_ns, f.call_seq, f.pid, f.tid, f.comm, f.wall, "
@@ -68,11 +86,15 @@ def latest_fault(db: Any) -> str | None:
     return None if row is None else str(row[0])
 
 
-def run_fault_ids(db: Any, run_id: str) -> list[str] | None:
-    """Every fault of a run in fire order (`show RUN`); None: no such run."""
+def run_fault_ids(db: Any, run_id: str, limit: int | None = None) -> list[str] | None:
+    """The faults of a run in fire order (`show RUN`), the first `limit` of
+    them (None: all); None: no such run."""
     if db.conn.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone() is None:
         return None
-    rows = db.conn.execute("SELECT fault_id FROM faults WHERE run_id = ? ORDER BY seq", (run_id,))
+    rows = db.conn.execute(
+        "SELECT fault_id FROM faults WHERE run_id = ? ORDER BY seq LIMIT ?",
+        (run_id, -1 if limit is None else limit),
+    )
     return [str(r[0]) for r in rows]
 
 
@@ -184,8 +206,10 @@ def render_chain(doc: dict[str, Any]) -> str:
         f"  thread    pid {f['pid']} tid {f['tid']} ({f['comm']})",
         f"  time      {words.wall_time(f.get('wall'), '%Y-%m-%d %H:%M:%S.%f')[:23]}",
         *(
-            [f"  experiment {x['id']} {x['name']}@v{x['version']} step {x['idx'] + 1} "
-             f"({x['step']}): {x['verdict']}"]
+            [
+                f"  experiment {x['id']} {x['name']}@v{x['version']} step {x['idx'] + 1} "
+                f"({x['step']}): {x['verdict']}"
+            ]
             if (x := doc.get("experiment"))
             else []
         ),

@@ -381,7 +381,9 @@ def _run_specs(
 
     causes = loss_words(st.loss_causes)
     lost_words = f"{lost} lost ({causes})" if causes else f"{lost} lost"
-    info(
+    # Under -q too when it reports records lost, dropped or skipped, or errors:
+    # a warning about the evidence, not a progress line.
+    (say if lost or dropped or skipped or errs else info)(
         f"run {eng.run_id}: {st.calls} matching calls, {st.fires} fires, "
         f"{st.events} events, {lost_words}{dropped}{why}{', ' + errs if errs else ''}"
         f" -> {options.db_path}"

@@ -235,7 +235,8 @@ quiet_option = click.option(
     "--quiet",
     "-q",
     is_flag=True,
-    help="print only the line that says the probes are live, warnings and errors",
+    help="print only the line that says the probes are live, warnings and errors "
+    "(the closing line when records were lost or dropped)",
 )
 
 xids_option = click.option(
