@@ -123,15 +123,26 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    if item.get_closest_marker(MARKER) is None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # A skip marker, not pytest.skip() at setup: the report names the test's
+    # line (-rs), and no fixture of a skipped test is set up (tmp_path).
+    marked = [it for it in items if it.get_closest_marker(MARKER) is not None]
+    if not marked or config.getoption("gpufault_no_skip"):
         return
     why = skip_reason()
-    if why is None:
+    if why is not None:
+        for it in marked:
+            it.add_marker(pytest.mark.skip(reason=why))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    # --gpufault-no-skip: the same reason, as the test's error.
+    if item.get_closest_marker(MARKER) is None or not item.config.getoption("gpufault_no_skip"):
         return
-    if item.config.getoption("gpufault_no_skip"):
+    why = skip_reason()
+    if why is not None:
         pytest.fail(f"gpufault: {why} (--gpufault-no-skip)", pytrace=False)
-    pytest.skip(why)
 
 
 @pytest.hookimpl(trylast=True)
