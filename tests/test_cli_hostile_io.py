@@ -127,3 +127,26 @@ def test_evidence_and_deadline_do_not_depend_on_stderr(
     assert failed > 100 and stored == fires == failed, (stored, fires, failed)
     # After the run the target's calls run unchanged: nothing left attached.
     assert _failures(target.victim(20)) == 0
+
+
+def test_broken_stdout_after_the_run_keeps_it_done(target: Target, tmp_path: Path) -> None:
+    """trace prints its summary on stdout after the run is closed: a reader
+    that is gone costs the summary, not the run (no internal error, no
+    traceback, nothing on stderr but the run's own line). click turns EPIPE
+    on stdout into a quiet exit 1."""
+    db = tmp_path / "gf.db"
+    r, w = os.pipe()
+    os.close(r)  # every write to w: EPIPE
+    try:
+        res = subprocess.run(
+            [*GF, "--db", str(db), "trace", "--pid", str(target.pid), "--lib", str(LIB),
+             "--fn", "gf_victim", "--duration", "1s", "-q"],
+            stdout=w, stderr=subprocess.PIPE, text=True, timeout=60,
+        )  # fmt: skip
+    finally:
+        os.close(w)
+    assert res.returncode == 1, res.stderr
+    assert "Traceback" not in res.stderr and "internal error" not in res.stderr, res.stderr
+    assert res.stderr.count("\n") == 1  # -q: the probes-live line only
+    with sqlite3.connect(db) as c:
+        assert c.execute("SELECT status FROM runs").fetchone() == ("done",)

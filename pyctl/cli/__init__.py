@@ -97,12 +97,6 @@ def main(argv: list[str] | None = None) -> None:
         click.echo(f"gpufault: {e.format_message()}", err=True)
         # Ours carry their status (RunFailed: 3); click's own say 1: make it 2.
         sys.exit(e.exit_code if isinstance(e, UserError) else errors.EXIT_USER)
-    except BrokenPipeError:
-        # stdout's reader left (`gpufault faults | head -1`): what it wanted is
-        # printed, and a run's evidence was written before its output. Quiet,
-        # with the status of a tool SIGPIPE ended; stdout goes to /dev/null
-        # so that the interpreter's last flush does not fail again.
-        _quiet_broken_pipe()
     except errors.user_error_types() as e:
         if _DEBUG:
             raise
@@ -118,18 +112,6 @@ def main(argv: list[str] | None = None) -> None:
         )
         sys.exit(errors.EXIT_INTERNAL)
     sys.exit(rc if isinstance(rc, int) else 0)
-
-
-def _quiet_broken_pipe() -> None:
-    import signal
-
-    try:
-        nul = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(nul, 1)
-        os.close(nul)
-    except OSError:
-        pass
-    sys.exit(128 + signal.SIGPIPE)
 
 
 __all__ = ["RunFailed", "UserError", "cli", "main", "run_specs", "start_notes", "user_errors"]
