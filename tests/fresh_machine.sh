@@ -6,8 +6,11 @@
 # (tracefs and debugfs unmounted there) and in a VM booted bare. Prints
 # FRESH-OK at the end; any step failing stops it with its status.
 set -eu
-db=${TMPDIR:-/tmp}/gf-fresh-$$.db
-trap 'rm -f "$db" "$db-wal" "$db-shm"' EXIT
+# A directory of root's alone (mktemp -d: 0700): gpufault refuses to write
+# a database where other users can create files, as in a sticky /tmp.
+dir=$(mktemp -d "${TMPDIR:-/tmp}/gf-fresh-XXXXXX")
+db=$dir/gf.db
+trap 'rm -rf "$dir"' EXIT
 echo "== mounts: $(awk '{print $3}' /proc/self/mounts | sort -u | tr '\n' ' ')"
 python3 -m pyctl doctor
 python3 -m pyctl demo --db "$db"

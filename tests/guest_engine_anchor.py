@@ -34,7 +34,10 @@ try:
     )
     insmod(ko, f"devices={bdf} bar0=0x0,0x4 watchdog_ms=100")
     t = Target()
-    db_path = "/tmp/gf.db"  # guest tmpfs: SQLite WAL needs shared mmap
+    # The guest's tmpfs (SQLite WAL needs shared mmap), in a directory of
+    # root's alone: a writer refuses a sticky /tmp (pyctl/evidence/dbfile.py).
+    os.makedirs("/tmp/gf", mode=0o700, exist_ok=True)
+    db_path = "/tmp/gf/gf.db"
     eng = Engine(
         [FaultSpec(lib=str(LIB), fn="gf_victim", action="signal", signo=28, nth=1, tgid=t.pid)],
         db_path=db_path,
