@@ -150,3 +150,26 @@ def test_broken_stdout_after_the_run_keeps_it_done(target: Target, tmp_path: Pat
     assert res.stderr.count("\n") == 1  # -q: the probes-live line only
     with sqlite3.connect(db) as c:
         assert c.execute("SELECT status FROM runs").fetchone() == ("done",)
+
+
+def test_closed_std_fds_get_dev_null_before_anything_opens() -> None:
+    """Started with fd 2 closed, the next file opened took number 2: a line
+    meant for stderr (ours, libbpf's, a `-- CMD` target's) went into it."""
+    code = (
+        "import os\n"
+        "from pyctl.outchan import fill_std_fds\n"
+        "fill_std_fds()\n"
+        "fd = os.open('/proc/self/stat', os.O_RDONLY)\n"
+        "print(fd, os.readlink('/proc/self/fd/2'), flush=True)\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=False,
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: os.close(2),
+        cwd=Path(__file__).resolve().parent.parent,
+        timeout=30,
+    )
+    fd, target = res.stdout.split()
+    assert int(fd) > 2 and target == "/dev/null", res.stdout
