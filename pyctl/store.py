@@ -92,12 +92,61 @@ def _uri(path: str, *, immutable: bool) -> str:
     return f"file:{quote(path)}?mode=ro" + ("&immutable=1" if immutable else "")
 
 
-def _validate(loc: dbfile.Located, p: Path) -> None:
+# The file as a writer last closed it, whole (no -wal left): (size,
+# mtime_ns, ctime_ns) by (st_dev, st_ino), in gpufault's root-only cache
+# (pyctl/diskcache.py). The file is root's alone in a directory of root's
+# alone (dbfile), so only root changes it, and any write moves its ctime,
+# which not even root can set back: the same triple means the same bytes
+# that were read whole, and quick_check (seconds on a large store) can be
+# skipped. Any difference, or no cache, means the full check.
+_CHECKED = "dbcheck"
+
+
+def _file_key(st: os.stat_result) -> str:
+    return f"{st.st_dev:x}-{st.st_ino:x}"
+
+
+def _file_state(st: os.stat_result) -> tuple[int, int, int]:
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _known_whole(st: os.stat_result) -> bool:
+    from pyctl import diskcache
+
+    return diskcache.load_obj(_CHECKED, _file_key(st)) == _file_state(st)
+
+
+def _note_whole(path: str, ident: tuple[int, int]) -> None:
+    """After a writer's close: the file it opened (path: the canonical one
+    it walked; ident: its st_dev, st_ino) as it is now, if nothing else
+    has it open for writing (its -wal is gone: the last connection
+    checkpointed it)."""
+    from pyctl import diskcache
+
+    try:
+        loc = dbfile.locate(path)
+    except (dbfile.UnsafePath, OSError):
+        return
+    try:
+        st = loc.lstat()
+        if st is None or (st.st_dev, st.st_ino) != ident:
+            return
+        if any(loc.lstat(s) is not None for s in ("-wal", "-journal")):
+            return
+        dbfile.check_file(st, path)
+        diskcache.store_obj(_CHECKED, _file_key(st), _file_state(st))
+    except (dbfile.UnsafePath, OSError):
+        return
+    finally:
+        loc.close()
+
+
+def _validate(loc: dbfile.Located, p: Path, *, pages: bool = True) -> None:
     """Everything that could refuse an existing file, on a read-only
     connection and before anything is written, chmod-ed or armed: SQLite
     and gpufault's, a schema ensure_schema can bring to the current one,
-    and every page readable (PRAGMA quick_check: a damaged page found
-    mid-run would come after the probes and the copilot)."""
+    and (pages) every page readable (PRAGMA quick_check: a damaged page
+    found mid-run would come after the probes and the copilot)."""
     try:
         con = sqlite3.connect(
             _uri(loc.path, immutable=loc.lstat("-wal") is None), uri=True, check_same_thread=False
@@ -108,7 +157,7 @@ def _validate(loc: dbfile.Located, p: Path) -> None:
         db = Database(con)
         _check_ours(db, p)
         schema.check(db)
-        bad = [r[0] for r in con.execute("PRAGMA quick_check(3)")]
+        bad = [r[0] for r in con.execute("PRAGMA quick_check(3)")] if pages else ["ok"]
         if bad != ["ok"]:
             raise StoreError(
                 f"{p}: damaged ({bad[0][:80]}); restore it from a copy or pass another --db"
@@ -239,7 +288,9 @@ def _open_writable(loc: dbfile.Located, p: Path) -> Database:
             except dbfile.UnsafePath as e:
                 raise StoreError(str(e)) from None
             if head:
-                _validate(loc, p)
+                # A file with a -wal is not as last closed: read it whole.
+                whole = loc.lstat("-wal") is None and _known_whole(fst)
+                _validate(loc, p, pages=not whole)
                 # Evidence is root's alone: a file already checked to be
                 # gpufault's and root's, never a foreign one.
                 if fst.st_mode & 0o777 != 0o600:
@@ -280,6 +331,8 @@ def _open_writable(loc: dbfile.Located, p: Path) -> Database:
     finally:
         os.umask(old)
     db.gf_created = created
+    canon, ident = loc.path, (fst.st_dev, fst.st_ino)
+    db.after_close = lambda: _note_whole(canon, ident)
     return db
 
 

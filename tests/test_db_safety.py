@@ -17,6 +17,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import evidence_rows
 import pytest
@@ -381,3 +382,33 @@ def test_a_foreign_database_is_refused_untouched(target: Target, tmp_path: Path,
     assert con.execute("PRAGMA journal_mode").fetchone() == ("delete",)
     con.close()
     assert [r[3] for r in target.victim(3)] == [2, 3, 4]
+
+
+def test_the_full_read_is_skipped_only_for_the_file_as_last_closed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """quick_check costs seconds on a large store: a file exactly as a
+    writer last closed it (size, mtime, ctime) was read whole already.
+    A write in between, by anyone, moves its ctime: read whole again."""
+    seen: list[bool] = []  # each open's `pages`: read every page
+    check = store._validate
+
+    def spy(loc: Any, p: Path, *, pages: bool = True) -> None:
+        seen.append(pages)
+        check(loc, p, pages=pages)
+
+    monkeypatch.setattr(store, "_validate", spy)
+    db = tmp_path / "gf.db"
+    gf_db(db)  # made and closed by store.open_db: noted as whole
+    store.open_db(db).close()
+    store.open_db(db).close()
+    assert seen == [False, False]
+    with open(db, "r+b") as f:  # the same bytes written back: same size, new mtime/ctime
+        head = f.read(100)
+        f.seek(0)
+        f.write(head)
+    store.open_db(db).close()
+    assert seen == [False, False, True]
+    monkeypatch.setenv("GPUFAULT_CACHE_DIR", "")  # no cache: always whole
+    store.open_db(db).close()
+    assert seen[-1] is True

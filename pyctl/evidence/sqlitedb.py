@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 
@@ -120,6 +120,8 @@ class Database:
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
         self.gf_created = False  # set by store.open_db: this process made the file
+        # Called once after close (store.open_db: note the file as checked).
+        self.after_close: Callable[[], None] | None = None
 
     def __getitem__(self, name: str) -> Table:
         return Table(self, name)
@@ -140,3 +142,6 @@ class Database:
 
     def close(self) -> None:
         self.conn.close()
+        then, self.after_close = self.after_close, None
+        if then is not None:
+            then()
