@@ -31,13 +31,12 @@ import os
 import queue
 import signal as _signal
 import struct
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyctl import store
+from pyctl import outchan, store
 from pyctl.bpf import abi
 from pyctl.bpf.ringbuf import split_span
 from pyctl.demangle import demangle
@@ -219,8 +218,10 @@ class EvidenceWriter:
         self.anchor_dev: Any = None  # gpufa.ko's device, where loaded (tagged per fault)
         self.on_fire: Callable[[dict[str, Any]], None] | None = None
         self._fired_rows: list[dict[str, Any]] = []  # stored, not yet handed to on_fire
-        # One-line notices for the user (the size cap); stderr by default.
-        self.on_notice: Callable[[str], None] = lambda m: print(m, file=sys.stderr)
+        # One-line notices for the user (the size cap); stderr by default, best
+        # effort: the cap's notice is said inside a batch's transaction, and a
+        # write that raised there (a closed stderr) rolled the batch back.
+        self.on_notice: Callable[[str], None] = outchan.echo
         self.max_db_bytes = max(0, int(max_db_bytes))  # 0: no cap
         self.capped = False
 
