@@ -268,3 +268,113 @@ def test_killed_chaos_process_leaves_nothing_armed(tmp_path: Path) -> None:
             chaos.kill()
             chaos.wait()
         assert s.close() == 0, s.stderr()
+
+
+# A process that calls gf_victim all the time: gf_target, driven by this
+# script (victim 1 every 5 ms, a pace, until its stdin closes), each call's
+# time and results as a JSON line in the file argv[1] (a pipe nobody reads
+# during the experiment would fill and stop the calls).
+DRIVER = """
+import json, os, sys, threading, time
+sys.path.insert(0, {tests!r})
+from gftarget import Target
+
+t = Target()
+print(t.pid, flush=True)
+stop = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+with open(sys.argv[1], "w") as log:
+    while not stop.is_set():
+        t0 = time.monotonic()
+        (_, tid, i, ret, out), = t.victim(1)
+        log.write(json.dumps({{"dt": time.monotonic() - t0, "ret": ret, "out": out}}) + "\\n")
+        stop.wait(0.005)
+t.close()
+"""
+
+
+def test_chaos_stall_and_corrupt_in_a_plain_process(tmp_path: Path) -> None:
+    from gftarget import LIB, TARGET
+
+    if not TARGET.exists():
+        pytest.skip("run `make build` (build/targets/gf_target)")
+    db, calls_log = tmp_path / "gf.db", tmp_path / "calls.jsonl"
+    drv = subprocess.Popen(
+        [sys.executable, "-c", DRIVER.format(tests=str(Path(__file__).parent)), str(calls_log)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert drv.stdout is not None and drv.stdin is not None
+        pid = int(drv.stdout.readline())
+        lib = str(LIB)
+        exp = {
+            "version": "1.0.0",
+            "title": "a stall and a corrupted output in gf_victim",
+            "description": "gpufault's stall and corrupt actions",
+            "method": [
+                _python(
+                    "stall",
+                    ACTIONS,
+                    "stall",
+                    pid=pid,
+                    lib=lib,
+                    fn="gf_victim",
+                    stall="300ms",
+                    nth=1,
+                    duration=30,
+                    db=str(db),
+                ),
+                # disarm releases a held thread at once: let the stall run out
+                dict(
+                    _python("stall-faults", PROBES, "faults", at_least=1, timeout=10),
+                    pauses={"after": 1},
+                ),
+                _python("disarm-stall", ACTIONS, "disarm"),
+                _python(
+                    "corrupt",
+                    ACTIONS,
+                    "corrupt",
+                    pid=pid,
+                    lib=lib,
+                    fn="gf_victim",
+                    corrupt="arg2:zero",
+                    nth=1,
+                    duration=30,
+                    db=str(db),
+                ),
+                _python("corrupt-faults", PROBES, "faults", at_least=1, timeout=10),
+                _python("corrupt-fires", PROBES, "fires"),
+            ],
+            "rollbacks": [_python("disarm-all", ACTIONS, "disarm")],
+        }
+        out = subprocess.run(
+            _chaos(tmp_path, exp, "--rollback-strategy", "always"),
+            cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        journal = json.loads((tmp_path / "journal.json").read_text())
+        assert out.returncode == 0 and journal["status"] == "completed", out.stdout + out.stderr
+        runs = _outputs(journal)
+        assert all(r["status"] == "succeeded" for r in runs.values()), runs
+        (st,) = runs["stall-faults"]["output"]
+        (co,) = runs["corrupt-faults"]["output"]
+        assert st["action"] == "stall" and co["action"] == "corrupt", (st, co)
+        assert st["fault_id"].startswith(runs["stall"]["output"]["run_id"] + "-")
+        assert co["fault_id"].startswith(runs["corrupt"]["output"]["run_id"] + "-")
+        assert runs["corrupt-fires"]["output"] == 1
+        after = code_at(pid, lib, "gf_victim")
+        assert after[0] == after[1], "a probe is still in gf_victim"
+        drv.stdin.close()
+        assert drv.wait(30) == 0
+        calls = [json.loads(ln) for ln in calls_log.read_text().splitlines()]
+        # What the process saw: one call held ~300 ms, one call whose output
+        # was not written (its pointer zeroed), every other call normal.
+        held = [c for c in calls if c["dt"] >= 0.3]
+        zeroed = [c for c in calls if c["out"] == 0]
+        assert len(held) == 1 and len(zeroed) == 1, (held, zeroed)
+        normal = [c for c in calls if c not in held and c not in zeroed]
+        assert normal and all(c["ret"] == 2 and c["out"] == 2 for c in normal)
+        assert calls[-1] in normal  # after the experiment
+    finally:
+        if drv.poll() is None:
+            drv.kill()
+            drv.wait()
