@@ -50,6 +50,16 @@ class StoreError(Exception):
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
+def damaged(e: sqlite3.Error) -> bool:
+    """The file's fault, not gpufault's: SQLITE_CORRUPT or SQLITE_NOTADB
+    (Python 3.10 has no error codes: there SQLite's corruption arrives as
+    the bare DatabaseError class)."""
+    code = getattr(e, "sqlite_errorcode", None)
+    if code is None:
+        return type(e) is sqlite3.DatabaseError
+    return code & 0xFF in (11, 26)  # SQLITE_CORRUPT, SQLITE_NOTADB
+
+
 def _is_default(p: Path) -> bool:
     try:
         return os.path.abspath(p) == os.path.abspath(DEFAULT_DB)
@@ -291,10 +301,10 @@ def _open_writable(loc: dbfile.Located, p: Path) -> Database:
                 # A file with a -wal is not as last closed: read it whole.
                 whole = loc.lstat("-wal") is None and _known_whole(fst)
                 _validate(loc, p, pages=not whole)
-                # Evidence is root's alone: a file already checked to be
-                # gpufault's and root's, never a foreign one.
-                if fst.st_mode & 0o777 != 0o600:
-                    os.fchmod(fd, 0o600)
+            # Evidence is root's alone: a file already checked to be root's
+            # and gpufault's (or empty), never a foreign one.
+            if fst.st_mode & 0o777 != 0o600:
+                os.fchmod(fd, 0o600)
         finally:
             # Closed BEFORE SQLite opens the file: closing any fd of a file
             # drops every POSIX lock this process holds on it, SQLite's

@@ -24,9 +24,13 @@ def damaged_is_one_line(db_path: str) -> Iterator[None]:
     file's header, owner and schema, not every page: a full check would
     cost a reader seconds on a large store) is the file's fault, not
     gpufault's: one line and exit 2, not an internal error."""
+    from pyctl import store
+
     try:
         yield
     except sqlite3.DatabaseError as e:
+        if not store.damaged(e):
+            raise  # a query's own error is gpufault's: the internal-error path
         raise UserError(f"{db_path}: {e}; restore it from a copy or pass another --db") from None
 
 

@@ -225,6 +225,9 @@ def locate(
             fd = nfd
             names.append(c)
             shared = _check_dir(fd, shown)
+    except OSError as e:  # a name that changed under a root-owned link, EACCES, ...
+        os.close(fd)
+        raise UnsafePath(f"{path}: {e.strerror or e}") from None
     except BaseException:
         os.close(fd)
         raise
