@@ -142,7 +142,7 @@ def text_stream(chan: Channel, like: TextIO | None = None) -> TextIO:
     """A text stream (as sys.stderr is) whose writes go into chan."""
     enc = getattr(like, "encoding", None) or "utf-8"
     return io.TextIOWrapper(
-        _ChannelRaw(chan),  # type: ignore[arg-type]
+        _ChannelRaw(chan),  # type: ignore[arg-type,type-var]
         encoding=enc,
         errors="backslashreplace",
         line_buffering=True,
