@@ -18,7 +18,7 @@ from pyctl.experiment import evidence as E
 from pyctl.experiment import files as F
 from pyctl.experiment.cli import experiment
 from pyctl.experiment.host import LocalFaultHost, StepRequest
-from pyctl.experiment.verdict import Findings, decide
+from pyctl.experiment.verdict import Findings, Verdict, decide
 from pyctl.spec import FaultSpec
 
 SHIPPED = ["control", "tokenizer-stall", "cuda-oom-degrade", "worker-hang-abort"]
@@ -214,6 +214,18 @@ def test_verdict_order() -> None:
     assert decide(Findings(abort="guard", failures=["p99"])).verdict == "aborted"
     v = decide(Findings(errors=["step 1 never fired"], abort="guard", failures=["x"]))
     assert (v.verdict, v.exit_code, v.reason) == ("error", 2, "step 1 never fired")
+
+
+def test_a_dead_target_is_the_first_reason_of_any_verdict() -> None:
+    died = "the target (pid 7) died during the experiment (killed by SIGABRT)"
+    assert decide(Findings(died=died)) == Verdict("fail", died)
+    v = decide(Findings(died=died, failures=["p99", "judge"]))
+    assert (v.verdict, v.reason) == ("fail", f"{died}; p99 (+1 more)")
+    v = decide(Findings(died=died, abort="guard health"))
+    assert (v.verdict, v.reason) == ("aborted", f"{died}; guard health")
+    # The step never fired because the target was gone: still said first.
+    v = decide(Findings(died=died, errors=["step 1 never fired"]))
+    assert (v.verdict, v.reason) == ("error", f"{died}; step 1 never fired")
 
 
 def test_evidence_rows_in_one_transaction(tmp_path: Path) -> None:

@@ -1085,7 +1085,7 @@ class Run:
             )
         if getattr(self, "target_died", None):
             # The first thing a user must hear: every later breach follows from it.
-            f.failures.append(self.target_died)
+            f.died = self.target_died
         if not getattr(self, "before_ok", True):
             bad = [h for h in self.rec.hypotheses if h[0] == "before" and not h[2]]
             what = ", ".join(f"{h[1]} {h[3]} (want {h[4]})" for h in bad[:3])

@@ -9,6 +9,9 @@ Order matters (the first that applies wins):
 3. fail: a hypothesis (during or after) was breached, the judge found the
    fault window worse than the baseline, or an expectation was not met;
 4. pass.
+A target that died during the run is said first in any of them (it is
+what a user must hear first: a step that never fired, a guard's abort or
+a breach usually follows from it); alone, it is a fail.
 Exit status of `gpufault experiment run`: 0 pass, 1 fail, 2 error, 3 aborted.
 """
 
@@ -24,6 +27,7 @@ class Findings:
     errors: list[str] = field(default_factory=list)
     abort: str | None = None
     failures: list[str] = field(default_factory=list)
+    died: str | None = None  # the target's death, if it died during the run
 
 
 @dataclass(frozen=True)
@@ -36,15 +40,18 @@ class Verdict:
         return EXIT[self.verdict]
 
 
+def _reason(died: str | None, items: list[str]) -> str:
+    head = items[0] + (f" (+{len(items) - 1} more)" if len(items) > 1 else "") if items else ""
+    return "; ".join(x for x in (died, head) if x)
+
+
 def decide(f: Findings) -> Verdict:
     if f.errors:
-        more = f" (+{len(f.errors) - 1} more)" if len(f.errors) > 1 else ""
-        return Verdict("error", f.errors[0] + more)
+        return Verdict("error", _reason(f.died, f.errors))
     if f.abort:
-        return Verdict("aborted", f.abort)
-    if f.failures:
-        more = f" (+{len(f.failures) - 1} more)" if len(f.failures) > 1 else ""
-        return Verdict("fail", f.failures[0] + more)
+        return Verdict("aborted", _reason(f.died, [f.abort]))
+    if f.failures or f.died:
+        return Verdict("fail", _reason(f.died, f.failures))
     return Verdict("pass", "steady state held, every expectation met")
 
 
