@@ -148,6 +148,7 @@ def test_wheel_is_platform_tagged_and_carries_the_binaries(wheel: Path) -> None:
         modes = {i.filename: i.external_attr >> 16 for i in z.infolist()}
         wheel_meta = z.read(f"gpufault-{__version__}.dist-info/WHEEL").decode()
         meta = z.read(f"gpufault-{__version__}.dist-info/METADATA").decode()
+        entry_points = z.read(f"gpufault-{__version__}.dist-info/entry_points.txt").decode()
     for a in ARTIFACTS:
         rel = a.relative_to(paths.PACKAGE.parent).as_posix()
         assert rel in names, rel
@@ -161,6 +162,11 @@ def test_wheel_is_platform_tagged_and_carries_the_binaries(wheel: Path) -> None:
     assert "Root-Is-Purelib: false" in wheel_meta
     assert "Requires-Python: >=3.10" in meta
     assert 'tomli>=1.1; python_version < "3.11"' in meta
+    # The pytest plugin is found through its entry point, the Chaos Toolkit
+    # extension by module name (docs/api.md).
+    assert "[pytest11]\ngpufault = pyctl.pytest_plugin" in entry_points, entry_points
+    assert {"pyctl/pytest_plugin.py", "pyctl/api/asserts.py"} <= names
+    assert {f"pyctl/chaostoolkit/{m}.py" for m in ("__init__", "actions", "probes")} <= names
 
 
 @pytest.mark.parametrize("python", _interpreters())
