@@ -344,6 +344,18 @@ def test_chaos_stall_and_corrupt_in_a_plain_process(tmp_path: Path) -> None:
                 ),
                 _python("corrupt-faults", PROBES, "faults", at_least=1, timeout=10),
                 _python("corrupt-fires", PROBES, "fires"),
+                _python("disarm-corrupt", ACTIONS, "disarm"),
+                # A trace of the calls now, for 1 s: the summary into the journal.
+                _python(
+                    "trace",
+                    PROBES,
+                    "trace_summary",
+                    pid=pid,
+                    lib=lib,
+                    fn="gf_victim",
+                    duration=1,
+                    db=str(db),
+                ),  # fmt: skip
             ],
             "rollbacks": [_python("disarm-all", ACTIONS, "disarm")],
         }
@@ -361,6 +373,10 @@ def test_chaos_stall_and_corrupt_in_a_plain_process(tmp_path: Path) -> None:
         assert st["fault_id"].startswith(runs["stall"]["output"]["run_id"] + "-")
         assert co["fault_id"].startswith(runs["corrupt"]["output"]["run_id"] + "-")
         assert runs["corrupt-fires"]["output"] == 1
+        trace = runs["trace"]["output"]
+        (fs,) = trace["functions"]
+        assert fs["function"] == "gf_victim" and fs["calls"] >= 10 and trace["calls"] == fs["calls"]
+        assert fs["latency_ns"]["count"] == fs["calls"], fs  # every call completed
         after = code_at(pid, lib, "gf_victim")
         assert after[0] == after[1], "a probe is still in gf_victim"
         drv.stdin.close()
