@@ -14,11 +14,8 @@ import sys
 
 import click
 
-from pyctl import paths, query, store
+from pyctl import api, paths
 from pyctl.engine import EngineError
-from pyctl.run_options import RunOptions
-from pyctl.runner import Runner, Target
-from pyctl.spec import FaultSpec
 
 WORKLOAD = paths.DOUBLE_INFER
 DOUBLE = paths.DOUBLE_LIBCUDA
@@ -26,60 +23,49 @@ OOM = 2  # CUDA_ERROR_OUT_OF_MEMORY
 
 
 def run(db_path: str, *, threads: int = 2, steps: int = 6) -> int:
+    """Through the library, as a user's harness would: a Fault, a command
+    Target, a session, its faults' evidence."""
     for p in paths.missing(WORKLOAD, DOUBLE):
         raise EngineError(paths.hint(p))
-    spec = FaultSpec(
-        lib=str(DOUBLE),
-        fn="cuMemAlloc_v2",
-        action="fail",
-        ret=OOM,
-        ret_text="CUDA_ERROR_OUT_OF_MEMORY",
-        nth=3,
-        trace=True,
-    ).validate()
+    spec = api.Fault.fail(str(DOUBLE), "cuMemAlloc_v2", ret="CUDA_ERROR_OUT_OF_MEMORY", nth=3,
+                          trace=True)  # fmt: skip
     cmd = [str(WORKLOAD), "--threads", str(threads), "--steps", str(steps)]
     click.echo(f"demo: {' '.join(cmd)}  (libcuda test double, CPU only)", err=True)
     click.echo(f"demo: arming {spec.describe()}", err=True)
-    opts = RunOptions(db_path=db_path, argv=("gpufault", "demo"), kind="demo", quiet=True)
-    r = Runner([spec], Target(cmd=cmd), opts)
     # The workload must bind to the double: on a GPU host LD_LIBRARY_PATH
     # names the real libcuda, and LD_LIBRARY_PATH wins over the workload's
     # RUNPATH (gpufault demo from the wheel once traced 0 calls there). The
-    # command inherits this environment; gpufault's own is put back after.
+    # command inherits this environment (it is started inside arm());
+    # gpufault's own is put back after.
     saved = os.environ.get("LD_LIBRARY_PATH")
     os.environ["LD_LIBRARY_PATH"] = str(DOUBLE.parent) + (f":{saved}" if saved else "")
     try:
-        eng = r.start()
+        h = api.arm(spec, api.Target.run(cmd), db=db_path, kind="demo")
     finally:
         if saved is None:
             os.environ.pop("LD_LIBRARY_PATH", None)
         else:
             os.environ["LD_LIBRARY_PATH"] = saved
-    click.echo(f"demo: run {eng.run_id}, mechanism {eng.mechanism}", err=True)
-    try:
-        rc = r.loop()
-    finally:
-        r.finish(status="done", exit_code=None)
-    db = store.open_db(db_path)
-    rows = query.faults(db, run_id=eng.run_id)
-    calls = db.conn.execute("SELECT count(*) FROM calls WHERE run_id=?", (eng.run_id,)).fetchone()[
-        0
-    ]
+    click.echo(f"demo: run {h.run_id}, mechanism {h.mechanism}", err=True)
+    with h:
+        h.wait()  # the workload's exit ends the session; Ctrl-C disarms on the way out
+    if h.error is not None:
+        raise h.error
+    rc = h.exit_code or 0
+    faults = h.faults()
+    calls = h.summary().calls
     click.echo(
         f"\ndemo: workload exited {rc}; {calls} cuMemAlloc_v2 calls traced, "
-        f"{len(rows)} fault(s) fired\n"
+        f"{len(faults)} fault(s) fired\n"
     )
-    for row in rows:
-        doc = query.fault_chain(db, row["fault_id"])
-        assert doc is not None
-        click.echo(query.render_chain(doc))
+    for f in faults:
+        click.echo(f.show())
         click.echo("")
     click.echo(
-        f"Ask the database yourself: gpufault show {rows[0]['fault_id'] if rows else '-'} "
+        f"Ask the database yourself: gpufault show {faults[0].fault_id if faults else '-'} "
         f"--db {db_path}   or   sqlite3 {db_path} 'select * from faults'"
     )
-    db.close()
-    if not rows:
+    if not faults:
         click.echo("demo: no fault fired (unexpected)", err=True)
         sys.exit(1)
     return rc

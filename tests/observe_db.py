@@ -13,29 +13,10 @@ from typing import Any
 
 from pyctl import store
 from pyctl.anchors import store as anchor_store
+from pyctl.evidence import schema
 
-EXPERIMENT_DDL = """
-CREATE TABLE IF NOT EXISTS experiments(id TEXT PRIMARY KEY, name TEXT, version INTEGER,
-  file TEXT, slo_id TEXT, started_at REAL, ended_at REAL, verdict TEXT, reason TEXT,
-  settings TEXT, host TEXT);
-CREATE TABLE IF NOT EXISTS experiment_steps(experiment_id TEXT, idx INTEGER, name TEXT,
-  template TEXT, spec TEXT, run_id TEXT, planned_start REAL, planned_duration REAL,
-  started_at REAL, ended_at REAL, fires INTEGER, status TEXT, PRIMARY KEY(experiment_id, idx));
-CREATE TABLE IF NOT EXISTS probe_samples(experiment_id TEXT, probe TEXT, phase TEXT, at REAL,
-  ok INTEGER, value REAL, detail TEXT);
-CREATE TABLE IF NOT EXISTS load_windows(experiment_id TEXT, start REAL, end REAL,
-  count INTEGER, p50 REAL, p95 REAL, p99 REAL, error_rate REAL, throughput REAL, phase TEXT);
-CREATE TABLE IF NOT EXISTS hypothesis_results(experiment_id TEXT, phase TEXT, probe TEXT,
-  ok INTEGER, value TEXT, tolerance TEXT, detail TEXT);
-CREATE TABLE IF NOT EXISTS judgements(experiment_id TEXT, metric TEXT, baseline_n INTEGER,
-  window_n INTEGER, p_value REAL, effect REAL, worse INTEGER, reason TEXT);
-CREATE TABLE IF NOT EXISTS expectations(experiment_id TEXT, name TEXT, ok INTEGER,
-  value REAL, detail TEXT);
-CREATE TABLE IF NOT EXISTS remediations(experiment_id TEXT, command TEXT, started_at REAL,
-  ended_at REAL, rc INTEGER);
-CREATE TABLE IF NOT EXISTS xids(id INTEGER PRIMARY KEY, fault_id TEXT, run_id TEXT, dev TEXT,
-  error_code INTEGER, msg TEXT, ts_ns INTEGER, pid INTEGER, tid INTEGER, rule TEXT);
-"""
+# The experiment tables as gpufault defines them (pyctl/evidence/schema.py).
+EXPERIMENT_DDL = schema.script(schema.EXPERIMENT_TABLES)
 
 T0 = 1_796_000_000.0  # a fixed wall clock: reports render the same every time
 

@@ -21,22 +21,56 @@ plugin and the Chaos Toolkit extension are its clients.
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from pyctl import __version__
-from pyctl.api.asserts import assert_fired, assert_followed
-from pyctl.api.errors import (
-    BadInput,
-    EvidenceWriteError,
-    ExperimentFailed,
-    GpufaultError,
-    MissingPrerequisite,
-    TargetGone,
-)
-from pyctl.api.evidence import Evidence, FaultRecord, open_evidence
-from pyctl.api.faults import Fault
-from pyctl.api.runs import ExperimentVerdict, load_experiment, run_experiment, trace
-from pyctl.api.session import Counters, Fire, IsolatedSession, Session, arm
-from pyctl.api.target import Target
-from pyctl.spec import FaultSpec
+
+# Loaded on first use (PEP 562): the CLI's start path imports
+# pyctl.api.foreground alone, and `trace` start-up pays for nothing else.
+_WHERE = {
+    "assert_fired": "asserts", "assert_followed": "asserts",
+    "BadInput": "errors", "EvidenceWriteError": "errors", "ExperimentFailed": "errors",
+    "GpufaultError": "errors", "MissingPrerequisite": "errors", "TargetGone": "errors",
+    "Evidence": "evidence", "FaultRecord": "evidence", "open_evidence": "evidence",
+    "Fault": "faults",
+    "ExperimentVerdict": "runs", "load_experiment": "runs", "run_experiment": "runs",
+    "trace": "runs",
+    "Counters": "session", "Fire": "session", "IsolatedSession": "session",
+    "Session": "session", "arm": "session",
+    "Target": "target",
+}  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    if name == "FaultSpec":
+        from pyctl.spec import FaultSpec
+
+        return FaultSpec
+    mod = _WHERE.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'pyctl.api' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"pyctl.api.{mod}"), name)
+    globals()[name] = value
+    return value
+
+
+if TYPE_CHECKING:
+    from pyctl.api.asserts import assert_fired, assert_followed
+    from pyctl.api.errors import (
+        BadInput,
+        EvidenceWriteError,
+        ExperimentFailed,
+        GpufaultError,
+        MissingPrerequisite,
+        TargetGone,
+    )
+    from pyctl.api.evidence import Evidence, FaultRecord, open_evidence
+    from pyctl.api.faults import Fault
+    from pyctl.api.runs import ExperimentVerdict, load_experiment, run_experiment, trace
+    from pyctl.api.session import Counters, Fire, IsolatedSession, Session, arm
+    from pyctl.api.target import Target
+    from pyctl.spec import FaultSpec
 
 __all__ = [
     "__version__",

@@ -296,7 +296,8 @@ def _run_specs(
     cmd: tuple[str, ...],
     on_end: Callable[[Any], None] | None,
 ) -> None:
-    from pyctl.runner import Target, run
+    # The library's foreground session: the CLI prints, the API runs.
+    from pyctl.api.foreground import run_foreground
 
     quiet = options.quiet
 
@@ -344,10 +345,12 @@ def _run_specs(
             lines.fire(row)
 
     try:
-        rc, eng = run(
+        rc, eng = run_foreground(
             specs,
-            Target(pid=pid, tid=tid, cmd=cmd),
             options,
+            pid=pid,
+            tid=tid,
+            cmd=cmd,
             on_start=started,
             on_fire=fired if metrics.enabled or not quiet else None,
             on_xid=None if quiet else (lambda x: say(f"XID {x.error_code} on {x.dev}: {x.msg}")),

@@ -22,37 +22,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pyctl import store
+from pyctl.evidence import schema
 
-EXPERIMENT_DDL = """
-CREATE TABLE IF NOT EXISTS experiments (
-    id TEXT PRIMARY KEY, name TEXT, version INTEGER, file TEXT, slo_id TEXT,
-    started_at REAL, ended_at REAL, verdict TEXT, reason TEXT,
-    settings TEXT /* JSON: knobs after --set, the file's expanded content */, host TEXT);
-CREATE TABLE IF NOT EXISTS experiment_steps (
-    experiment_id TEXT REFERENCES experiments(id), idx INTEGER, name TEXT, template TEXT,
-    spec TEXT /* JSON */, run_id TEXT, planned_start REAL, planned_duration REAL,
-    started_at REAL, ended_at REAL, fires INTEGER, status TEXT,
-    PRIMARY KEY (experiment_id, idx));
-CREATE TABLE IF NOT EXISTS probe_samples (
-    experiment_id TEXT, probe TEXT, phase TEXT /* baseline|fault|recovery|after */, at REAL,
-    ok INTEGER, value REAL, detail TEXT);
-CREATE TABLE IF NOT EXISTS load_windows (
-    experiment_id TEXT, start REAL, end REAL, count INTEGER, p50 REAL, p95 REAL, p99 REAL,
-    error_rate REAL, throughput REAL, phase TEXT);
-CREATE TABLE IF NOT EXISTS hypothesis_results (
-    experiment_id TEXT, phase TEXT /* before|during|after */, probe TEXT, ok INTEGER,
-    value TEXT, tolerance TEXT, detail TEXT);
-CREATE TABLE IF NOT EXISTS judgements (
-    experiment_id TEXT, metric TEXT, baseline_n INTEGER, window_n INTEGER, p_value REAL,
-    effect REAL, worse INTEGER, reason TEXT);
-CREATE TABLE IF NOT EXISTS expectations (
-    experiment_id TEXT, name TEXT, ok INTEGER, value REAL, detail TEXT);
-CREATE TABLE IF NOT EXISTS remediations (
-    experiment_id TEXT, command TEXT, started_at REAL, ended_at REAL, rc INTEGER);
-CREATE INDEX IF NOT EXISTS experiment_steps_run ON experiment_steps(run_id);
-CREATE INDEX IF NOT EXISTS probe_samples_exp ON probe_samples(experiment_id);
-CREATE INDEX IF NOT EXISTS load_windows_exp ON load_windows(experiment_id);
-"""
+# The experiment tables are defined once, in pyctl/evidence/schema.py; this
+# is their CREATE script (kept under the old name for its readers).
+EXPERIMENT_DDL = schema.script(schema.EXPERIMENT_TABLES)
 
 
 def new_id() -> str:
