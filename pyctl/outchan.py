@@ -175,6 +175,11 @@ def install_stderr() -> Channel | None:
     chan = Channel(fd)
     _Installed.chan, _Installed.saved = chan, cur
     _Installed.stream = sys.stderr = text_stream(chan, cur)
+    import atexit
+
+    # A line queued after settle_stderr left the channel in place (the
+    # command's last error line) gets a short last chance at exit.
+    atexit.register(chan.flush, SETTLE_S / 2)
     return chan
 
 
