@@ -116,3 +116,30 @@ def test_bad_metrics_addr_is_one_line_and_arms_nothing(tmp_path: Path) -> None:
     assert p.returncode == 2, p.stderr
     assert p.stderr.count("\n") == 1 and "--metrics-addr" in p.stderr, p.stderr
     assert not (tmp_path / "gf.db").exists()
+
+
+def test_a_bare_port_is_loopback_and_the_line_names_what_is_bound(tmp_path: Path) -> None:
+    """`--metrics-addr :PORT` listened on every interface and printed
+    127.0.0.1 (issue 25 item 6): now it binds 127.0.0.1, and the line says
+    the address the socket has (checked in /proc/net/tcp, not trusted)."""
+    from test_observe_metrics import _listening
+
+    t = Target()
+    try:
+        argv = [sys.executable, "-m", "pyctl", *on_victim("trace", t.pid), "--db",
+                str(tmp_path / "gf.db"), "--metrics-addr", ":0"]  # fmt: skip
+        ctl, started = start_controller(argv, cwd=REPO)
+    except BaseException:
+        t.close()
+        raise
+    try:
+        urls = [m.group(1) for ln in started if (m := re.search(r"metrics: (http://\S+)", ln))]
+        assert len(urls) == 1, started
+        m = re.fullmatch(r"http://127\.0\.0\.1:(\d+)/metrics", urls[0])
+        assert m, urls
+        assert _listening(int(m.group(1))) == {"0100007F"}
+    finally:
+        ctl.send_signal(signal.SIGINT)
+        finish(ctl, 60)
+        t.close()
+    assert ctl.returncode == 0

@@ -4,6 +4,7 @@ the text format read back with prometheus_client's parser."""
 from __future__ import annotations
 
 import urllib.request
+from pathlib import Path
 
 import click
 import pytest
@@ -26,12 +27,35 @@ def scrape(m: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 
 def test_parse_addr() -> None:
-    assert parse_addr(":9464") == ("0.0.0.0", 9464)
+    assert parse_addr(":9464") == ("127.0.0.1", 9464)  # loopback unless an address is given
+    assert parse_addr("0.0.0.0:9464") == ("0.0.0.0", 9464)
     assert parse_addr("127.0.0.1:0") == ("127.0.0.1", 0)
     assert parse_addr("[::1]:9464") == ("::1", 9464)
     for bad in ("9464", "host:", "host:99999", "a:b"):
         with pytest.raises(ObserveError, match="expected HOST:PORT"):
             parse_addr(bad)
+
+
+def _listening(port: int) -> set[str]:
+    """Local addresses (hex, as /proc/net/tcp writes them) listening on port."""
+    out = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        addr, _, p = local.partition(":")
+        if int(p, 16) == port and state == "0A":  # TCP_LISTEN
+            out.add(addr)
+    return out
+
+
+def test_a_bare_port_binds_loopback_and_says_what_it_bound() -> None:
+    """:PORT listened on 0.0.0.0 and printed 127.0.0.1 (issue 25 item 6)."""
+    with Metrics.start(":0") as m:
+        assert m._server.socket.getsockname()[0] == "127.0.0.1"
+        assert _listening(m.port) == {"0100007F"}  # 127.0.0.1, not 00000000
+        assert m.url == f"http://127.0.0.1:{m.port}/metrics"
+    with Metrics.start("0.0.0.0:0") as m:  # all interfaces, when asked by address
+        assert _listening(m.port) == {"00000000"}
+        assert m.url == f"http://0.0.0.0:{m.port}/metrics"  # what is bound, as it is
 
 
 def test_noop_without_address() -> None:

@@ -293,7 +293,8 @@ metrics_addr_option = click.option(
     envvar="GPUFAULT_METRICS_ADDR",
     default=None,
     callback=_metrics_addr,
-    help="serve gpufault's Prometheus metrics here while it runs (:PORT = all interfaces)",
+    help="serve gpufault's Prometheus metrics here while it runs (:PORT = 127.0.0.1; "
+    "0.0.0.0:PORT for all interfaces)",
 )
 
 

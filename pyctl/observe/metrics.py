@@ -44,19 +44,22 @@ VERDICTS = ("pass", "fail", "aborted", "error")
 
 
 def parse_addr(text: str) -> tuple[str, int]:
-    """'HOST:PORT', ':PORT' (all interfaces), '[::1]:PORT' -> (host, port).
+    """'HOST:PORT', ':PORT' (loopback), '[::1]:PORT' -> (host, port).
 
+    A bare :PORT is 127.0.0.1: the metrics name the target's functions and
+    faults, which other machines have no business reading; all interfaces
+    only when asked for by address (0.0.0.0:PORT, [::]:PORT).
     ObserveError names the option and what is expected."""
     t = text.strip()
     host, sep, port = t.rpartition(":")
     if not sep or not port.isdigit() or int(port) > 65535:
         raise ObserveError(
-            f"--metrics-addr {text!r}: expected HOST:PORT or :PORT (all interfaces), "
-            "e.g. 127.0.0.1:9464 or :9464"
+            f"--metrics-addr {text!r}: expected HOST:PORT or :PORT (127.0.0.1), "
+            "e.g. :9464 or 0.0.0.0:9464 (all interfaces)"
         )
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
-    return host or "0.0.0.0", int(port)
+    return host or "127.0.0.1", int(port)
 
 
 class _Quiet(WSGIRequestHandler):
@@ -146,8 +149,9 @@ class Metrics:
                 f"--metrics-addr {host}:{port}: {e.strerror or e}; pick another port"
             ) from None
         bound_host, bound_port = (str(a) for a in self._server.server_address[:2])
-        shown = "127.0.0.1" if bound_host in ("0.0.0.0", "") else bound_host
-        shown = f"[{shown}]" if ":" in shown else shown
+        # What is bound, as it is (0.0.0.0 says "every interface"), never a
+        # friendlier address than the socket's.
+        shown = f"[{bound_host}]" if ":" in bound_host else bound_host
         self.url = f"http://{shown}:{bound_port}/metrics"
         self.port = int(bound_port)
         self._thread = threading.Thread(
