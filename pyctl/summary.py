@@ -442,7 +442,9 @@ def render(s: Summary, width: int = WIDTH) -> str:
         out.append("")
         lib = f.library.rsplit("/", 1)[-1]
         who = f"  tid {f.tid}" if f.tid is not None else ""
-        out.append(f"{f.function}  ({lib}){who}"[:width])
+        head_line = f"{f.function}  ({lib}){who}"
+        # Cut, it says so (a demangled C++ name is often longer than a line).
+        out.append(head_line if len(head_line) <= width else head_line[: width - 1] + "\u2026")
         out.extend(_errors_lines(f, width))
         if f.latency is not None:
             L = f.latency
