@@ -14,22 +14,11 @@ from __future__ import annotations
 
 import sys
 
+from pyctl.argv import command_of
+
 # The commands whose start-up is the time to probes live (pyctl/cli: they
 # also register alone instead of importing every command module).
 ATTACH_COMMANDS = ("trace", "inject")
-
-
-def command_of(argv: list[str]) -> str | None:
-    """The command word after the root group's own options (--debug, --db
-    PATH, --db=PATH), or None when there is none."""
-    i = 0
-    while (
-        i < len(argv)
-        and argv[i] in ("--debug", "--db")
-        or (i < len(argv) and argv[i].startswith("--db="))
-    ):
-        i += 2 if argv[i] == "--db" else 1
-    return argv[i] if i < len(argv) else None
 
 
 def attaches(argv: list[str]) -> bool:

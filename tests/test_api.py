@@ -203,3 +203,34 @@ def test_trace_and_a_sessions_summary_as_data(target: Target, tmp_path: Path) ->
     assert [g.calls for g in s.functions] == [0] and s.run_id != h.run_id
     with pytest.raises(BadInput, match="give duration="):
         gpufault.trace(target.pid, *VICTIM, db=tmp_path / "gf.db")
+
+
+@requires_root
+def test_an_isolated_session_outlives_the_thread_that_armed_it(
+    target: Target, tmp_path: Path
+) -> None:
+    """PR_SET_PDEATHSIG follows the forking thread: the child is forked by
+    the library's own long-lived launcher, so a session armed from a
+    short-lived thread keeps firing after that thread is gone."""
+    box: list[object] = []
+    th = threading.Thread(
+        target=lambda: box.append(
+            gpufault.arm(
+                Fault.fail(*VICTIM, ret=-4, sticky=True),
+                target.pid,
+                db=tmp_path / "gf.db",
+                duration=60,
+                isolate=True,
+            )  # fmt: skip
+        )
+    )
+    th.start()
+    th.join()
+    (h,) = box
+    assert isinstance(h, gpufault.IsolatedSession)
+    try:
+        assert [r[3] for r in target.victim(2)] == [-4, -4]
+        assert h.active and h.proc is not None and h.proc.poll() is None
+    finally:
+        h.disarm()
+    assert h.proc.returncode == 0 and h.status == "done"

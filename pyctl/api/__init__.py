@@ -4,19 +4,21 @@
     from gpufault import Fault
 
     spec = Fault.fail("libcuda", "cuMemAlloc_v2", ret="CUDA_ERROR_OUT_OF_MEMORY", nth=3)
-    with gpufault.arm(spec, 1234, db="/tmp/gf.db", duration=30) as h:
+    with gpufault.arm(spec, 1234, db="/var/lib/gpufault/qa.db", duration=30) as h:
         h.wait_fires(1, timeout=10)
         for f in h.faults():
             print(f.show())
 
 Stable names (docs/api.md): Fault, Target, arm, Session, IsolatedSession,
-Counters, Fire, trace, run_experiment, load_experiment, ExperimentVerdict,
+Counters, Fire, trace,
 Evidence, FaultRecord, open_evidence, FaultSpec, and the errors
 GpufaultError > BadInput, MissingPrerequisite, TargetGone,
 EvidenceWriteError, ExperimentFailed; for tests, assert_fired and
 assert_followed (pyctl/api/asserts.py). The `gpufault` package re-exports
-this module; the CLI, the experiment runner's fault steps, the pytest
-plugin and the Chaos Toolkit extension are its clients.
+this module and the experiment layer's run_experiment, load_experiment and
+ExperimentVerdict (pyctl/experiment/public.py); the CLI, the experiment
+runner's fault steps, the pytest plugin and the Chaos Toolkit extension are
+its clients.
 """
 
 from __future__ import annotations
@@ -34,7 +36,6 @@ _WHERE = {
     "GpufaultError": "errors", "MissingPrerequisite": "errors", "TargetGone": "errors",
     "Evidence": "evidence", "FaultRecord": "evidence", "open_evidence": "evidence",
     "Fault": "faults",
-    "ExperimentVerdict": "runs", "load_experiment": "runs", "run_experiment": "runs",
     "trace": "runs",
     "Counters": "session", "Fire": "session", "IsolatedSession": "session",
     "Session": "session", "arm": "session",
@@ -67,7 +68,7 @@ if TYPE_CHECKING:
     )
     from pyctl.api.evidence import Evidence, FaultRecord, open_evidence
     from pyctl.api.faults import Fault
-    from pyctl.api.runs import ExperimentVerdict, load_experiment, run_experiment, trace
+    from pyctl.api.runs import trace
     from pyctl.api.session import Counters, Fire, IsolatedSession, Session, arm
     from pyctl.api.target import Target
     from pyctl.spec import FaultSpec
@@ -83,9 +84,6 @@ __all__ = [
     "Counters",
     "Fire",
     "trace",
-    "run_experiment",
-    "load_experiment",
-    "ExperimentVerdict",
     "Evidence",
     "FaultRecord",
     "open_evidence",

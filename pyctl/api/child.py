@@ -73,7 +73,11 @@ def main() -> int:
     out = _Out()
     from pyctl.sigmask import block_sigchld
 
-    # Before any thread starts: only the copilot's tracer takes SIGCHLD.
+    # The launcher thread that forked us blocks SIGCHLD, and a mask is
+    # inherited: unblock first, so that the "original" mask a started
+    # command gets (pyctl/sigmask.py) has SIGCHLD open. Then block it before
+    # any thread starts: only the copilot's tracer takes SIGCHLD.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
     block_sigchld()
     # stdout/stderr of the library (warnings, prints) must not mix into the
     # protocol: fd 1 becomes stderr.
@@ -155,6 +159,10 @@ def main() -> int:
     counters()
     if session.error is not None:
         out.send(event="error", type=type(session.error).__name__, message=str(session.error))
+    # From here a late SIGTERM (the parent's disarm crossing our end) must
+    # not turn a finished run into exit -15.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     out.send(
         event="end", status=session.status, exit_code=session.exit_code,
         ended_at=session.ended_at or time.time(),

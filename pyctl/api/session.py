@@ -3,7 +3,7 @@ or the target's end; live counters; the evidence of its fault IDs.
 
     with gpufault.arm(Fault.fail("libcuda", "cuMemAlloc_v2",
                                  ret="CUDA_ERROR_OUT_OF_MEMORY", nth=3),
-                      pid, db="/tmp/gf.db", duration=30) as h:
+                      pid, db="/var/lib/gpufault/qa.db", duration=30) as h:
         h.wait_fires(1, timeout=10)
         print(h.faults()[0].show())
 
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -445,7 +446,7 @@ class IsolatedSession(_Base):
             "settings": self.settings.to_json(),
             "parent": os.getpid(),
         }
-        self.proc = subprocess.Popen(
+        self.proc = _LAUNCHER.popen(
             # The db and kind in argv say in `ps` which controller writes
             # where (the child reads its request from stdin only).
             module_argv(
@@ -538,9 +539,11 @@ class IsolatedSession(_Base):
         return None if self.proc is None else self.proc.poll()
 
     def stop(self) -> None:
-        """Ask the child to disarm (SIGTERM); returns at once."""
+        """Ask the child to disarm (SIGTERM); returns at once. Not once it
+        said it ended: a SIGTERM then lands in its interpreter's shutdown,
+        after its handlers are gone, and turns a clean exit into -15."""
         p = self.proc
-        if p is not None and p.poll() is None:
+        if p is not None and p.poll() is None and self.ended_at is None:
             try:
                 p.send_signal(signal.SIGTERM)
             except ProcessLookupError:
@@ -563,6 +566,47 @@ class IsolatedSession(_Base):
                 p.stdin.close()
             except OSError:
                 pass
+
+
+class _Launcher:
+    """One long-lived thread forks every child controller. The child asks
+    for PR_SET_PDEATHSIG, which the kernel sends when the *thread* that
+    forked it exits: a session armed from asyncio.to_thread or a pool
+    thread would otherwise lose its controller with that thread. SIGCHLD
+    is blocked in it like in every controller thread (pyctl/sigmask.py)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._jobs: queue.Queue[tuple[tuple[Any, ...], dict[str, Any], list[Any], threading.Event]]
+        self._jobs = queue.Queue()
+        self._thread: threading.Thread | None = None
+
+    def popen(self, *args: Any, **kw: Any) -> subprocess.Popen[bytes]:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="gf-launcher", daemon=True)
+                self._thread.start()
+        box: list[Any] = [None, None]
+        done = threading.Event()
+        self._jobs.put((args, kw, box, done))
+        done.wait()
+        if box[1] is not None:
+            raise box[1]
+        return box[0]  # type: ignore[no-any-return]
+
+    def _run(self) -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+        while True:
+            args, kw, box, done = self._jobs.get()
+            try:
+                box[0] = subprocess.Popen(*args, **kw)
+            except BaseException as e:  # noqa: BLE001 - raised in the caller's thread
+                box[1] = e
+            finally:
+                done.set()
+
+
+_LAUNCHER = _Launcher()
 
 
 # Variables a child controller must not take from the caller: what Python

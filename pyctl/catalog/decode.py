@@ -92,20 +92,3 @@ def decode_with(
         if reg < len(raw_args):
             out[arg.name] = decode_arg(arg, raw_args[reg], enums, read_str)
     return out
-
-
-def decode_args(
-    fn_name: str,
-    raw_args: Sequence[int],
-    read_str: Callable[[int], str | None] | None = None,
-) -> dict[str, str]:
-    """{arg name: text} for the register arguments present in raw_args
-    (argument registers in order, as the BPF event carries them). A
-    function the catalog does not know decodes as arg1..argN in hex.
-    `read_str(addr)` may read a C string from the target for 'str' args."""
-    from .registry import lookup  # registry imports this module
-
-    info = lookup(fn_name)
-    if info is None:
-        return {f"arg{i + 1}": _ptr(v) for i, v in enumerate(raw_args)}
-    return decode_with(info, raw_args, read_str)

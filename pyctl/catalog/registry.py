@@ -6,11 +6,28 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Callable, Sequence
 
 from .codes import code_name, code_value, codes, is_sticky
-from .decode import decode_args
+from .decode import _ptr, decode_with
 from .libraries import LIBRARIES, lib_for_soname, lib_globs, library
 from .model import FuncInfo, base_name
+
+
+def decode_args(
+    fn_name: str,
+    raw_args: Sequence[int],
+    read_str: Callable[[int], str | None] | None = None,
+) -> dict[str, str]:
+    """{arg name: text} for the register arguments present in raw_args
+    (argument registers in order, as the BPF event carries them). A
+    function the catalog does not know decodes as arg1..argN in hex.
+    `read_str(addr)` may read a C string from the target for 'str' args."""
+    info = lookup(fn_name)
+    if info is None:
+        return {f"arg{i + 1}": _ptr(v) for i, v in enumerate(raw_args)}
+    return decode_with(info, raw_args, read_str)
+
 
 __all__ = [
     "LIBRARIES",

@@ -55,7 +55,7 @@ FAST_COMMANDS = {"trace": "pyctl.cli.trace:trace", "inject": "pyctl.cli.inject:i
 def _only_run_command(argv: list[str]) -> Any:
     """The root group with only argv's command in it, when that is one of
     FAST_COMMANDS after the root's own options; else None (every command)."""
-    from pyctl.entry import command_of
+    from pyctl.argv import command_of
 
     ref = FAST_COMMANDS.get(command_of(argv) or "")
     if ref is None:
