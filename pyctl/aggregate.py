@@ -228,20 +228,27 @@ class Aggregator:
         offs = [s.sym.offset for s in self.sites]
         cks = [abi.cookie(s.rule.mode, s.func) for s in self.sites]
         kind = BPF_TRACE_UPROBE_SESSION if self.mode == "session" else BPF_TRACE_UPROBE_MULTI
+        from pyctl.procstate import live_tid
+
+        # A target whose main thread exited (pthread_exit) while others run:
+        # the kernel's pid filter goes through the exited leader's mm and
+        # never matches; the programs' own target_tgid check keeps its calls.
+        live = live_tid(self.pid)
+        pid = self.pid if live is None or live == self.pid else -1
         if not self.multi:
             for s, off, ck in zip(self.sites, offs, cks, strict=True):
                 try:
-                    self.obj.attach_uprobe(prog, self.pid, path, off, ck, is_ret)
+                    self.obj.attach_uprobe(prog, pid, path, off, ck, is_ret)
                 except BpfError as e:
                     raise BpfError(e.errno, f"{e} ({s.sym.name})") from None
             return
         try:
-            self.obj.attach_uprobe_multi(prog, self.pid, path, offs, cks, is_ret, kind)
+            self.obj.attach_uprobe_multi(prog, pid, path, offs, cks, is_ret, kind)
         except BpfError:
             # Name the site the kernel refused: try them one at a time.
             for s, off, ck in zip(self.sites, offs, cks, strict=True):
                 try:
-                    self.obj.attach_uprobe_multi(prog, self.pid, path, [off], [ck], is_ret, kind)
+                    self.obj.attach_uprobe_multi(prog, pid, path, [off], [ck], is_ret, kind)
                 except BpfError as one:
                     raise BpfError(one.errno, f"{one} ({s.sym.name})") from None
             raise

@@ -4,6 +4,7 @@ exited and not reaped (nothing runs: refuse it, never wait on it)."""
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import subprocess
 import sys
@@ -160,3 +161,15 @@ def test_a_target_that_becomes_a_zombie_ends_the_run(tmp_path: Path) -> None:
             ctl.kill()
             ctl.wait()
         t.p.wait(timeout=10)
+
+
+def test_calls_live_counts_threads_whose_main_exited(mainexit: MainExited) -> None:
+    """`calls live` attaches its own programs: the same pid filter, the same fix."""
+    res = subprocess.run(
+        [*GF, "calls", "live", "--pid", str(mainexit.pid), "--lib", "libgftarget",
+         "--fn", "gf_victim", "--duration", "1s", "--count-only"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    m = re.search(r"^([\d,]+) calls to 1 function", res.stdout, re.M)
+    assert m and int(m.group(1).replace(",", "")) > 1000, res.stdout
