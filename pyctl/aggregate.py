@@ -36,6 +36,7 @@ from pyctl.bpf.libbpf import (
     lib,
     map_lookup,
 )
+from pyctl.exceptions import GpufaultError
 from pyctl.summary import ErrorRule, FuncSummary, Summary, error_rule, from_counts
 
 OBJ_NAME = "aggregate"
@@ -53,7 +54,7 @@ PROBE_NAMES = {
 MAX_THREAD_KEYS = 16384  # (function, thread) pairs kept when per thread
 
 
-class AggregateError(Exception):
+class AggregateError(GpufaultError):
     """One-line, user-facing; nothing is left attached."""
 
 

@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from pyctl.bpf import raw
+from pyctl.exceptions import GpufaultError
 
 NETNS_DIR = "/run/netns"
 # gf + owner pid (hex) + "n" + random hex + side: recognisable, and cleanup()
@@ -81,7 +82,7 @@ MAX_RATE_MBIT = (2**32 - 1) * 8 / 1e6
 MIN_RATE_MBIT = 0.001
 
 
-class NetChaosError(RuntimeError):
+class NetChaosError(RuntimeError, GpufaultError):
     """A one-line, actionable error."""
 
 

@@ -24,8 +24,10 @@ from typing import Any
 # `trace --pid` never parses one. Its exception module is cheap.
 from elftools.common.exceptions import ELFError
 
+from pyctl.exceptions import BadInput
 
-class ResolveError(Exception):
+
+class ResolveError(BadInput):
     """One-line, user-facing: says what was searched and what to do."""
 
 

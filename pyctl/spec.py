@@ -14,9 +14,10 @@ from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple
 
 from pyctl.bpf import abi
+from pyctl.exceptions import BadInput
 
 
-class SpecError(ValueError):
+class SpecError(BadInput):
     """A malformed spec; str() is a one-line message that says what to do."""
 
 

@@ -33,6 +33,7 @@ from urllib.parse import quote
 from pyctl.evidence import dbfile, schema
 from pyctl.evidence.schema import SCHEMA_VERSION
 from pyctl.evidence.sqlitedb import Database
+from pyctl.exceptions import BadInput
 
 DEFAULT_DB = Path("/var/lib/gpufault/gpufault.db")
 
@@ -42,7 +43,7 @@ def fault_id(run_id: str, seq: int) -> str:
     return f"{run_id}-{seq}"
 
 
-class StoreError(Exception):
+class StoreError(BadInput):
     """A one-line, user-facing problem with --db (found before anything is
     armed, or a write that failed mid-run)."""
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pyctl.bpf.aggregate_abi import ERR_NONE, ERR_NONZERO32, SLOTS
+from pyctl.exceptions import BadInput
 
 RULE_NAMES = {ERR_NONE: "none", ERR_NONZERO32: "nonzero32"}
 # The per-call rows' kinds (bpf/gpufault.h enum gf_event_kind): a completed
@@ -36,7 +37,7 @@ EV_CALL, EV_ENTRY = 1, 2
 WIDTH = 80
 
 
-class SummaryError(Exception):
+class SummaryError(BadInput):
     """One-line, user-facing (no such run, not a gpufault database)."""
 
 

@@ -16,11 +16,13 @@ import ctypes
 import os
 import sys
 
+from pyctl.exceptions import MissingPrerequisite
+
 DIRS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
 MOUNT_AT = "/sys/kernel/tracing"
 
 
-class TracefsError(Exception):
+class TracefsError(MissingPrerequisite):
     """One line for the user: what is missing and what to do."""
 
 

@@ -43,6 +43,7 @@ from typing import Any
 from pyctl import store
 from pyctl.bpf.libbpf import BpfError, Object, lib, map_lookup
 from pyctl.bpf.ringbuf import RingReader
+from pyctl.exceptions import MissingPrerequisite
 
 XID_OBJ = Path(__file__).resolve().parent / "data" / "xid.bpf.o"
 CATEGORY, EVENT = "nvidia", "nvidia_dev_xid"
@@ -52,7 +53,7 @@ RING_BYTES = 64 * 1024
 DEFAULT_WINDOW_S = 60.0
 
 
-class XidError(Exception):
+class XidError(MissingPrerequisite):
     """One line for the user: what is missing and what to do."""
 
 

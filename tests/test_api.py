@@ -234,3 +234,19 @@ def test_an_isolated_session_outlives_the_thread_that_armed_it(
     finally:
         h.disarm()
     assert h.proc.returncode == 0 and h.status == "done"
+
+
+def test_every_user_facing_error_is_in_the_one_hierarchy() -> None:
+    """The classes the CLI prints as one line (pyctl/errors.py) are all
+    GpufaultErrors, so `except gpufault.GpufaultError` catches what the
+    command line would have printed, whichever module raised it."""
+    from pyctl import errors
+
+    types = [t for t in errors.user_error_types() if t is not PermissionError]
+    assert len(types) >= 20
+    assert [t.__name__ for t in types if not issubclass(t, GpufaultError)] == []
+    from pyctl.engine import StoreWriteError
+    from pyctl.spec import SpecError
+
+    assert issubclass(SpecError, BadInput) and issubclass(SpecError, ValueError)
+    assert issubclass(StoreWriteError, gpufault.EvidenceWriteError)

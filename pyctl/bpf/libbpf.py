@@ -20,6 +20,7 @@ from typing import Any
 
 from pyctl import paths
 from pyctl.bpf import raw
+from pyctl.exceptions import MissingPrerequisite
 
 # Threads that destroy links at once (see Object.detach_all).
 DETACH_THREADS = 64
@@ -31,7 +32,7 @@ BPF_F_UPROBE_MULTI_RETURN = 1
 BPF_TRACE_UPROBE_SESSION = 57
 
 
-class BpfError(OSError):
+class BpfError(OSError, MissingPrerequisite):
     """A libbpf or bpf() call failed; str() is a one-line message."""
 
 

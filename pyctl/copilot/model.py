@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pyctl.exceptions import GpufaultError
+
 # Mirrors of bpf/gpufault.h (enum gf_action, enum gf_spec_flags).
 GF_ACT_FAIL = 1
 GF_ACT_STALL = 4
@@ -11,7 +13,7 @@ GF_F_AFTER = 1 << 2
 GF_NREGS = 21
 
 
-class CopilotError(Exception):
+class CopilotError(GpufaultError):
     """A one-line, user-facing message (what went wrong and what to do)."""
 
 

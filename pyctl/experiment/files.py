@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pyctl.exceptions import BadInput
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # Python 3.10: the same parser as a package
@@ -71,7 +73,7 @@ TOP_KEYS = {
 }
 
 
-class ExperimentError(ValueError):
+class ExperimentError(BadInput):
     """One line for the user: which file, which key, what is wrong, what to do."""
 
 

@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from pyctl.exceptions import BadInput
+
 _clock = time.monotonic
 
 
@@ -64,7 +66,7 @@ class Sample:
         return not self.error
 
 
-class LoadError(ValueError):
+class LoadError(BadInput):
     """Bad arguments for the load generator; str() is one line saying what to do."""
 
 

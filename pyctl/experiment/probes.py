@@ -50,11 +50,13 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
 from urllib.parse import urlencode, urlsplit
 
+from pyctl.exceptions import BadInput
+
 MODES = ("sot", "eot", "edge", "continuous", "onchaos")
 Value = float | str | None  # bool and int are accepted as numbers
 
 
-class ProbeError(ValueError):
+class ProbeError(BadInput):
     """A bad probe table; str() is one line: where (file:key), what is
     wrong, what to do."""
 

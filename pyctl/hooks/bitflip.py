@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from pyctl.exceptions import BadInput
+
 # (total bits, exponent bits, mantissa bits); int8 has no exponent.
 LAYOUT: dict[torch.dtype, tuple[int, int, int]] = {
     torch.float16: (16, 5, 10),
@@ -23,7 +25,7 @@ _INT_VIEW = {16: torch.int16, 32: torch.int32, 8: torch.int8}
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, "int8": torch.int8}
 
 
-class BitSpecError(ValueError):
+class BitSpecError(BadInput):
     """A bit spec that does not fit the dtype; the message says what does."""
 
 

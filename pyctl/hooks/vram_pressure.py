@@ -29,10 +29,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from pyctl.exceptions import GpufaultError
+
 MIB = 1 << 20
 
 
-class PressureError(RuntimeError):
+class PressureError(RuntimeError, GpufaultError):
     """One line that says what to do."""
 
 

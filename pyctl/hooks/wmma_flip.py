@@ -37,6 +37,8 @@ from typing import Any
 
 import numpy as np
 
+from pyctl.exceptions import GpufaultError
+
 KERNEL_NAME = "gf_wmma_flip"
 
 KERNEL_SRC = r"""
@@ -190,7 +192,7 @@ def find_mma_include(candidates: list[str] | None = None) -> str | None:
     return None
 
 
-class WmmaError(RuntimeError):
+class WmmaError(RuntimeError, GpufaultError):
     """One line that says what to do."""
 
 

@@ -4,6 +4,8 @@ experiment (docs/observability.md). The report lives in pyctl/report/."""
 
 from __future__ import annotations
 
+from pyctl.exceptions import BadInput
 
-class ObserveError(Exception):
+
+class ObserveError(BadInput):
     """One line for the user: what went wrong and what to do (exit 2)."""

@@ -17,12 +17,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pyctl import query
+from pyctl.exceptions import BadInput
 from pyctl.observe.names import short_function
 
 MAX_CHAINS = 50  # evidence chains shown in full per experiment; the rest are counted
 
 
-class ReportError(Exception):
+class ReportError(BadInput):
     """One line for the user (exit 2)."""
 
 

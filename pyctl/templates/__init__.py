@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pyctl.exceptions import BadInput
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # Python 3.10 (Ubuntu 22.04): the same parser as a package
@@ -32,7 +34,7 @@ FAULT_FIELDS = FIELDS  # a [[fault]] table's fields: FaultSpec.from_fields's
 _PLACEHOLDER = re.compile(r"\{(\w+)\}")
 
 
-class TemplateError(ValueError):
+class TemplateError(BadInput):
     """One line for the user: which template, what is wrong, what to do."""
 
 

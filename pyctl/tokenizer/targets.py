@@ -19,13 +19,15 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
+from pyctl.exceptions import BadInput
 
-class TargetError(Exception):
+
+class TargetError(BadInput):
     """The target answered in a way that is not a tokenization (HTTP 5xx,
     bad JSON). Distinct from exceptions the tokenizer itself raises."""
 
 
-class TargetRejected(ValueError):
+class TargetRejected(BadInput):
     """The endpoint refused the input with a 4xx: a clean rejection."""
 
 
