@@ -20,8 +20,7 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_core_read.h>
 
-#define XID_DEV_LEN 32
-#define XID_MSG_LEN 128
+#include "xid.h"
 
 /* Layout of the tracepoint record, filled from its format file. */
 const volatile __u32 off_dev = 0;
@@ -31,15 +30,6 @@ const volatile __u32 size_code = 4;	/* 1, 2, 4 or 8 bytes */
 const volatile __u32 off_msg = 0;
 const volatile __u32 msg_loc = 1;
 const volatile __u32 has_msg = 1;
-
-struct xid_event {
-	__u64 ts_ns;		/* CLOCK_MONOTONIC, as the engine's fault rows */
-	__u64 error_code;
-	__u32 pid;		/* whoever was on the CPU when the driver logged */
-	__u32 tid;
-	char dev[XID_DEV_LEN];
-	char msg[XID_MSG_LEN];
-};
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);

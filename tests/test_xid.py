@@ -425,3 +425,28 @@ def test_raw_tracepoint_trial_needs_no_tracefs() -> None:
         pytest.skip("pyctl/data/xid.bpf.o missing: run make build")
     assert xid.raw_tracepoint_attaches("sched_process_exec") is True
     assert xid.raw_tracepoint_attaches("gf_no_such_tracepoint") is False
+
+
+def test_event_format_matches_the_shared_header(tmp_path: Path) -> None:
+    """bpf/xid.h is the one definition of the Xid record: the C compiler's
+    sizes and offsets equal what pyctl/xid.py's EVENT_FMT unpacks."""
+    import struct as S
+
+    import c_header
+
+    fields = ["ts_ns", "error_code", "pid", "tid", "dev", "msg"]
+    c = c_header.values(
+        tmp_path,
+        "xid.h",
+        ["sizeof(struct xid_event)", "XID_DEV_LEN", "XID_MSG_LEN"]
+        + [f"offsetof(struct xid_event, {f})" for f in fields],
+    )
+    assert (c["XID_DEV_LEN"], c["XID_MSG_LEN"]) == (xid.DEV_LEN, xid.MSG_LEN)
+    assert c["sizeof(struct xid_event)"] == xid.EVENT_FMT.size
+    codes = xid.EVENT_FMT.format.lstrip("=")
+    sizes = [S.calcsize("=" + ch) for ch in ("Q", "Q", "I", "I")] + [xid.DEV_LEN, xid.MSG_LEN]
+    off = 0
+    for f, size in zip(fields, sizes, strict=True):
+        assert c[f"offsetof(struct xid_event, {f})"] == off, f
+        off += size
+    assert codes.startswith("QQII")
