@@ -94,8 +94,15 @@ $(DATA)/%.bpf.o: bpf/%.bpf.c bpf/*.h
 $(DOUBLES): $(wildcard doubles/*.c doubles/*.h doubles/Makefile)
 	$(Q)$(MAKE) -s -C doubles OUT=$(abspath $(DATA)/doubles)
 
+# TEST_JOBS=2: the suite on two pytest-xdist workers, grouped so that what
+# must not run side by side does not (tests/conftest.py, docs/tests.md).
+# PYTHONDONTWRITEBYTECODE off: pytest then caches what it rewrote (every
+# pyctl module, through the pytest11 plugin) and the CLI children their
+# bytecode, instead of each process redoing it (minutes over a run).
+TEST_JOBS ?=
+PYTEST_JOBS = $(if $(TEST_JOBS),-n $(TEST_JOBS) --dist loadgroup --no-loadscope-reorder)
 test: build vm-kernels kmod-deps
-	$(PYTHON) -m pytest -q -ra tests
+	env -u PYTHONDONTWRITEBYTECODE $(PYTHON) -m pytest -q -ra $(PYTEST_JOBS) tests
 
 test-unit:
 	$(PYTHON) -m pytest -q -ra -m "not root and not vm" tests
