@@ -15,7 +15,7 @@ return is: a non-zero 32-bit result code, named from the catalog's code
 table. Any other function's return value is not classified (an int -1, a
 pointer and a count look alike in a register), and says so.
 
-A library with no click: pyctl/summary_cli.py is the command line.
+A library with no click: pyctl/cli/calls.py is the command line.
 """
 
 from __future__ import annotations

@@ -187,7 +187,7 @@ def test_error_codes_named(baseline: int) -> None:
 
 # ---- refusals and clean-up ----------------------------------------------------------
 def test_bad_pid_and_unknown_function_one_line(target: Target, baseline: int) -> None:
-    from pyctl.summary_cli import calls
+    from pyctl.cli.calls import calls
 
     r = CliRunner()
     res = r.invoke(calls, ["live", "--pid", "999999999", "--lib", str(LIB), "--fn", "gf_victim"])
@@ -251,7 +251,7 @@ def test_duration_and_target_exit(target: Target, baseline: int) -> None:
     assert notes == [f"pid {target.pid} exited"] and agg.obj is None
 
 
-LIVE = "from pyctl.summary_cli import calls; calls(sys.argv[1:], prog_name='gpufault calls')"
+LIVE = "from pyctl.cli.calls import calls; calls(sys.argv[1:], prog_name='gpufault calls')"
 
 
 def test_ctrl_c_prints_the_summary_and_detaches(target: Target, baseline: int) -> None:

@@ -183,7 +183,7 @@ def test_completion_of_templates_and_experiments(
 def test_a_registered_experiment_group_completes_experiment_names(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The shape of pyctl/experiment/cli.py: a group with a NAME argument that
+    # The shape of pyctl/cli/experiment.py: a group with a NAME argument that
     # says nothing about completion; registering it (one line in COMMANDS)
     # is all it takes.
     from click.shell_completion import ShellComplete

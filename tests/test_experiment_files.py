@@ -14,9 +14,9 @@ import pytest
 from click.testing import CliRunner
 
 from pyctl.api.faults import spec_from_json
+from pyctl.cli.experiment import experiment
 from pyctl.experiment import evidence as E
 from pyctl.experiment import files as F
-from pyctl.experiment.cli import experiment
 from pyctl.experiment.host import LocalFaultHost, StepRequest
 from pyctl.experiment.verdict import Findings, Verdict, decide
 from pyctl.spec import FaultSpec

@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner
 from observe_db import T0, add_experiment, make_db
 
+from pyctl.cli.report import report
 from pyctl.report import ReportError, render_html, render_markdown
-from pyctl.report.cli import report
 
 
 @pytest.fixture

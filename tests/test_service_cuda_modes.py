@@ -76,7 +76,7 @@ def first_word(be: Any) -> int:
 def test_config_refuses_cuda_modes_it_cannot_run() -> None:
     from click.testing import CliRunner
 
-    from pyctl.service.cli import service
+    from pyctl.cli.service import service
 
     with pytest.raises(ValueError, match="--cuda-mode warp: choose one of eager, graph, managed"):
         ServiceConfig(device="cpu-double", cuda_mode="warp").check()

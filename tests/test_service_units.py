@@ -218,7 +218,7 @@ def test_service_command_has_help_and_registers_in_a_group() -> None:
     import click
     from click.testing import CliRunner
 
-    from pyctl.service.cli import service
+    from pyctl.cli.service import service
 
     group = click.Group("gpufault")
     group.add_command(service)  # what pyctl/cli.py does to offer `gpufault service`

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from pyctl import store, summary
 from pyctl.bpf.aggregate_abi import ERR_NONZERO32, SLOTS
-from pyctl.summary_cli import calls, print_run_summary
+from pyctl.cli.calls import calls, print_run_summary
 
 CUDA = "/usr/lib/x86_64-linux-gnu/libcuda.so.1"
 OTHER = "/opt/app/libfoo.so"

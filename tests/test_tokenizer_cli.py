@@ -15,8 +15,8 @@ import pytest
 import sqlite_utils
 from click.testing import CliRunner
 
+from pyctl.cli.tokenizer import tokenizer
 from pyctl.tokenizer.builders import build_tiktoken
-from pyctl.tokenizer.cli import tokenizer
 
 pytest.importorskip("tiktoken", reason="needs the tiktoken wheel")
 

@@ -11,15 +11,15 @@ Layout (docs/cli.md):
   man.py        the man page, generated from the command tree
   doctor.py trace.py inject.py show.py demo.py template.py hooks.py
   netchaos.py anchors.py: one module per command or group (tokenizer and
-  service keep theirs beside their library: pyctl/tokenizer/cli.py,
-  pyctl/service/cli.py)
+  service keep theirs beside their library: pyctl/cli/tokenizer.py,
+  pyctl/cli/service.py)
 
 Errors a user can cause (bad pid, unknown symbol, malformed number, not
 root, unsupported kernel) end in one line on stderr and exit status 2.
 
 `cli` is built on first use (PEP 562 __getattr__ below), not when this
-package is imported: command modules outside it (pyctl/service/cli.py,
-pyctl/tokenizer/cli.py) import pyctl.cli.options, and that import must not
+package is imported: command modules outside it (pyctl/cli/service.py,
+pyctl/cli/tokenizer.py) import pyctl.cli.options, and that import must not
 register them while they are still half-imported.
 """
 

@@ -19,7 +19,7 @@ COMMANDS = (
     "pyctl.cli.doctor:doctor",
     "pyctl.cli.doctor:probes",
     "pyctl.cli.trace:trace",
-    "pyctl.summary_cli:calls",
+    "pyctl.cli.calls:calls",
     "pyctl.cli.inject:inject",
     "pyctl.cli.inject:release",
     "pyctl.cli.show:faults",
@@ -31,14 +31,14 @@ COMMANDS = (
     "pyctl.cli.netchaos:netchaos_group",
     "pyctl.cli.anchors:anchors",
     "pyctl.cli.serve:serve",
-    "pyctl.tokenizer.cli:tokenizer",
-    "pyctl.service.cli:service",
-    "pyctl.experiment.cli:experiment",
+    "pyctl.cli.tokenizer:tokenizer",
+    "pyctl.cli.service:service",
+    "pyctl.cli.experiment:experiment",
 )
 
 # Groups whose sub-commands take a NAME of one of our files: their `name`
 # argument completes those names unless it completes something already, so
-# a group living elsewhere (pyctl/experiment/cli.py) completes without
+# a group living elsewhere (pyctl/cli/experiment.py) completes without
 # importing completion.py itself.
 NAME_COMPLETION = {
     "experiment": completion.experiment_names,

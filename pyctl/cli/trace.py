@@ -48,7 +48,7 @@ def trace(summary: bool, per_thread: bool, as_json: bool, **params: Any) -> None
     fields, run = split_run_params(params)
 
     def summarize(eng: Any) -> None:
-        from pyctl.summary_cli import print_run_summary
+        from pyctl.cli.calls import print_run_summary
 
         print_run_summary(
             str(eng.db_path), eng.run_id, per_thread=per_thread, as_json=as_json, budget_s=2.0

@@ -1,6 +1,6 @@
 """`python -m pyctl.service`: the reference inference service (see cli.py)."""
 
-from pyctl.service.cli import main
+from pyctl.cli.service import main
 
 if __name__ == "__main__":
     main()

@@ -9,8 +9,8 @@ later makes the in-kernel mode (`calls live`) its default, with `--calls`
 asking for the per-call events (rows in the store) it records today.
 
 Registered by the CLI owner: one line in pyctl/cli/commands.py,
-"pyctl.summary_cli:calls". Uses the CLI's value types and --db
-(pyctl/cli/options.py), as pyctl/tokenizer/cli.py does.
+"pyctl.cli.calls:calls". Uses the CLI's value types and --db
+(pyctl/cli/options.py), as pyctl/cli/tokenizer.py does.
 """
 
 from __future__ import annotations

@@ -451,7 +451,7 @@ __all__ = ["experiment", "describe", "render_results"]
 def _add_report() -> None:
     """`gpufault experiment report ID...`: the HTML/Markdown report
     (pyctl/report), a command of this group owned by that package."""
-    from pyctl.report.cli import report
+    from pyctl.cli.report import report
 
     experiment.add_command(report)
 
