@@ -497,6 +497,69 @@ def oom(out: Path) -> dict[str, Any]:
 
 
 @check
+def api(out: Path) -> dict[str, Any]:
+    """The library API on the real libcuda (docs/api.md): a sticky
+    CUDA_ERROR_OUT_OF_MEMORY from the 4th cuMemAlloc_v2 of a torch process,
+    armed with gpufault.arm() in this process and as an isolated child,
+    each from a short-lived thread; arm and disarm times; the first fault's
+    `show` text from FaultRecord.show()."""
+    import gpufault
+    from gpufault import Fault
+
+    WORK.mkdir(parents=True, exist_ok=True)
+    res: dict[str, Any] = {}
+    for isolate in (False, True):
+        w = Workload("oom", "--mib", "64", "--steps", "8")
+        spec = Fault.fail("libcuda", "cuMemAlloc_v2", ret="CUDA_ERROR_OUT_OF_MEMORY",
+                          sticky=True, after=3)  # fmt: skip
+        box: list[Any] = []
+
+        def arm(
+            spec: Any = spec, pid: int = w.pid, isolate: bool = isolate, box: list[Any] = box
+        ) -> None:
+            box.append(gpufault.arm(spec, pid, db=WORK / "api.db", duration=120, isolate=isolate))
+
+        t0 = time.perf_counter()
+        th = threading.Thread(target=arm)  # a short-lived thread, as a harness's pool
+        th.start()
+        th.join()
+        armed_ms = (time.perf_counter() - t0) * 1e3
+        if not box:
+            raise RuntimeError("arm() raised on its thread")
+        h = box[0]
+        try:
+            w.send("go")
+            r = w.expect("RESULT", 120)
+            fired = h.wait_fires(1, 30)
+        finally:
+            t1 = time.perf_counter()
+            h.disarm()
+            disarm_ms = (time.perf_counter() - t1) * 1e3
+        w.finish()
+        faults = h.faults()
+        key = "isolated" if isolate else "in_process"
+        res[key] = {
+            "armed_ms": round(armed_ms, 1),
+            "disarm_ms": round(disarm_ms, 1),
+            "mechanism": h.mechanism,
+            "status": h.status,
+            "counters": vars(h.counters),
+            "raised_at_step": r.get("raised_at_step"),
+            "is_torch_oom": r.get("is_torch_oom"),
+            "fired": fired,
+            "faults": len(faults),
+            "first_show": faults[0].show()[:3000] if faults else "",
+        }
+        res[key]["ok"] = (
+            fired and r.get("raised_at_step") == 4 and bool(r.get("is_torch_oom"))
+            and h.status == "done" and len(faults) >= 1
+            and faults[0].function == "cuMemAlloc_v2"
+        )  # fmt: skip
+    res["ok"] = res["in_process"]["ok"] and res["isolated"]["ok"]
+    return res
+
+
+@check
 def leak(out: Path) -> dict[str, Any]:
     w = Workload("leak", "--mib", "1024")
     with armed(
