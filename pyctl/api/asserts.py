@@ -206,6 +206,7 @@ def assert_followed(
     the process exits). Returns the matching links."""
     if kind not in _LINK_KINDS:
         raise ValueError(f"assert_followed: kind {kind!r}: one of {', '.join(_LINK_KINDS)}")
+    path: str | None
     if isinstance(fault, FaultRecord):
         fault_id, path = fault.fault_id, db or fault.db_path
     else:

@@ -42,7 +42,13 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pyctl.api.errors import BadInput, GpufaultError, MissingPrerequisite, translate
+from pyctl.api.errors import (
+    BadInput,
+    EvidenceWriteError,
+    GpufaultError,
+    MissingPrerequisite,
+    translate,
+)
 from pyctl.api.evidence import Evidence, FaultRecord
 from pyctl.api.target import Target
 from pyctl.spec import FaultSpec
@@ -333,10 +339,10 @@ class Session(_Base):
                 self.error = self.error or translate(e)
                 end = "failed"
             self._flush()  # the last fires, committed by finish()'s drain
-            eng = runner.engine
-            if eng is not None and getattr(eng, "write_error", None) is not None:
+            closed = runner.engine
+            if closed is not None and getattr(closed, "write_error", None) is not None:
                 end = "failed"
-                self.error = self.error or translate(eng.write_error)
+                self.error = self.error or EvidenceWriteError(str(closed.write_error))
             self._sample(runner)
             self.exit_code = rc if self.target.command else None
             self.status = end
@@ -370,9 +376,13 @@ class Session(_Base):
                     pass
             return int(n)
 
+        def flush() -> None:
+            while pending:
+                self._fired(pending.pop(0))
+
         eng.on_fire = fired
         eng.poll = polled
-        self._flush = lambda: [self._fired(pending.pop(0)) for _ in list(pending)]
+        self._flush = flush
 
     _flush: Callable[[], object] = staticmethod(lambda: None)  # type: ignore[assignment]
 

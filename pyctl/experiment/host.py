@@ -99,8 +99,11 @@ class FaultHostError(RuntimeError):
 
 
 class RunningFault(Protocol):
-    run_id: str
-    started_at: float  # when it was armed (time.time())
+    @property
+    def run_id(self) -> str: ...
+
+    @property
+    def started_at(self) -> float: ...  # when it was armed (time.time())
 
     def stop(self) -> None: ...  # every fault of the step stops firing within 1 s
 

@@ -82,7 +82,7 @@ def run_experiment(
         started_at=out.started_at,
         ended_at=out.ended_at,
         exit_code=out.exit_code,
-        fault_runs=[s.fault.run_id for s in out.steps if getattr(s, "fault", None)],
+        fault_runs=[s.fault.run_id for s in out.steps if s.fault is not None],
     )
     if raise_on_error and v.verdict not in ("pass", "fail"):
         raise ExperimentFailed(f"experiment {v.experiment_id} {v.verdict}: {v.reason}")
