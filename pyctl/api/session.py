@@ -483,6 +483,7 @@ class IsolatedSession(_Base):
         assert self.proc is not None and self.proc.stderr is not None
         for ln in self.proc.stderr:
             self.stderr_lines.append(ln.decode(errors="replace").rstrip("\n"))
+            del self.stderr_lines[:-200]  # the last lines say why; a long run keeps no more
 
     def _read(self) -> None:
         assert self.proc is not None and self.proc.stdout is not None
