@@ -4,7 +4,7 @@ on this kernel), vm (qemu/TCG). A skip always says why."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -68,6 +68,17 @@ def is_root() -> bool:
 
 
 requires_root = pytest.mark.skipif(not is_root(), reason="requires root (BPF, ptrace)")
+
+
+@pytest.fixture
+def target() -> Iterator[object]:
+    """A running build/targets/gf_target (tests/gftarget.py), closed after
+    the test: the process most host tests probe."""
+    from gftarget import Target
+
+    t = Target()
+    yield t
+    t.close()
 
 
 @pytest.fixture

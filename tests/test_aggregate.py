@@ -47,13 +47,6 @@ def settles_at(before: int, timeout: float = 10.0) -> bool:
 
 
 @pytest.fixture
-def target():
-    t = Target()
-    yield t
-    t.close()
-
-
-@pytest.fixture
 def baseline():
     n = agg_progs()
     yield n

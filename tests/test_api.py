@@ -24,13 +24,6 @@ REPO = Path(__file__).resolve().parent.parent
 VICTIM = (str(LIB), "gf_victim")
 
 
-@pytest.fixture
-def target():
-    t = Target()
-    yield t
-    t.close()
-
-
 def _handlers() -> dict[int, object]:
     return {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
 

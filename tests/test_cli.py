@@ -49,13 +49,6 @@ def armed_controller(pid: int, *args: str) -> subprocess.Popen[str]:
     return ctl
 
 
-@pytest.fixture
-def target():
-    t = Target()
-    yield t
-    t.close()
-
-
 @pytest.mark.root
 @pytest.mark.parametrize(
     "args, needle",

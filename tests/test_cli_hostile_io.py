@@ -32,13 +32,6 @@ END_MARGIN_S = 4.0
 pytestmark = pytest.mark.root
 
 
-@pytest.fixture
-def target() -> Iterator[Target]:
-    t = Target()
-    yield t
-    t.close()
-
-
 @contextmanager
 def into_head() -> Iterator[tuple[dict[str, Any], Callable[[], str]]]:
     """stderr into `head -3`, which exits after three lines."""

@@ -49,13 +49,6 @@ def _keeps_the_signal_mask():
     assert after == before, f"the test left signals blocked: {sorted(after - before)}"
 
 
-@pytest.fixture
-def target():
-    t = Target()
-    yield t
-    t.close()
-
-
 # ---- 1. libc is a linker script; non-ELF --lib ------------------------------
 
 

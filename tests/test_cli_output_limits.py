@@ -50,13 +50,6 @@ def test_fire_lines_limited_and_every_one_counted() -> None:
     assert all("gpufault faults --run run1" in s for s in counts)
 
 
-@pytest.fixture
-def target() -> Iterator[Target]:
-    t = Target()
-    yield t
-    t.close()
-
-
 def _burst_run(target: Target, db: Path, *extra: str) -> tuple[str, list[str]]:
     """An inject that fails every call while CALLS calls happen; its run id
     and its stderr lines."""

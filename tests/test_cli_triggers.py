@@ -7,7 +7,6 @@ from __future__ import annotations
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -48,13 +47,6 @@ def test_possible_combinations_stay_accepted() -> None:
     ).check_can_fire(2.0)
     # A template's knob left at 0 means "not given", as before.
     FaultSpec.from_fields({"lib": "libc", "fn": "read", "action": "fail", "ret": -1, "nth": 0})
-
-
-@pytest.fixture
-def target() -> Iterator[Target]:
-    t = Target()
-    yield t
-    t.close()
 
 
 @pytest.mark.root

@@ -85,13 +85,6 @@ def sidecars(p: Path) -> list[str]:
 
 
 @pytest.fixture
-def target() -> Iterator[Target]:
-    t = Target()
-    yield t
-    t.close()
-
-
-@pytest.fixture
 def public() -> Iterator[Path]:
     """A directory in /tmp that the other user can reach (pytest's
     tmp_path is root's 0700); each test sets its owner and mode."""

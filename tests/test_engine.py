@@ -26,13 +26,6 @@ if not TARGET.exists():  # pragma: no cover - the Makefile builds it first
     pytest.skip("build/targets/gf_target missing: run make build", allow_module_level=True)
 
 
-@pytest.fixture
-def target() -> Iterator[Target]:
-    t = Target()
-    yield t
-    t.close()
-
-
 @contextmanager
 def armed(db: Path, pid: int, *specs: FaultSpec, **kw) -> Iterator[Engine]:
     for s in specs:

@@ -62,13 +62,6 @@ def snapshot(d: Path) -> dict[str, tuple[int, str]]:
 
 
 @pytest.fixture
-def target() -> Iterator[Target]:
-    t = Target()
-    yield t
-    t.close()
-
-
-@pytest.fixture
 def busy() -> Iterator[Target]:
     """gf_target calling gf_empty as fast as it can until it is killed."""
     t = Target()

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import bpf_prog_holders
 from procio import finish, lines_until
 
 from pyctl import paths
@@ -77,28 +78,6 @@ def gf_progs() -> set[int]:
     }
 
 
-def _holders() -> dict[int, set[int]]:
-    """prog id -> pids holding an fd of it (or of a link to it), from fdinfo."""
-    import re
-
-    out: dict[int, set[int]] = {}
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            fds = os.listdir(f"/proc/{d}/fdinfo")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                text = Path(f"/proc/{d}/fdinfo/{fd}").read_text()
-            except OSError:
-                continue
-            for m in re.finditer(r"^prog_id:\s*(\d+)", text, re.M):
-                out.setdefault(int(m.group(1)), set()).add(int(d))
-    return out
-
-
 def ours_left(db: Path, before: set[int], timeout: float = 10.0) -> list[str]:
     """What this test's experiment left: processes whose command line names
     its database, and gf_ programs loaded since `before` that one of them
@@ -115,7 +94,7 @@ def ours_left(db: Path, before: set[int], timeout: float = 10.0) -> list[str]:
     deadline = time.monotonic() + timeout
     while True:
         left = [f"process {d}" for d in os.listdir("/proc") if d.isdigit() and mine(int(d))]
-        held = _holders()
+        held = bpf_prog_holders()
         for pid in gf_progs() - before:
             who = held.get(pid, set())
             if not who or any(mine(h) for h in who):

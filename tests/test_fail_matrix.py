@@ -31,13 +31,6 @@ EXPECT = os.environ.get("GF_EXPECT_MECH") or ("regs" if regs_writable() else "co
 EXPECT_MULTI = os.environ.get("GF_EXPECT_MULTI", "1" if uprobe_multi() else "0") == "1"
 
 
-@pytest.fixture
-def target():
-    t = Target()
-    yield t
-    t.close()
-
-
 def run(db: Path, t: Target, spec: FaultSpec) -> Engine:
     spec.tgid = t.pid
     eng = Engine([spec], db_path=db, pid=t.pid, argv=["matrix"])

@@ -496,6 +496,17 @@ def _cli_link(db: Path) -> Iterator[dict[str, tuple[str, str, str]]]:
         assert p.wait(timeout=30) == 0
 
 
+def _window_run(db: Path, name: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """A whole window, run to its end (or its refusal)."""
+    return subprocess.run(
+        [*GF, *args, "--link", name, "--db", str(db)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 def _window(db: Path, name: str, *args: str) -> subprocess.Popen[str]:
     """A window's controller, returned once its impairment is in place."""
     q = subprocess.Popen(
@@ -581,13 +592,7 @@ def test_sigkill_of_a_partition_controller_heals_the_link_at_once(tmp_path: Path
         print(json.dumps({"healed_after_sigkill_s": round(took, 3)}))
         assert _impairments(link) == {"a": [], "b": []}
         # The next window is accepted and undone as usual.
-        r = subprocess.run(
-            [*GF, "loss", "5%", "--for", "0.2s", "--link", link["name"], "--db", str(db)],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        r = _window_run(db, link["name"], "loss", "5%", "--for", "0.2s")
         assert r.returncode == 0, r.stderr
         assert _impairments(link) == {"a": [], "b": []}
 
@@ -613,13 +618,7 @@ def test_partition_heals_at_its_kernel_deadline_without_any_controller(tmp_path:
         print(json.dumps({"healed_after_deadline_s": round(took, 3)}))
         # No process removed it: the kernel passes packets through it.
         assert _impairments(link)["a"] == ["clsact", mk.name]
-        r = subprocess.run(
-            [*GF, "partition", "--for", "0.2s", "--link", link["name"], "--db", str(db)],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        r = _window_run(db, link["name"], "partition", "--for", "0.2s")
         assert r.returncode == 0, r.stderr
         assert _impairments(link) == {"a": [], "b": []}
         assert _gets_through(link, 7742)
@@ -645,13 +644,7 @@ def test_a_dead_rate_windows_qdisc_is_removed(tmp_path: Path) -> None:
         q.send_signal(signal.SIGKILL)
         q.wait(10)
         assert "tbf" in _impairments(link)["a"]
-        r = subprocess.run(
-            [*GF, "partition", "--for", "0.2s", "--link", link["name"], "--db", str(db)],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        r = _window_run(db, link["name"], "partition", "--for", "0.2s")
         assert r.returncode == 0, r.stderr
         assert _impairments(link) == {"a": [], "b": []}
 
@@ -664,13 +657,7 @@ def test_a_live_window_is_not_taken_over(tmp_path: Path) -> None:
     with _cli_link(db) as link:
         q = _window(db, link["name"], "partition", "--for", "30s")
         try:
-            r = subprocess.run(
-                [*GF, "loss", "5%", "--for", "1s", "--link", link["name"], "--db", str(db)],
-                cwd=REPO,
-                capture_output=True,
-                text=True,
-                timeout=60,
-            )
+            r = _window_run(db, link["name"], "loss", "5%", "--for", "1s")
             assert r.returncode == 2 and "already has an impairment" in r.stderr, r.stderr
             assert r.stderr.count("\n") == 1
             assert not _gets_through(link, 7750)

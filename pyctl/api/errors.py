@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 
+from pyctl import exceptions
 from pyctl.exceptions import (
     BadInput,
     EvidenceWriteError,
@@ -51,12 +52,4 @@ def _with_cause(new: GpufaultError, cause: BaseException) -> GpufaultError:
     return new
 
 
-__all__ = [
-    "GpufaultError",
-    "BadInput",
-    "MissingPrerequisite",
-    "TargetGone",
-    "EvidenceWriteError",
-    "ExperimentFailed",
-    "translate",
-]
+__all__ = [*exceptions.__all__, "translate"]

@@ -338,7 +338,6 @@ class Session(_Base):
             except BaseException as e:  # noqa: BLE001
                 self.error = self.error or translate(e)
                 end = "failed"
-            self._flush()  # the last fires, committed by finish()'s drain
             closed = runner.engine
             if closed is not None and getattr(closed, "write_error", None) is not None:
                 end = "failed"
@@ -349,24 +348,19 @@ class Session(_Base):
             self._end()
 
     def _hook(self, runner: Any, eng: Any) -> None:
-        """Fires reach the harness after their rows are committed: the
-        engine calls on_fire inside the batch's transaction, which commits
-        when poll() returns, so each poll hands over what it stored (a
-        harness that reads faults() after wait_fires() finds them all).
-        The kernel's call counters are read here too, on the controller's
-        own thread, about five times a second."""
-        pending: list[Fire] = []
+        """Each fire reaches the harness once its row is committed (the
+        engine calls on_fire after the batch's commit), so faults() after
+        wait_fires() finds them all. The kernel's call counters are read on
+        the controller's own thread, after a poll, about five times a second."""
         poll = eng.poll
         last = [0.0]
 
         def fired(row: dict[str, Any]) -> None:
             runner.note_fire(row)
-            pending.append(_fire(row))
+            self._fired(_fire(row))
 
         def polled(*a: Any, **kw: Any) -> int:
             n = poll(*a, **kw)
-            while pending:
-                self._fired(pending.pop(0))
             now = time.monotonic()
             if now - last[0] >= 0.2:
                 last[0] = now
@@ -376,15 +370,8 @@ class Session(_Base):
                     pass
             return int(n)
 
-        def flush() -> None:
-            while pending:
-                self._fired(pending.pop(0))
-
         eng.on_fire = fired
         eng.poll = polled
-        self._flush = flush
-
-    _flush: Callable[[], object] = staticmethod(lambda: None)  # type: ignore[assignment]
 
     def _sample(self, runner: Any) -> None:
         eng = getattr(runner, "engine", None)

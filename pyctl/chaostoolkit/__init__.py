@@ -31,54 +31,10 @@ from __future__ import annotations
 
 import atexit
 import threading
-from collections.abc import Callable
-from concurrent.futures import Future
-from queue import SimpleQueue
-from typing import Any, TypeVar
-
-T = TypeVar("T")
+from typing import Any
 
 _LOCK = threading.Lock()
 _SESSIONS: dict[str, Any] = {}  # run id -> gpufault.IsolatedSession, in arm order
-
-
-class _Launcher:
-    """One long-lived thread that starts every child controller: the child
-    has PR_SET_PDEATHSIG, which fires when the *thread* that forked it
-    exits, and Chaos Toolkit runs background activities on pool threads
-    that end with their activity."""
-
-    def __init__(self) -> None:
-        self._q: SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-
-    def call(self, fn: Callable[[], T]) -> T:
-        with self._lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(
-                    target=self._loop, name="gf-chaos-launcher", daemon=True
-                )
-                self._thread.start()
-        fut: Future[T] = Future()
-        self._q.put((fn, fut))
-        return fut.result()
-
-    def _loop(self) -> None:
-        while True:
-            fn, fut = self._q.get()
-            try:
-                fut.set_result(fn())
-            except BaseException as e:  # noqa: BLE001 - handed to the caller
-                fut.set_exception(e)
-
-
-_LAUNCHER = _Launcher()
-
-
-def launch(fn: Callable[[], T]) -> T:
-    """Run fn (an arm with isolate=True) on the launcher thread."""
-    return _LAUNCHER.call(fn)
 
 
 def register(session: Any) -> None:
@@ -126,4 +82,4 @@ def fail(e: BaseException) -> BaseException:
     return err
 
 
-__all__ = ["launch", "register", "session", "sessions", "disarm_all", "fail"]
+__all__ = ["register", "session", "sessions", "disarm_all", "fail"]

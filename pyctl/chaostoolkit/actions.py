@@ -58,17 +58,13 @@ def _arm(specs: list[Any], target: Any, duration: float, db: str, kind: str,
          arm_timeout: float) -> dict[str, Any]:  # fmt: skip
     from pyctl import api
 
-    s = reg.launch(
-        lambda: api.arm(
-            specs,
-            target,
-            db=db,
-            duration=duration,
-            isolate=True,
-            kind=kind,
-            arm_timeout=arm_timeout,
-        )  # fmt: skip
-    )
+    # isolate=True: the library forks the child from its own long-lived
+    # launcher thread, so Chaos Toolkit's short-lived pool threads cannot
+    # take the child's PR_SET_PDEATHSIG with them.
+    s = api.arm(
+        specs, target, db=db, duration=duration, isolate=True, kind=kind,
+        arm_timeout=arm_timeout,
+    )  # fmt: skip
     reg.register(s)
     return {
         "run_id": s.run_id,

@@ -97,8 +97,7 @@ def trace_summary(
             secs = _duration(duration)
             spec = api.Fault.trace(lib, fn, entry_only=entry_only)
             tgt = _target(pid, None)
-            s = reg.launch(lambda: api.arm(spec, tgt, db=path, duration=secs, isolate=True,
-                                           kind="trace"))  # fmt: skip
+            s = api.arm(spec, tgt, db=path, duration=secs, isolate=True, kind="trace")
             reg.register(s)
             s.wait(secs + 30)  # the deadline is the kernel's; the child's end follows it
             s.disarm()

@@ -692,6 +692,19 @@ def _names(conn: sqlite3.Connection, kind: str, schema: str = "main") -> set[str
 # ---- migrations: MIGRATIONS[v] takes a database from version v to v + 1 --------
 
 
+def _keeps_every_column(t: Any, old: dict[str, Any]) -> list[str]:
+    """The old table's column names, once sure a rebuild to this schema
+    drops none of them (the migration and the read-only check both ask)."""
+    cols = [c[0] for c in old["columns"]]
+    lost = [c for c in cols if c not in t.column_names]
+    if lost:
+        raise SchemaError(
+            f"table {t.name}: columns {', '.join(lost)} are not in "
+            f"schema {SCHEMA_VERSION}; refusing to drop them"
+        )
+    return cols
+
+
 def _conform(conn: sqlite3.Connection, ref: sqlite3.Connection) -> None:
     """Rebuild every existing table whose shape is not the current one:
     create it anew, copy the rows by column name, swap it in (SQLite has
@@ -704,13 +717,7 @@ def _conform(conn: sqlite3.Connection, ref: sqlite3.Connection) -> None:
         old, new = shape(conn, t.name), shape(ref, t.name)
         if old["columns"] == new["columns"] and old["fks"] == new["fks"]:
             continue
-        cols = [c[0] for c in old["columns"]]
-        lost = [c for c in cols if c not in t.column_names]
-        if lost:
-            raise SchemaError(
-                f"table {t.name}: columns {', '.join(lost)} are not in "
-                f"schema {SCHEMA_VERSION}; refusing to drop them"
-            )
+        cols = _keeps_every_column(t, old)
         tmp = f"_gf_new_{t.name}"
         conn.execute(f"DROP TABLE IF EXISTS {_q(tmp)}")
         conn.execute(t.create_sql(tmp))
@@ -775,13 +782,7 @@ def check(db: Any) -> None:
                         f"(columns {', '.join(c[0] for c in old['columns'][:6])})"
                     )
                 continue
-            cols = [c[0] for c in old["columns"]]
-            lost = [c for c in cols if c not in t.column_names]
-            if lost:
-                raise SchemaError(
-                    f"table {t.name}: columns {', '.join(lost)} are not in "
-                    f"schema {SCHEMA_VERSION}; refusing to drop them"
-                )
+            cols = _keeps_every_column(t, old)
             empty = [c[0] for c in new["columns"] if c[2] and c[0] not in cols]
             if empty and conn.execute(f"SELECT 1 FROM {_q(t.name)} LIMIT 1").fetchone():
                 raise SchemaError(
