@@ -55,10 +55,11 @@ sys.path.insert(0, str(REPO / "tests"))
 from bench_tokenizer_bpf import lib_path  # noqa: E402 - the tokenizers' extension modules
 from gftarget import LIB, Target  # noqa: E402
 
-from pyctl import paths, resolve  # noqa: E402
-from pyctl.aggregate import Aggregator  # noqa: E402
+from pyctl import paths  # noqa: E402
 from pyctl.bpf.libbpf import BPF_TRACE_UPROBE_MULTI, Object  # noqa: E402
+from pyctl.calls.aggregate import Aggregator  # noqa: E402
 from pyctl.capabilities import uprobe_multi  # noqa: E402
+from pyctl.symbols import resolve  # noqa: E402
 
 N = int(os.environ.get("GF_BENCH_CALLS", "500000"))
 ROUNDS = int(os.environ.get("GF_BENCH_ROUNDS", "5"))

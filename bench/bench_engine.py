@@ -28,10 +28,11 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from gftarget import LIB, Target  # noqa: E402
 
-from pyctl import paths, resolve  # noqa: E402
+from pyctl import paths  # noqa: E402
 from pyctl.bpf.libbpf import Object  # noqa: E402
 from pyctl.engine import Engine  # noqa: E402
 from pyctl.spec import FaultSpec  # noqa: E402
+from pyctl.symbols import resolve  # noqa: E402
 
 N = int(os.environ.get("GF_BENCH_CALLS", "2000000"))
 

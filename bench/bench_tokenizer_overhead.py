@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 
-from pyctl.tokenizer import symbols
+from pyctl.symbols import tokenizers as symbols
 from pyctl.tokenizer.builders import build_hf_bpe, build_tiktoken, generate_corpus
 from pyctl.tokenizer.uprobe_count import UprobeCounter, tracefs_ready
 

@@ -136,8 +136,8 @@ def _uprobe_multi_trial() -> bool:
     import ctypes
     import threading
 
-    from pyctl import resolve
     from pyctl.bpf.libbpf import BPF_TRACE_UPROBE_MULTI, BpfError, Object, map_lookup
+    from pyctl.symbols import resolve
 
     try:
         libc = resolve.find_library("libc", os.getpid())

@@ -1,8 +1,8 @@
 """gpufault's on-disk cache: what is slow to learn and cannot change under
 a key, kept between runs so `gpufault trace --pid` attaches in milliseconds.
 
-- `symtab/<build-id>`: a file's function table (pyctl/symtab.py) and the
-  probe-site table of pyctl/resolve.py. A build-id names one build's bytes,
+- `symtab/<build-id>`: a file's function table (pyctl/symbols/symtab.py) and the
+  probe-site table of pyctl/symbols/resolve.py. A build-id names one build's bytes,
   so an entry never goes stale; a file without a build-id is never cached.
 - `caps/<boot-id>-<kernel release>.json`: the kernel's trial loads
   (pyctl/capabilities.py). What the verifier and the uprobe_multi link

@@ -30,14 +30,14 @@ EXIT_INTERRUPTED = 130
 _USER_ERRORS = (
     ("pyctl.spec", "SpecError"),
     ("pyctl.engine", "EngineError"),
-    ("pyctl.resolve", "ResolveError"),
+    ("pyctl.symbols.resolve", "ResolveError"),
     ("pyctl.xid", "XidError"),
     ("pyctl.tracefs", "TracefsError"),
     ("pyctl.templates", "TemplateError"),
     ("pyctl.experiment.files", "ExperimentError"),
     ("pyctl.experiment.probes", "ProbeError"),
     ("pyctl.experiment.loadgen", "LoadError"),
-    ("pyctl.store", "StoreError"),
+    ("pyctl.evidence.store", "StoreError"),
     ("pyctl.netchaos", "NetChaosError"),
     ("pyctl.copilot.model", "CopilotError"),
     ("pyctl.tokenizer.targets", "TargetError"),
@@ -48,8 +48,8 @@ _USER_ERRORS = (
     ("pyctl.bpf.libbpf", "BpfError"),
     ("pyctl.observe", "ObserveError"),
     ("pyctl.report.data", "ReportError"),
-    ("pyctl.summary", "SummaryError"),
-    ("pyctl.aggregate", "AggregateError"),
+    ("pyctl.calls.summary", "SummaryError"),
+    ("pyctl.calls.aggregate", "AggregateError"),
 )
 
 

@@ -18,7 +18,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pyctl import store
+from pyctl.evidence import store
 
 DEFAULT_MAX_DB_BYTES = 1 << 30  # --max-db-size: call rows stop here (faults do not)
 

@@ -236,7 +236,7 @@ class Runner:
         if t.cmd:
             check_command(t.cmd)
         if t.cmd:
-            from pyctl import resolve
+            from pyctl.symbols import resolve
 
             resolve.add_search_dirs_for_program(t.cmd[0])
             r, w = os.pipe()

@@ -40,9 +40,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pyctl import store
 from pyctl.bpf.libbpf import BpfError, Object, lib, map_lookup
 from pyctl.bpf.ringbuf import RingReader
+from pyctl.evidence import store
 from pyctl.exceptions import MissingPrerequisite
 
 XID_OBJ = Path(__file__).resolve().parent / "data" / "xid.bpf.o"

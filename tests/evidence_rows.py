@@ -11,8 +11,8 @@ from typing import Any
 
 from click.testing import CliRunner
 
-from pyctl import store
 from pyctl.bpf import abi
+from pyctl.evidence import store
 
 LIBCUDA = "/usr/lib/x86_64-linux-gnu/libcuda.so.1"
 LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6"

@@ -17,10 +17,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gftarget import LIB, Target  # noqa: E402
 
-from pyctl import query, store  # noqa: E402
 from pyctl.anchors.device import AnchorDevice  # noqa: E402
 from pyctl.anchors.modload import insmod, rmmod  # noqa: E402
 from pyctl.engine import Engine  # noqa: E402
+from pyctl.evidence import (
+    query,  # noqa: E402
+    store,
+)
 from pyctl.spec import FaultSpec  # noqa: E402
 
 ko, outdir = sys.argv[1], Path(sys.argv[2])

@@ -11,9 +11,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from pyctl import store
 from pyctl.anchors import store as anchor_store
-from pyctl.evidence import schema
+from pyctl.evidence import schema, store
 
 # The experiment tables as gpufault defines them (pyctl/evidence/schema.py).
 EXPERIMENT_DDL = schema.script(schema.EXPERIMENT_TABLES)

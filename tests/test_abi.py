@@ -45,7 +45,7 @@ def test_call_record_sql_binds_plain_qmarks_only() -> None:
     import re
     import struct
 
-    from pyctl import store
+    from pyctl.evidence import store
 
     sql = store._CALL_RECORD_SQL
     assert not re.search(r"\?\d", sql)

@@ -1,4 +1,4 @@
-"""In-kernel summaries (bpf/aggregate.bpf.c, pyctl/aggregate.py) on real
+"""In-kernel summaries (bpf/aggregate.bpf.c, pyctl/calls/aggregate.py) on real
 processes: exact counts, plausible latency buckets, the per-thread split,
 error codes named from the catalog, and nothing left attached afterwards
 (after an error, a bad input or Ctrl-C). The struct mirrors:
@@ -56,7 +56,7 @@ def baseline():
 # ---- counts, latency, threads -------------------------------------------------
 @pytest.mark.parametrize("mode", ["session", "pair", "count"])
 def test_counts_exact(target: Target, baseline: int, mode: str, monkeypatch) -> None:
-    from pyctl.aggregate import MODE_PROGS, Aggregator
+    from pyctl.calls.aggregate import MODE_PROGS, Aggregator
 
     latency = mode != "count"
     if mode == "pair":  # the older kernels' way, forced
@@ -88,7 +88,7 @@ def test_counts_exact(target: Target, baseline: int, mode: str, monkeypatch) -> 
 
 
 def test_per_thread_split_exact(target: Target, baseline: int) -> None:
-    from pyctl.aggregate import Aggregator
+    from pyctl.calls.aggregate import Aggregator
 
     with Aggregator(target.pid, str(LIB), ["gf_victim"], per_thread=True) as agg:
         rows = target.victim(300, threads=2)
@@ -104,8 +104,8 @@ def test_no_private_stack(baseline: int) -> None:
     which preempting threads would share: see tests/test_bpf_stack.py)."""
     from test_bpf_stack import PRIVATE_STACK_PROLOGUE, jit_image
 
-    from pyctl.aggregate import PROGS
     from pyctl.bpf.libbpf import BPF_TRACE_UPROBE_SESSION, BpfError, Object, lib
+    from pyctl.calls.aggregate import PROGS
 
     for prog in PROGS:
         obj = Object(OBJ)
@@ -144,7 +144,7 @@ CUDA_CHILD = textwrap.dedent("""
 
 
 def test_error_codes_named(baseline: int) -> None:
-    from pyctl.aggregate import Aggregator
+    from pyctl.calls.aggregate import Aggregator
 
     lib = str(paths.DOUBLE_LIBCUDA)
     p = subprocess.Popen(
@@ -208,8 +208,8 @@ def test_bad_pid_and_unknown_function_one_line(target: Target, baseline: int) ->
 def test_attach_failure_leaves_nothing(target: Target, baseline: int, monkeypatch) -> None:
     """An error half-way through attaching (the entry program after the
     return one, every way tried) detaches what was attached and closes."""
-    from pyctl import aggregate
     from pyctl.bpf.libbpf import BpfError, Object
+    from pyctl.calls import aggregate
 
     real = Object.attach_uprobe_multi
     calls = {"n": 0}
@@ -230,7 +230,7 @@ def test_attach_failure_leaves_nothing(target: Target, baseline: int, monkeypatc
 
 
 def test_duration_and_target_exit(target: Target, baseline: int) -> None:
-    from pyctl import aggregate
+    from pyctl.calls import aggregate
 
     agg = aggregate.Aggregator(target.pid, str(LIB), ["gf_victim"], latency=False)
     t0 = time.monotonic()

@@ -15,7 +15,7 @@ import pytest
 from gftarget import TARGET, Target
 from procio import finish, start_controller
 
-from pyctl import callers
+from pyctl.symbols import callers
 
 pytestmark = [pytest.mark.root]
 REPO = Path(__file__).resolve().parent.parent

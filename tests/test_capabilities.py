@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from pyctl import capabilities, resolve
+from pyctl import capabilities
 from pyctl.bpf.libbpf import BPF_TRACE_UPROBE_MULTI, BpfError, Object, map_lookup
+from pyctl.symbols import resolve
 
 pytestmark = [pytest.mark.root]
 

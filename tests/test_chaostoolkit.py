@@ -47,7 +47,7 @@ PROBES = "pyctl.chaostoolkit.probes"
 
 def code_at(pid: int, lib: str, fn: str) -> tuple[str, str]:
     """The first 8 bytes of fn in the process, and in the file."""
-    from pyctl import resolve
+    from pyctl.symbols import resolve
 
     sym = resolve.symbols(resolve.find_library(lib, pid), fn)[0]
     real = os.path.realpath(lib)

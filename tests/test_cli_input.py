@@ -18,9 +18,9 @@ from click.testing import CliRunner
 from gftarget import LIB, Target, bpf_progs, no_new_progs
 from procio import start_controller
 
-from pyctl import resolve
 from pyctl.cli import cli, start_notes
 from pyctl.spec import FaultSpec, SpecError, parse_duration, parse_signal
+from pyctl.symbols import resolve
 
 GF = [sys.executable, "-m", "pyctl"]
 LIBC_SCRIPT = Path("/usr/lib/x86_64-linux-gnu/libc.so")

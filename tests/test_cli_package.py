@@ -18,12 +18,12 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from pyctl import store
 from pyctl.cli import cli, completion, main
 from pyctl.cli import options as O
 from pyctl.cli.commands import COMMANDS
 from pyctl.cli.doctor import mark
 from pyctl.cli.man import render, roff_escape
+from pyctl.evidence import store
 from pyctl.run_options import RunOptions
 from pyctl.spec import FaultSpec, ReturnCode, SpecError
 

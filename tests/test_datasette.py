@@ -46,7 +46,7 @@ def test_views_are_documented_as_views() -> None:
 
 
 def test_a_reader_of_a_file_without_views_gets_temp_ones(tmp_path: Path) -> None:
-    from pyctl import store
+    from pyctl.evidence import store
 
     db = tmp_path / "gf.db"
     fill(db)

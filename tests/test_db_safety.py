@@ -24,7 +24,7 @@ import pytest
 from conftest import tag
 from gftarget import REPO, TARGET, Target, on_victim
 
-from pyctl import store
+from pyctl.evidence import store
 
 pytestmark = [pytest.mark.root]
 

@@ -24,8 +24,8 @@ import pytest
 from gftarget import LIB, REPO, TARGET, Target, bpf_progs, no_new_progs, on_victim
 from procio import finish, start_controller
 
-from pyctl import query, store
 from pyctl.engine import Engine
+from pyctl.evidence import query, store
 from pyctl.spec import FaultSpec
 
 pytestmark = [pytest.mark.root]

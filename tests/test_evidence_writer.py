@@ -1,7 +1,7 @@
 """The event -> row -> `show` path without root: synthetic decoded ring
 records (fires, process events, call records, copilot outcomes) into the
 evidence writer (pyctl/engine/evidence.py) over a temporary database, the
-rows and `gpufault show`'s text (pyctl.query) out. The probe site is this
+rows and `gpufault show`'s text (pyctl.evidence.query) out. The probe site is this
 process's own libc getpid, so stacks and the load base are real."""
 
 from __future__ import annotations
@@ -19,14 +19,15 @@ from pathlib import Path
 
 import pytest
 
-from pyctl import query, resolve, store
 from pyctl.bpf import abi
 from pyctl.bpf.ringbuf import HDR
 from pyctl.copilot import Outcome
 from pyctl.copilot.injections import CorruptOutcome
 from pyctl.engine import NOT_INJECTED, Attachment
 from pyctl.engine.evidence import CALL_REC, EvidenceWriter
+from pyctl.evidence import query, store
 from pyctl.spec import FaultSpec
+from pyctl.symbols import resolve
 
 PID = os.getpid()
 TID = threading.get_native_id()

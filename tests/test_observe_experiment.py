@@ -161,7 +161,7 @@ def test_alert_fired_through_prometheus(tmp_path: Path) -> None:
         hits = alerts.query(prom.url, "max_over_time(gpufault_probe_hits_total[5m])")
         assert hits and hits[0][1] >= fires, hits
 
-        from pyctl import store
+        from pyctl.evidence import store
         from pyctl.report import render_html
 
         rdb = store.open_db(db, readonly=True)

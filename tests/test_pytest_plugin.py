@@ -39,7 +39,7 @@ import json, os, sys
 sys.path.insert(0, {str(TESTS)!r})
 import pytest
 from gftarget import LIB, Target
-from pyctl import resolve
+from pyctl.symbols import resolve
 
 REPORT = os.environ["GF_PLUGIN_REPORT"]
 NOTES = {{}}

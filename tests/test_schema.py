@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from pyctl import query, store
 from pyctl.bpf import abi
-from pyctl.evidence import schema
+from pyctl.evidence import query, schema, store
 
 REPO = Path(__file__).resolve().parent.parent
 V1_SQL = (Path(__file__).parent / "data" / "schema_v1.sql").read_text()

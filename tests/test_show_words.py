@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from evidence_rows import fill, gf
 
-from pyctl import query, store, words
 from pyctl.bpf import abi
+from pyctl.evidence import query, store, words
 
 
 def test_copilot_fail_reads_as_a_sentence(evidence: dict) -> None:

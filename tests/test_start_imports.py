@@ -36,8 +36,8 @@ def test_the_trace_path_imports_none_of_the_slow_modules() -> None:
         "import pyctl.cli, pyctl.cli.trace, pyctl.cli.launch, pyctl.engine, pyctl.runner\n"
         "from pyctl.sigmask import block_sigchld\n"
         "block_sigchld()\n"
-        "import pyctl.bpf.libbpf, pyctl.demangle, pyctl.diskcache\n"
-        "pyctl.bpf.libbpf.lib(); pyctl.demangle._cxa(); pyctl.diskcache.load_caps()\n"
+        "import pyctl.bpf.libbpf, pyctl.symbols.demangle, pyctl.diskcache\n"
+        "pyctl.bpf.libbpf.lib(); pyctl.symbols.demangle._cxa(); pyctl.diskcache.load_caps()\n"
         f"print(sorted(m for m in {KEPT_OFF!r} if m in sys.modules and m not in pre))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from pyctl import store, summary
 from pyctl.bpf.aggregate_abi import ERR_NONZERO32, SLOTS
+from pyctl.calls import summary
 from pyctl.cli.calls import calls, print_run_summary
+from pyctl.evidence import store
 
 CUDA = "/usr/lib/x86_64-linux-gnu/libcuda.so.1"
 OTHER = "/opt/app/libfoo.so"

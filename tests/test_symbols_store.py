@@ -26,8 +26,9 @@ from pathlib import Path
 
 import pytest
 
-from pyctl import capabilities, diskcache, resolve, symtab
-from pyctl.demangle import demangle
+from pyctl import capabilities, diskcache
+from pyctl.symbols import resolve, symtab
+from pyctl.symbols.demangle import demangle
 
 REPO = Path(__file__).resolve().parent.parent
 CXX = REPO / "build" / "targets" / "gf_cxx"
@@ -180,7 +181,7 @@ def test_a_table_read_while_the_file_lived_still_names_frames(tmp_path: Path) ->
     os.unlink(a)  # as /proc/PID/root/... is once the process is gone
     assert symtab.is_loaded(a)
     assert symtab.name_at(a, rel) == "gf_cxx!foo(int)+0x0"
-    from pyctl.symbolize import name_in
+    from pyctl.symbols.symbolize import name_in
 
     assert name_in(a, rel, parse=False) == "gf_cxx!foo(int)+0x0"
 

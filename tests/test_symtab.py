@@ -1,4 +1,4 @@
-"""Stack frames name the right function: pyctl/symtab.py against gdb as
+"""Stack frames name the right function: pyctl/symbols/symtab.py against gdb as
 the oracle (gdb reads the same .symtab/.dynsym and debug files by build-id),
 on random addresses of real files: Debian's libc (its local functions, such
 as start_thread, come from libc6-dbg's debug file), a C++ program with a
@@ -19,8 +19,8 @@ import pytest
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
-from pyctl import symtab
-from pyctl.demangle import demangle
+from pyctl.symbols import symtab
+from pyctl.symbols.demangle import demangle
 
 REPO = Path(__file__).resolve().parent.parent
 LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6"

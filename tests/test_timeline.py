@@ -9,8 +9,8 @@ from pathlib import Path
 
 from evidence_rows import gf
 
-from pyctl import store
-from pyctl import timeline as tl
+from pyctl.evidence import store
+from pyctl.evidence import timeline as tl
 
 
 def test_events_in_time_order_with_relative_times(evidence: dict) -> None:

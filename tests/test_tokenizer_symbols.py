@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pyctl.tokenizer import symbols
+from pyctl.symbols import tokenizers as symbols
 from pyctl.tokenizer.builders import build_hf_bpe, build_tiktoken
 
 pytest.importorskip("tokenizers", reason="needs the tokenizers wheel")
@@ -151,7 +151,7 @@ def test_uprobe_counter_mounts_tracefs_itself_and_says_so() -> None:
     import sys
 
     code = (
-        "from pyctl.tokenizer import symbols\n"
+        "from pyctl.symbols import tokenizers as symbols\n"
         "from pyctl.tokenizer.uprobe_count import UprobeCounter\n"
         "from pyctl.tokenizer.builders import build_hf_bpe\n"
         "tok = build_hf_bpe(300)\n"

@@ -26,7 +26,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from pyctl import runner, store, xid
+from pyctl import runner, xid
+from pyctl.evidence import store
 from pyctl.spec import FaultSpec
 
 FORMAT = Path(__file__).resolve().parent / "device" / "nvidia_dev_xid.format"

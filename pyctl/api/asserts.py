@@ -52,13 +52,13 @@ def _code_matches(f: FaultRecord, code: int | str) -> bool:
     text = str(code).strip()
     if text.lstrip("-").isdigit():
         return f.retval == int(text)
-    from pyctl.words import code_name
+    from pyctl.evidence.words import code_name
 
     return code_name(f.function, f.library, f.retval).split(" (")[0] == text
 
 
 def _fault_line(f: FaultRecord) -> str:
-    from pyctl.words import code_name
+    from pyctl.evidence.words import code_name
 
     injected = f" {code_name(f.function, f.library, f.retval)}" if f.retval is not None else ""
     return (
@@ -176,7 +176,7 @@ def _detail_matches(link: dict[str, Any], detail: dict[str, Any]) -> bool:
 
 
 def _followed_lines(doc: dict[str, Any]) -> list[str]:
-    from pyctl.words import link_words
+    from pyctl.evidence.words import link_words
 
     f = doc["fault"]
     out = [

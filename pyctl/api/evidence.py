@@ -1,7 +1,7 @@
 """The evidence store read as objects: a fault ID's record, its chain
 (`gpufault show`'s text and JSON), a run's faults.
 
-Read-only (SQLite mode=ro through pyctl.store): reading never creates,
+Read-only (SQLite mode=ro through pyctl.evidence.store): reading never creates,
 converts or chmods the file, so a harness may read a database a run is
 still writing (WAL).
 """
@@ -56,7 +56,7 @@ class FaultRecord:
 
     def show(self) -> str:
         """`gpufault show FAULT_ID`'s text."""
-        from pyctl import query
+        from pyctl.evidence import query
 
         return query.render_chain(self.chain())
 
@@ -65,7 +65,7 @@ class Evidence:
     """A gpufault database, opened read-only."""
 
     def __init__(self, db_path: str | os.PathLike[str]) -> None:
-        from pyctl import store
+        from pyctl.evidence import store
 
         self.db_path = str(db_path)
         try:
@@ -114,7 +114,7 @@ class Evidence:
         return rows[0]
 
     def chain(self, fault_id: str) -> dict[str, Any]:
-        from pyctl import query
+        from pyctl.evidence import query
 
         doc = query.fault_chain(self._db, fault_id)
         if doc is None:

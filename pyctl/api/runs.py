@@ -24,7 +24,7 @@ def trace(
     per_thread: bool = False,
 ) -> Any:
     """Record every call of `fn` in `lib` for `duration` seconds (or until
-    a started command ends) and return the run's pyctl.summary.Summary:
+    a started command ends) and return the run's pyctl.calls.summary.Summary:
     per function the calls, errors by code name, latency percentiles and
     a log2 histogram (.to_json() for plain data, .render() for the text
     `gpufault trace` prints)."""

@@ -233,12 +233,12 @@ class _Base:
             return ev.faults(self.run_id)
 
     def summary(self, per_thread: bool = False) -> Any:
-        """The run's call summary (pyctl.summary.Summary: per function the
+        """The run's call summary (pyctl.calls.summary.Summary: per function the
         calls, errors by code name, latency percentiles, a log2 histogram)
         from its call rows: a session of Fault.trace(...) specs records one
         per call. .to_json() is plain data, .render() `gpufault trace`'s text."""
-        from pyctl import store, summary
-
+        from pyctl.calls import summary
+        from pyctl.evidence import store
         try:
             d = store.open_db(self.db, readonly=True)
         except Exception as e:  # noqa: BLE001 - StoreError: one line

@@ -18,7 +18,7 @@ from typing import Any
 
 from pyctl import chaostoolkit as reg
 
-DEFAULT_DB = "/var/lib/gpufault/gpufault.db"  # pyctl.store.DEFAULT_DB, without importing it
+DEFAULT_DB = "/var/lib/gpufault/gpufault.db"  # = evidence.store.DEFAULT_DB, not imported
 
 
 def _duration(value: float | str) -> float:

@@ -81,13 +81,15 @@ def trace_summary(
     entry_only: bool = False,
 ) -> dict[str, Any]:
     """Per function: calls, errors by code name, latency percentiles and a
-    histogram (pyctl.summary.Summary.to_json()). With pid, lib, fn and
+    histogram (pyctl.calls.summary.Summary.to_json()). With pid, lib, fn and
     duration: trace those calls now, for that long (in a child controller,
     as the actions run), then summarize; else summarize a recorded run's
     calls (run_id, default the last this process armed)."""
-    from pyctl import api, store, summary
+    from pyctl import api
     from pyctl.api.errors import BadInput, translate
+    from pyctl.calls import summary
     from pyctl.chaostoolkit.actions import DEFAULT_DB, _duration, _target
+    from pyctl.evidence import store
 
     try:
         if lib or fn or pid is not None:

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import click
 
-from pyctl import store as gf_store
 from pyctl.anchors.device import DEFAULT_PATH, AnchorDevice
 from pyctl.anchors.record import AnchorRecord
 from pyctl.anchors.store import store_records
 from pyctl.cli.options import Duration, db_option
+from pyctl.evidence import store as gf_store
 
 SYS = Path("/sys/module/gpufa")
 

@@ -36,10 +36,10 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def wrapper(*a: Any, **kw: Any) -> Any:
-        from pyctl import store
         from pyctl.engine import EngineError, StoreWriteError
-        from pyctl.resolve import ResolveError
+        from pyctl.evidence import store
         from pyctl.spec import SpecError
+        from pyctl.symbols.resolve import ResolveError
 
         try:
             return fn(*a, **kw)
@@ -56,7 +56,7 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
 def open_existing(db_path: str) -> Any:
     """Read-only (SQLite mode=ro): faults/show never create, convert, chmod
     or add tables to the file; a database that is not gpufault's is refused."""
-    from pyctl import store
+    from pyctl.evidence import store
 
     try:
         return store.open_db(db_path, readonly=True)

@@ -21,9 +21,9 @@ from typing import Any
 
 import click
 
-from pyctl import store
 from pyctl.cli.base import UserError  # one line on stderr, exit 2
 from pyctl.cli.options import DURATION, db_option
+from pyctl.evidence import store
 
 
 def _output_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -49,7 +49,7 @@ def print_run_summary(
     import sqlite3
     import time
 
-    from pyctl import summary
+    from pyctl.calls import summary
 
     db = store.open_db(db_path, readonly=True)
     if budget_s is not None:
@@ -109,7 +109,7 @@ def show(run: str, db_path: str, per_thread: bool, as_json: bool) -> None:
       gpufault calls 1a2b3c4d --per-thread
       gpufault calls last --json --db /tmp/gf.db
     """
-    from pyctl.summary import SummaryError
+    from pyctl.calls.summary import SummaryError
 
     try:
         print_run_summary(db_path, run, per_thread=per_thread, as_json=as_json)
@@ -157,8 +157,8 @@ def live(
       gpufault calls live --pid 1234 --lib libnccl --fn 'nccl*' --count-only
       gpufault calls live --pid 1234 --lib tokenizers --fn tok:hf-encode --per-thread
     """
-    from pyctl import aggregate
     from pyctl.bpf.libbpf import BpfError
+    from pyctl.calls import aggregate
 
     agg = aggregate.Aggregator(pid, lib, fn_pattern, latency=latency, per_thread=per_thread)
 

@@ -57,7 +57,7 @@ def _db_for(ctx: click.Context) -> str:
         if given:
             return str(given)
         c = c.parent
-    from pyctl import store
+    from pyctl.evidence import store
 
     return os.environ.get("GPUFAULT_DB") or str(store.DEFAULT_DB)
 

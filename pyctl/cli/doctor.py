@@ -98,7 +98,7 @@ def probes(lib: str | None, pid: int | None, fn_pattern: tuple[str, ...], as_jso
       gpufault probes libcuda --fn 'cuMemAlloc*'
       gpufault probes /usr/lib/x86_64-linux-gnu/libc.so.6 --fn 'mall*'
     """
-    from pyctl import resolve
+    from pyctl.symbols import resolve
 
     rows: list[dict[str, Any]]
     if lib is None:
@@ -120,7 +120,7 @@ def probes(lib: str | None, pid: int | None, fn_pattern: tuple[str, ...], as_jso
             for r in rows:
                 click.echo(f"{r['lib']:7} {r['function']}({r['args']})")
         return
-    from pyctl.demangle import demangle
+    from pyctl.symbols.demangle import demangle
 
     L = resolve.find_library(lib, pid)
     syms = resolve.symbols(L, list(fn_pattern) or ["*"])

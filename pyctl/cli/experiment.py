@@ -261,7 +261,7 @@ def run(
       gpufault experiment run control --db /tmp/exp.db
       gpufault experiment run tokenizer-stall --set stall=80ms
     """
-    from pyctl import store
+    from pyctl.evidence import store
     from pyctl.experiment import runner
 
     e = _load(name, sets)
@@ -336,7 +336,7 @@ def results(experiment_id: str | None, db_path: str | None, as_json: bool) -> No
       gpufault experiment results --db /tmp/exp.db
       gpufault experiment results x1a2b3c4d --db /tmp/exp.db
     """
-    from pyctl import store
+    from pyctl.evidence import store
     from pyctl.experiment import evidence as E
 
     db_file = db_path or str(store.DEFAULT_DB)

@@ -210,7 +210,7 @@ class FireLines:
 
 
 def fire_line(row: dict[str, Any]) -> str:
-    from pyctl.demangle import demangle
+    from pyctl.symbols.demangle import demangle
 
     ret = f" -> {row['retval']}" if row.get("retval") is not None else ""
     return (
@@ -316,7 +316,7 @@ def _run_specs(
         metrics.set_faults_active(sum(1 for s in specs if s.action != "observe"))
         who = f"pid {pid}" if pid else (f"tid {tid}" if tid else (" ".join(cmd) or "all processes"))
         what = "; ".join(s.describe() for s in specs)
-        from pyctl.demangle import demangle
+        from pyctl.symbols.demangle import demangle
 
         fns = ", ".join(sorted({demangle(a.sym.name) for a in eng.atts}))
         slow = [demangle(a.sym.name) for a in eng.atts if a.sym.slow]
@@ -380,7 +380,7 @@ def _run_specs(
         for k in ("signal_err", "pending_err", "inflight_err", "corrupt_err")
         if counts.get(k)
     )
-    from pyctl.words import loss_words  # at the end: not on the start path
+    from pyctl.evidence.words import loss_words  # at the end: not on the start path
 
     causes = loss_words(st.loss_causes)
     lost_words = f"{lost} lost ({causes})" if causes else f"{lost} lost"

@@ -129,8 +129,8 @@ def netchaos_link(duration: float | None, db_path: str) -> None:
         gpufault netchaos link --duration 60s &
         ip netns exec gf<pid>n<tag>a ping 10.x.y.2
     """
-    from pyctl import netchaos, store
-
+    from pyctl import netchaos
+    from pyctl.evidence import store
     _need_root("link")
     stop, why, restore = _stop_event()
     link = netchaos.Link()
@@ -175,8 +175,8 @@ def _window(
 ) -> None:
     """Attach, store the run and its open fault, impair, wait, undo, close
     the fault (its end, the drop counters) and the run."""
-    from pyctl import netchaos, store
-    from pyctl.evidence import layers
+    from pyctl import netchaos
+    from pyctl.evidence import layers, store
 
     _need_root(what)
     if what == "delay" and not netchaos.netem_available():

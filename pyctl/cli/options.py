@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import click
 
 from pyctl import spec as S
-from pyctl import store
+from pyctl.evidence import store
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import click
 
-from pyctl import store
 from pyctl.cli.options import db_option
+from pyctl.evidence import store
 from pyctl.report import ReportError
 from pyctl.report import html as html_report
 from pyctl.report import markdown as md_report

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import click
 
-from pyctl import __version__, store
+from pyctl import __version__
 from pyctl.cli.options import Settings
+from pyctl.evidence import store
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 

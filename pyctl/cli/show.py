@@ -1,5 +1,5 @@
 """`gpufault faults` and `gpufault show`: read the evidence database
-(read-only, pyctl/query.py renders)."""
+(read-only, pyctl/evidence/query.py renders)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def damaged_is_one_line(db_path: str) -> Iterator[None]:
     file's header, owner and schema, not every page: a full check would
     cost a reader seconds on a large store) is the file's fault, not
     gpufault's: one line and exit 2, not an internal error."""
-    from pyctl import store
+    from pyctl.evidence import store
 
     try:
         yield
@@ -65,7 +65,7 @@ def faults(
       gpufault faults --function 'cuMem*' --since 10m
       gpufault faults --run 1a2b3c4d --since 2026-12-01T11:00
     """
-    from pyctl import query
+    from pyctl.evidence import query
 
     db = open_existing(db_path)
     with damaged_is_one_line(db_path):
@@ -110,7 +110,7 @@ def render_faults(rows: list[dict[str, Any]], *, cut: bool | None = None) -> str
     the function, the action, the return value, pid, links. On a terminal
     (cut=None: stdout is one) 80 columns, long names cut with an ellipsis;
     elsewhere every value in full, the columns as wide as their values."""
-    from pyctl import words
+    from pyctl.evidence import words
 
     if cut is None:
         cut = _on_terminal()
@@ -187,7 +187,7 @@ def show(fault_id: str, db_path: str, limit: int | None, as_json: bool) -> None:
 
 
 def _show(db: Any, fault_id: str, db_path: str, as_json: bool, limit: int | None) -> None:
-    from pyctl import query
+    from pyctl.evidence import query
 
     ids: list[str] | None = None
     one = True

@@ -1,5 +1,5 @@
 """`gpufault timeline RUN`: a run's faults, links, Xids and anchors in time
-order (pyctl/timeline.py builds and renders; read-only, as `show`)."""
+order (pyctl/evidence/timeline.py builds and renders; read-only, as `show`)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def timeline(run: str, db_path: str, as_json: bool) -> None:
       gpufault timeline 1a2b3c4d
       gpufault timeline x1a2b3c4 --json
     """
-    from pyctl import timeline as tl
+    from pyctl.evidence import timeline as tl
 
     db = open_existing(db_path)
     try:

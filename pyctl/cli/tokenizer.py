@@ -88,7 +88,7 @@ def _run(
     if no_db:
         yield Recorder(None, "nodb0000", campaign, keep_text, function=function, library=library)
         return
-    from pyctl import store
+    from pyctl.evidence import store
 
     path = db_path or store.DEFAULT_DB
     try:
@@ -469,7 +469,7 @@ def probes(as_json: bool) -> None:
     Example:
       gpufault tokenizer probes
     """
-    from pyctl.tokenizer import symbols
+    from pyctl.symbols import tokenizers as symbols
 
     reports = [symbols.report(lib) for lib in symbols.MODULES]
     if as_json:
@@ -509,7 +509,7 @@ def probes(as_json: bool) -> None:
 
 
 def _short(name: str, width: int = 40) -> str:
-    from pyctl.tokenizer.symbols import collapse_generics
+    from pyctl.symbols.tokenizers import collapse_generics
 
     name = collapse_generics(name)
     return name if len(name) <= width else "..." + name[-(width - 3) :]
@@ -541,7 +541,7 @@ def observe(pid: int, kinds: tuple[str, ...], seconds: float) -> None:
     Example:
       gpufault tokenizer observe --pid 1234 --duration 10s
     """
-    from pyctl.tokenizer import symbols
+    from pyctl.symbols import tokenizers as symbols
     from pyctl.tokenizer.uprobe_count import UprobeCounter
 
     try:

@@ -1,7 +1,7 @@
 """`gpufault trace`: record calls (args, return codes, latency) into the
 database, injecting nothing.
 
-It ends with the run's summary (pyctl/summary.py, bcc funccount and
+It ends with the run's summary (pyctl/calls/summary.py, bcc funccount and
 funclatency style): per function the calls, errors by code name, latency
 percentiles and a log2 histogram; `gpufault calls RUN` prints the same for
 any earlier run, `gpufault calls live` counts in the kernel instead.

@@ -30,7 +30,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pyctl import resolve, store
 from pyctl.bpf import abi, main_object
 from pyctl.bpf.libbpf import BpfError, Object
 from pyctl.bpf.ringbuf import RingReader
@@ -46,9 +45,11 @@ from pyctl.engine.evidence import (
 )
 from pyctl.engine.links import Links
 from pyctl.engine.mechanism import Attachment, Plan, needs_return_probe, plan
+from pyctl.evidence import store
 from pyctl.run_options import DEFAULT_MAX_DB_BYTES, RunOptions
 from pyctl.spec import FaultSpec, SpecError
-from pyctl.symbolize import Symbolizer, read_maps
+from pyctl.symbols import resolve
+from pyctl.symbols.symbolize import Symbolizer, read_maps
 
 DEFAULT_COPILOT_SIGNAL = main_object.DEFAULT_COPILOT_SIGNAL
 # One drain pass: about this long (then the caller sees its deadline and
@@ -263,7 +264,7 @@ class Engine:
         map is refused; one, or a --lib, that the target has not mapped yet
         is a warning (start_warnings, said once): a later dlopen makes it
         fire, and until then nothing does."""
-        from pyctl.callers import CallerError, exec_range
+        from pyctl.symbols.callers import CallerError, exec_range
 
         in_target = self.pid is not None and self.resolve_in_target
         for lib in dict.fromkeys(a.lib for a in self.atts):
@@ -326,7 +327,7 @@ class Engine:
     def _resolve_callers(self) -> list[int]:
         """Where each --caller object is mapped in the target; the specs
         whose range changed (a library loaded after start)."""
-        from pyctl.callers import CallerError, exec_range
+        from pyctl.symbols.callers import CallerError, exec_range
 
         changed = []
         for i, sp in enumerate(self.specs):

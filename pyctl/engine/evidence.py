@@ -36,13 +36,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyctl import outchan, store
+from pyctl import outchan
 from pyctl.bpf import abi
 from pyctl.bpf.ringbuf import split_span
-from pyctl.demangle import demangle
 from pyctl.engine.mechanism import Attachment
+from pyctl.evidence import store
 from pyctl.spec import FaultSpec
-from pyctl.symbolize import Symbolizer
+from pyctl.symbols.demangle import demangle
+from pyctl.symbols.symbolize import Symbolizer
 
 CALL_REC = struct.Struct(abi.CALL_RECORD_FMT)
 # Tuple indices of a call record's fields (abi.CALL_IX), named once here

@@ -17,11 +17,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pyctl import resolve
 from pyctl.bpf import abi
 from pyctl.capabilities import engine_programs
 from pyctl.engine.errors import EngineError
 from pyctl.spec import FaultSpec
+from pyctl.symbols import resolve
 
 
 @dataclass

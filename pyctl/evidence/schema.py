@@ -1,6 +1,6 @@
 """Every table of the evidence store, one SCHEMA_VERSION, and migrations.
 
-The stores (pyctl/store.py, xid.py, anchors/store.py, tokenizer/record.py,
+The stores (pyctl/evidence/store.py, xid.py, anchors/store.py, tokenizer/record.py,
 experiment/evidence.py) write and read these tables; none defines one.
 ensure_schema() brings any database up to SCHEMA_VERSION: the migrations
 from its PRAGMA user_version, then every table and index that is missing.
@@ -29,7 +29,7 @@ from typing import Any
 
 from pyctl.bpf import abi
 
-# 1: pyctl/store.py's ensure_schema (runs ... calls), with xids, anchors
+# 1: pyctl/evidence/store.py's ensure_schema (runs ... calls), with xids, anchors
 #    and tok_cases created by their own stores as they were first written.
 #    One version number covered two layouts: stacks gained module and
 #    offset (788dee5) without a bump.

@@ -21,8 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyctl import store
-from pyctl.evidence import schema
+from pyctl.evidence import schema, store
 
 # The experiment tables are defined once, in pyctl/evidence/schema.py; this
 # is their CREATE script (kept under the old name for its readers).
@@ -57,7 +56,7 @@ class Record:
 
 
 class Evidence:
-    """The experiment's connection to the evidence db (pyctl.store.open_db:
+    """The experiment's connection to the evidence db (pyctl.evidence.store.open_db:
     the same checks as every writer: no symlink, gpufault's or new, 0600)."""
 
     def __init__(self, db_path: str | os.PathLike[str]) -> None:

@@ -67,8 +67,7 @@ class PerturbRun(EndsOnItsOwn):
         who: tuple[int | None, int | None] = (None, None),
         token: str | None = None,
     ) -> None:
-        from pyctl import store
-        from pyctl.evidence import layers
+        from pyctl.evidence import layers, store
 
         self.url, self.db_path = url, db_path
         self.pid, self.tid = who  # the service and its worker: where the flips happen
@@ -106,8 +105,7 @@ class PerturbRun(EndsOnItsOwn):
         self._done.set()
 
     def _write(self, *, final: bool) -> None:
-        from pyctl import store
-        from pyctl.evidence import layers
+        from pyctl.evidence import layers, store
 
         rep = self.report
         row = layers.fault_row(

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from pyctl import store
+from pyctl.evidence import store
 from pyctl.experiment import corpora
 from pyctl.experiment import evidence as E
 from pyctl.experiment.files import Experiment, ExperimentError, Step, render_facts

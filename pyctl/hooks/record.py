@@ -24,8 +24,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from pyctl import store
-from pyctl.evidence import layers
+from pyctl.evidence import layers, store
 
 
 def open_store(db_path: str | Path) -> Any:

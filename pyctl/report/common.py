@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pyctl.demangle import demangle
 from pyctl.observe.names import fire_code, short_function
 from pyctl.report.data import ExperimentData
+from pyctl.symbols.demangle import demangle
 
 MATRIX_COLUMNS = (
     ("alert_fired", "alert fired"),

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyctl import query
+from pyctl.evidence import query
 from pyctl.exceptions import BadInput
 from pyctl.observe.names import short_function
 

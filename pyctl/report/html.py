@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from html import escape
 from typing import Any
 
-from pyctl import query
+from pyctl.evidence import query
 from pyctl.report import common
 from pyctl.report.data import ExperimentData, load
 from pyctl.report.svg import timeline

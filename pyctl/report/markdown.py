@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pyctl import query
+from pyctl.evidence import query
 from pyctl.report import common
 from pyctl.report.data import ExperimentData, load
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
-from pyctl.tokenizer.symbols import EntryPoint
+from pyctl.symbols.tokenizers import EntryPoint
 
 TRACEFS = Path("/sys/kernel/tracing")
 

@@ -160,10 +160,10 @@ def _length_prefixed(word: str) -> str:
 def demangle(name: str) -> str:
     """Demangle a Rust symbol (v0 or legacy) into its hash-free form, with
     compiler suffixes (.llvm.N) dropped; other names come back unchanged.
-    Never raises. (pyctl/demangle.py does the reading.)"""
+    Never raises. (pyctl/symbols/demangle.py does the reading.)"""
     if not (name.startswith("_R") or name.startswith("_ZN")):
         return name
-    from pyctl.demangle import demangle as read
+    from pyctl.symbols.demangle import demangle as read
 
     # rust_demangler 1.0 prints fragments of names it cannot parse to
     # stdout; keep that out of our output.

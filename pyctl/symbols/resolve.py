@@ -377,7 +377,7 @@ def _elf_symbols(path: str) -> ElfInfo:
 
 
 # Every path whose symbols were read (the probed libraries, as opened: maybe
-# through /proc/PID/root): pyctl/symbolize.py reads their function tables
+# through /proc/PID/root): pyctl/symbols/symbolize.py reads their function tables
 # while the target lives, for a target that dies right after its fault.
 PARSED_PATHS: dict[str, None] = {}
 
@@ -494,7 +494,7 @@ def _classify(head: bytes) -> str:
 
 def _tokenizer_kind(lib: Library, kind: str) -> list[str]:
     """`tok:KIND`: the tokenizer entry points found by demangled name."""
-    from pyctl.tokenizer import symbols as toksyms
+    from pyctl.symbols import tokenizers as toksyms
 
     try:
         return [e.mangled for e in toksyms.find_entry_points(lib.path, kind)]
@@ -504,7 +504,7 @@ def _tokenizer_kind(lib: Library, kind: str) -> list[str]:
 
 def _demangled_match(table: dict[str, tuple[int, int]], pattern: str) -> list[str]:
     """Rust/C++ names by their demangled form: `--fn '*BPE*::tokenize'`."""
-    from pyctl.tokenizer.symbols import demangle
+    from pyctl.symbols.tokenizers import demangle
 
     out = []
     for n in table:

@@ -5,7 +5,7 @@ Two sources fill the same `Summary`:
 
 - `from_calls(db, run_id)`: a recorded run's per-call rows (the `calls`
   table: one row per call, exact latencies, so exact percentiles);
-- `from_counts(...)`: the in-kernel maps of pyctl/aggregate.py (counts and
+- `from_counts(...)`: the in-kernel maps of pyctl/calls/aggregate.py (counts and
   log2 buckets only, so percentiles are bucket upper bounds, marked
   `exact: false`).
 

@@ -18,7 +18,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pyctl import words
+from pyctl.evidence import words
 
 WIDTH = 80
 # Same-instant events read cause first: the run, the fault, then what followed.

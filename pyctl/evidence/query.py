@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pyctl import words
 from pyctl.bpf.abi import u64
+from pyctl.evidence import words
 
 
 def _fault_filter(
@@ -73,7 +73,7 @@ def _late_symbol(r: dict[str, Any]) -> str:
     sym = r["symbol"]
     if "!" in (sym or "") or not r.get("module") or r.get("offset") is None:
         return sym
-    from pyctl.symbolize import name_in
+    from pyctl.symbols.symbolize import name_in
 
     return name_in(r["module"], r["offset"]) or sym
 
@@ -104,7 +104,7 @@ def fault_chain(db: Any, fault_id: str) -> dict[str, Any] | None:
         return None
     f = rows[0]
     if f.get("function"):  # rows written before names were stored demangled
-        from pyctl.demangle import demangle
+        from pyctl.symbols.demangle import demangle
 
         f["function"] = demangle(f["function"])
     if f.get("outcome"):

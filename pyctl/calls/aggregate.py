@@ -5,7 +5,7 @@ histograms kept in BPF maps (bpf/aggregate.bpf.c), no ring event per call.
         time.sleep(5)
         print(agg.read().render())
 
-Functions are resolved as `gpufault trace` resolves them (pyctl/resolve.py:
+Functions are resolved as `gpufault trace` resolves them (pyctl/symbols/resolve.py:
 the target's maps, sonames, globs, `tok:KIND`). Attach: one uprobe_multi
 link per direction where the kernel has them (one RCU wait at detach),
 else one link per site. Without latency only the entry program is loaded
@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pyctl import paths, resolve
+from pyctl import paths
 from pyctl.bpf import aggregate_abi as abi
 from pyctl.bpf.libbpf import (
     BPF_TRACE_UPROBE_MULTI,
@@ -36,8 +36,9 @@ from pyctl.bpf.libbpf import (
     lib,
     map_lookup,
 )
+from pyctl.calls.summary import ErrorRule, FuncSummary, Summary, error_rule, from_counts
 from pyctl.exceptions import GpufaultError
-from pyctl.summary import ErrorRule, FuncSummary, Summary, error_rule, from_counts
+from pyctl.symbols import resolve
 
 OBJ_NAME = "aggregate"
 PROGS = ("agg_count", "agg_session", "agg_entry", "agg_return")

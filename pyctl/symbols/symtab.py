@@ -319,7 +319,7 @@ def name_at(path: str, rel: int, root: str = "", *, parse: bool = True) -> str |
     base; None when no function of the file contains it (the caller then
     prints 'lib+0xoff'), the file is unreadable, or parse=False and its
     table was not read yet."""
-    from pyctl.demangle import demangle
+    from pyctl.symbols.demangle import demangle
 
     real = root + path if root else path
     if not parse and not is_loaded(real):

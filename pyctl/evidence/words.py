@@ -55,7 +55,7 @@ def code_name(function: str | None, library: str | None, value: Any) -> str:
     except (TypeError, ValueError):
         return str(value)
     try:
-        from pyctl.summary import error_rule
+        from pyctl.calls.summary import error_rule
 
         rule = error_rule(function or "", library or "")
         name = rule.code_name(v) if rule.lib is not None else ""

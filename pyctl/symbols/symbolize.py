@@ -1,5 +1,5 @@
 """Turn user-stack addresses into 'lib!symbol+off' using /proc/PID/maps and
-the function tables of pyctl/symtab.py (sizes, debug files: a frame outside
+the function tables of pyctl/symbols/symtab.py (sizes, debug files: a frame outside
 every known function is 'lib+0xoff', never the nearest wrong name). Read at
 ingest time, while the process (usually) still lives."""
 
@@ -9,7 +9,7 @@ import os
 import threading
 from pathlib import Path
 
-from pyctl import resolve, symtab
+from pyctl.symbols import resolve, symtab
 
 
 class Symbolizer:

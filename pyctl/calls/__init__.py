@@ -1,0 +1,1 @@
+"""Calls: the per-function aggregates and trace summaries."""

@@ -1,0 +1,2 @@
+"""Symbols: find a function in a process (resolve), read ELF symbol tables
+(symtab), name addresses (symbolize, demangle, callers)."""
