@@ -3,7 +3,7 @@
  * In-kernel call summaries: counts, error returns and log2 latency
  * histograms kept in BPF maps, no ring event per call (bcc's funccount and
  * funclatency, for gpufault's functions). The controller
- * (pyctl/aggregate.py) loads either
+ * (pyctl/calls/aggregate.py) loads either
  *
  *   agg_count                 entry only: a count per function (cheapest)
  *   agg_session               count at entry; latency, errors at return: one
