@@ -329,3 +329,35 @@ def test_uprobe_multi_one_link_per_file_and_per_site_fallback(
             assert fds == 0 and links >= n_sites + 2
     n = q(tmp_db, "SELECT count(*) FROM calls WHERE kind = 1")[0][0]
     assert n >= 8  # 4 traced calls in each of the two runs
+
+
+def test_a_stall_stores_the_held_time_show_prints(target: Target, tmp_db: Path) -> None:
+    import json
+
+    s = spec(action="stall", stall_ms=20, nth=1, capture_stack=False)
+    with armed(tmp_db, target.pid, s) as eng:
+        target.victim(2)
+        eng.drain()
+    ((ret, lat, outcome),) = q(tmp_db, "SELECT ret, latency_ns, outcome FROM faults")
+    cop = json.loads(outcome)["copilot"]
+    # Not the entry record's 0: how long the copilot held the thread.
+    assert ret is None and lat == cop["resume_ns"] - cop["stop_ns"] and lat >= 20e6
+
+
+def test_a_signal_that_kills_stores_that_the_call_did_not_return(
+    target: Target, tmp_db: Path
+) -> None:
+    import json
+
+    s = spec("gf_alloc", action="signal", signo=6, nth=1, capture_stack=False)
+    with armed(tmp_db, target.pid, s) as eng:
+        with pytest.raises(EOFError):
+            target.alloc(2)
+        assert target.p.wait(timeout=10) == -6
+        for _ in range(100):
+            eng.poll(0.05)
+            if eng.stats.links >= 2:
+                break
+    ((ret, outcome),) = q(tmp_db, "SELECT ret, outcome FROM faults")
+    o = json.loads(outcome)
+    assert ret is None and o["returned"] is False and "SIGABRT" in o["no_return"]

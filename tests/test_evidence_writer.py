@@ -322,3 +322,92 @@ def test_call_rows_stop_at_the_size_cap_and_are_counted(tmp_path: Path) -> None:
     assert r.rows("SELECT count(*) FROM calls") == [(0,)]
     assert len(notes) == 1 and "--max-db-size" in notes[0]
     r.db.close()
+
+
+# ---- values that agree with `show` (issue 22) -------------------------------------
+
+
+def held(seq: int, *, stop_ns: int, resume_ns: int, error: str | None = None) -> Outcome:
+    """A stall's outcome: the copilot held the thread from stop to resume."""
+    return Outcome(TID, seq, abi.ACT_STALL, stop_ns, resume_ns, 1, 1, 0, error)
+
+
+@pytest.mark.parametrize("outcome_first", [True, False])
+def test_a_stall_stores_how_long_the_thread_was_held(tmp_path: Path, outcome_first: bool) -> None:
+    r = Run(tmp_path / "x.db", FaultSpec(lib="libc", fn="getpid", action="stall", stall_ms=20))
+    out = held(1, stop_ns=10_000_000, resume_ns=30_100_000)  # 20.1 ms
+    if outcome_first:
+        r.w.outcomes.put(out)
+        r.w.take_outcomes()
+    # No return probe on a stall: its entry record says ret 0, latency 0.
+    r.w.journal_fires(span(fire(1, action=abi.ACT_STALL, retval=0)), 1)
+    r.w.ingest_calls([call(1, ret=0, latency_ns=0, kind=abi.EV_ENTRY)])
+    r.w.decode_journal(None)
+    if not outcome_first:
+        r.w.outcomes.put(out)
+        r.w.take_outcomes()
+        r.w.update_outcomes()
+    assert r.rows("SELECT ret, latency_ns FROM faults") == [(None, 20_100_000)]
+    text = r.show(1)
+    assert "held the thread 20.1 ms" in text
+    assert "  returned  (no return seen) after a hold of 20.1 ms" in text
+    (ms,) = r.rows("SELECT latency_ms FROM faults_readable")[0]
+    assert ms == pytest.approx(20.1)
+    r.db.close()
+
+
+def test_an_entry_record_of_a_fail_keeps_its_injected_ret_and_no_latency(fail_run: Run) -> None:
+    r = fail_run
+    r.w.journal_fires(span(fire(1)), 1)
+    r.w.ingest_calls([call(1, ret=-5, latency_ns=0, kind=abi.EV_ENTRY)])
+    r.w.decode_journal(None)
+    assert r.rows("SELECT ret, latency_ns FROM faults") == [(-5, None)]
+
+
+def test_a_signal_that_killed_the_process_stores_that_the_call_did_not_return(
+    tmp_path: Path,
+) -> None:
+    r = Run(
+        tmp_path / "x.db", FaultSpec(lib="libc", fn="getpid", action="signal", signo=signal.SIGABRT)
+    )
+    recs = [
+        fire(1, action=abi.ACT_SIGNAL, mech=0, retval=0),
+        proc(abi.PROC_SIGNAL, signal.SIGABRT, 0),
+        proc(abi.PROC_EXIT, code=signal.SIGABRT | 0x80),
+    ]
+    r.w.journal_fires(span(*recs), len(recs))
+    r.w.ingest_calls([call(1, ret=0, latency_ns=0, kind=abi.EV_ENTRY)])
+    r.w.decode_journal(None)
+    assert r.rows("SELECT ret, latency_ns FROM faults") == [(None, None)]  # never "returned 0"
+    r.w.mark_unreturned()
+    (o,) = r.rows("SELECT outcome FROM faults")[0]
+    o = json.loads(o)
+    assert o["returned"] is False and "SIGABRT" in o["no_return"]
+    line = next(ln for ln in r.show(1).splitlines() if ln.startswith("  returned"))
+    assert line.startswith("  returned  did not return (the process was killed by SIGABRT")
+    r.db.close()
+
+
+def test_a_signal_fault_in_a_process_that_lived_says_no_return_seen(tmp_path: Path) -> None:
+    r = Run(
+        tmp_path / "x.db", FaultSpec(lib="libc", fn="getpid", action="signal", signo=signal.SIGUSR1)
+    )
+    r.w.journal_fires(span(fire(1, action=abi.ACT_SIGNAL, mech=0, retval=0)), 1)
+    r.w.ingest_calls([call(1, ret=0, latency_ns=0, kind=abi.EV_ENTRY)])
+    r.w.decode_journal(None)
+    r.w.mark_unreturned()
+    assert r.rows("SELECT ret, outcome FROM faults") == [(None, '{"signal": 10}')]
+    assert "  returned  (no return seen)" in r.show(1)
+    r.db.close()
+
+
+def test_a_thread_that_died_while_held_did_not_return(tmp_path: Path) -> None:
+    r = Run(tmp_path / "x.db", FaultSpec(lib="libc", fn="getpid", action="stall"))
+    r.w.journal_fires(span(fire(1, action=abi.ACT_STALL, retval=0)), 1)
+    r.w.decode_journal(None)
+    r.w.outcomes.put(held(1, stop_ns=10, resume_ns=0, error="thread exited during stall"))
+    r.w.take_outcomes()
+    r.w.update_outcomes()
+    assert r.rows("SELECT ret, latency_ns FROM faults") == [(None, None)]
+    assert "  returned  did not return (thread exited during stall)" in r.show(1)
+    r.db.close()

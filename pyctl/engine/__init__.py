@@ -577,6 +577,7 @@ class Engine:
                     if self.write_error is None:
                         self.drain()
                         self.evidence.mark_uninjected()
+                        self.evidence.mark_unreturned()
                 except Exception:  # noqa: BLE001 - still close the run row
                     pass
                 try:

@@ -39,8 +39,8 @@ from typing import Any
 from pyctl import outchan
 from pyctl.bpf import abi
 from pyctl.bpf.ringbuf import split_span
-from pyctl.engine.mechanism import Attachment
-from pyctl.evidence import store
+from pyctl.engine.mechanism import Attachment, needs_return_probe
+from pyctl.evidence import store, words
 from pyctl.spec import FaultSpec
 from pyctl.symbols.demangle import demangle
 from pyctl.symbols.symbolize import Symbolizer
@@ -124,9 +124,27 @@ def merge_outcome(merged: dict[str, Any], out: Any) -> None:
     if isinstance(cop, dict):
         if cop.get("action") == abi.ACT_STALL:
             ok = ok and bool(cop.get("stop_ns"))
+            if cop.get("stop_ns") and cop.get("resume_ns"):
+                # How long the thread was held: the stall's latency (held_latency).
+                merged["held_ns"] = cop["resume_ns"] - cop["stop_ns"]
         else:
             ok = ok and not cop.get("error")
+        err = cop.get("error") or ""
+        if err.startswith("thread exited"):
+            # Held (or about to be) when it died: the call never returned.
+            merged["returned"] = False
+            merged["no_return"] = err
     merged["injected"] = ok
+
+
+def held_latency(outcome: dict[str, Any], latency_ns: int | None) -> int | None:
+    """A fault's latency_ns: the call's own (entry to return) where its
+    return was seen, else how long the copilot held the thread (a stall
+    has no return probe: the held time is what `show` says it lasted)."""
+    if latency_ns is not None:
+        return latency_ns
+    held = outcome.get("held_ns")
+    return int(held) if isinstance(held, int) else None
 
 
 # A fault row as written at ingest (ret and latency_ns come with its call
@@ -303,10 +321,13 @@ class EvidenceWriter:
         for r in marked:
             if r[_KIND] == abi.EV_FOLLOW:
                 continue
+            seen = self._returned(r)
+            if seen is None:
+                continue
             if r[_FAULT_SEQ] in self._rowed:
-                fault_updates.append((r[_RET], r[_LAT], store.fault_id(rid, r[_FAULT_SEQ])))
+                fault_updates.append((*seen, store.fault_id(rid, r[_FAULT_SEQ])))
             else:  # its fire is still in the journal: goes into the row
-                self._early_rets[r[_FAULT_SEQ]] = (r[_RET], r[_LAT])
+                self._early_rets[r[_FAULT_SEQ]] = seen
         follow = [
             (
                 store.fault_id(rid, r[_FAULT_SEQ]),
@@ -328,8 +349,11 @@ class EvidenceWriter:
             else:
                 store.insert_call_records(self.db, rid, rows)
             if fault_updates:
+                # A held time the copilot gave (a stall) stays where no
+                # return latency was measured.
                 self.db.conn.executemany(
-                    "UPDATE faults SET ret=?, latency_ns=? WHERE fault_id=?", fault_updates
+                    "UPDATE faults SET ret=?, latency_ns=coalesce(?, latency_ns) WHERE fault_id=?",
+                    fault_updates,
                 )
             if follow:
                 self.db.conn.executemany(
@@ -339,6 +363,19 @@ class EvidenceWriter:
                 )
         self.stats.events += len(rows)
         self.stats.links += len(follow)
+
+    def _returned(self, r: tuple) -> tuple[int, int | None] | None:
+        """(ret, latency_ns) a fault's call record says, or None when it
+        says nothing: an entry record (no return probe) carries ret 0 and
+        latency 0, which are no observation. Only a fail's entry record
+        knows its ret, the injected value (the body never ran); its
+        latency was not measured."""
+        if r[_KIND] == abi.EV_CALL:
+            return r[_RET], r[_LAT]
+        spec = r[_COOKIE] >> 32
+        if spec < len(self.specs) and self.specs[spec].action == "fail":
+            return r[_RET], None
+        return None
 
     @contextlib.contextmanager
     def _tx(self) -> Any:
@@ -502,6 +539,7 @@ class EvidenceWriter:
             row["outcome"] = json.dumps(outcome) if outcome else None
             if (early := self._early_rets.pop(ev.fault_seq, None)) is not None:
                 row["ret"], row["latency_ns"] = early
+            row["latency_ns"] = held_latency(outcome, row["latency_ns"])
             rows.append(row)
             faults.append(tuple(row[c] for c in _FAULT_COLS))
             regs_rows.extend((fid, k, abi.s64(v)) for k, v in regs.items())
@@ -641,7 +679,51 @@ class EvidenceWriter:
                 merged = json.loads(row[0]) if row[0] else {}
                 for out in self._early_outcomes.pop(seq):
                     merge_outcome(merged, out)
-                c.execute("UPDATE faults SET outcome=? WHERE fault_id=?", (json.dumps(merged), fid))
+                c.execute(
+                    "UPDATE faults SET outcome=?, latency_ns=coalesce(latency_ns, ?) "
+                    "WHERE fault_id=?",
+                    (json.dumps(merged), held_latency(merged, None), fid),
+                )
+
+    def mark_unreturned(self) -> None:
+        """At the end of the run: a fault whose call no return was seen for,
+        in a process that exited after it, did not return when the return
+        would have been seen (a return probe was on) or when the fault's own
+        signal killed it. Stored as outcome.returned false with the reason,
+        never as a ret: `show` says "did not return". A call without a
+        return probe in a process that lived (or died of something else)
+        stays "no return seen": nothing says whether it returned."""
+        rows = self.db.conn.execute(
+            "SELECT f.fault_id, f.spec, f.outcome, l.detail FROM faults f JOIN links l "
+            "ON l.run_id = f.run_id AND l.kind = 'exit' AND l.pid = f.pid AND l.ts_ns >= f.ts_ns "
+            "WHERE f.run_id = ? AND f.ret IS NULL "
+            "ORDER BY f.fault_id",
+            (self.run_id,),
+        ).fetchall()
+        upd = []
+        for fid, spec_i, outcome, detail in rows:
+            o = json.loads(outcome) if outcome else {}
+            if "returned" in o or spec_i is None or spec_i >= len(self.specs):
+                continue
+            sp = self.specs[spec_i]
+            d = json.loads(detail) if detail else {}
+            term = int(d.get("term_signal") or 0)
+            how = (
+                f"killed by {words.signal_name(term)}"
+                if term
+                else f"exited with status {d.get('exit_status')}"
+            )
+            if sp.action == "signal" and term and term == sp.signo:
+                o["no_return"] = f"the process was {how}, the signal the fault sent"
+            elif needs_return_probe(sp):
+                o["no_return"] = f"the process {how} before the call returned"
+            else:
+                continue
+            o["returned"] = False
+            upd.append((json.dumps(o), fid))
+        if upd:
+            with self.db.conn:
+                self.db.conn.executemany("UPDATE faults SET outcome=? WHERE fault_id=?", upd)
 
     def mark_uninjected(self) -> None:
         """Copilot fires with no copilot stop (BPF fired, the thread never

@@ -214,13 +214,7 @@ def render_chain(doc: dict[str, Any]) -> str:
             else []
         ),
         _action_line(f),
-        "  returned  "
-        + (
-            words.code_name(f["function"], f["library"], f["ret"])
-            if f["ret"] is not None
-            else "(no return seen)"
-        )
-        + (f" after {words.duration_ns(f['latency_ns'])}" if f["latency_ns"] else ""),
+        words.returned_line(f),
     ]
     for i, phrase in enumerate(words.outcome_words(f, doc.get("spec_json"))):
         out.append(f"  {'outcome' if i == 0 else '':9} {phrase}")

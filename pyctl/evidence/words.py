@@ -120,6 +120,25 @@ def _copilot_words(f: dict[str, Any], cop: dict[str, Any]) -> str:
     return "copilot: " + ", ".join(bits)
 
 
+def returned_line(f: dict[str, Any]) -> str:
+    """`show`'s "returned" line: the value by name and the call's latency;
+    a stall's held time (latency_ns is how long the thread was held); "did
+    not return" with the reason where the store says so (outcome.returned
+    false: the process died first), never a value nobody saw."""
+    raw = f.get("outcome")
+    o: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    lat = f.get("latency_ns")
+    if o.get("returned") is False:
+        why = o.get("no_return")
+        return "  returned  did not return" + (f" ({why})" if why else "")
+    if f.get("ret") is not None:
+        text = code_name(f.get("function"), f.get("library"), f.get("ret"))
+        return f"  returned  {text}" + (f" after {duration_ns(lat)}" if lat else "")
+    if f.get("action") == "stall" and lat:
+        return f"  returned  (no return seen) after a hold of {duration_ns(lat)}"
+    return "  returned  (no return seen)"
+
+
 def _corrupt_words(o: dict[str, Any], spec: dict[str, Any] | None) -> str:
     c: list[Any] = list((spec or {}).get("corrupt") or ())
     n = c[4] if len(c) >= 5 and c[4] in (1, 2, 4, 8) else 8
