@@ -75,12 +75,9 @@ def describe(e: F.Experiment) -> list[str]:
             mark = "" if e.values[k.name] == k.default else f"  (default {k.default!r})"
             out.append(f"  {k.name:16} {e.values[k.name]!r:16} {k.help}{mark}")
     t = e.target
-    if t.service is not None:
-        who = (
-            f"starts `gpufault service --device {t.service['device']}"
-            + (" " + " ".join(t.service["args"]) if t.service["args"] else "")
-            + "`"
-        )
+    if t.command[:4] == [F.GPUFAULT, "service", "--port", "0"] and t.ready == F.SERVICE_READY:
+        # The service shortcut's command (target.service = {device, args}).
+        who = f"starts `gpufault service {' '.join(t.command[4:])}`"
     elif t.command:
         who = f"starts `{' '.join(t.command)}` (ready: /{t.ready}/)"
     else:

@@ -10,9 +10,10 @@ service must accept, so batches get maximal left padding), class 12's
 mix (`hot`: Zipf-distributed words of a fixed pool; `cold`: words never
 seen before, a new one in every request).
 
-Token counts are those of the service's own tokenizer, rebuilt here from
-the same corpus and vocabulary size (pyctl/service/tokenizer.py trains it
-deterministically in about 0.1 s), so "one token over the limit" is exact.
+Token counts are those of the reference service's tokenizer, rebuilt here
+from the same recipe and vocabulary size (pyctl.tokenizer.builders.
+reference_bpe, which the service trains too, in about 0.1 s), so "one
+token over the limit" is exact; the service itself is not imported.
 """
 
 from __future__ import annotations
@@ -37,10 +38,22 @@ def _raw_body(raw: bytes, max_tokens: int) -> bytes:
     return b'{"prompt": "' + raw + b'", "max_tokens": %d, "temperature": 0}' % max_tokens
 
 
-def _tokenizer(vocab_size: int) -> Any:
-    from pyctl.service.tokenizer import ServiceTokenizer
+class _Counter:
+    """Counts tokens as the reference service does: its tokenizer's recipe
+    (pyctl.tokenizer.builders.reference_bpe), an empty prompt one token."""
 
-    return ServiceTokenizer(vocab_size)
+    def __init__(self, vocab_size: int) -> None:
+        from pyctl.tokenizer.builders import reference_bpe
+
+        self.tok = reference_bpe(vocab_size)
+
+    def encode(self, text: str) -> list[int]:
+        ids: list[int] = self.tok.encode(text).ids
+        return ids or [0]
+
+
+def _tokenizer(vocab_size: int) -> Any:
+    return _Counter(vocab_size)
 
 
 def _text_of(tok: Any, n_tokens: int, *, at_most: bool, seed: int = 3) -> str:

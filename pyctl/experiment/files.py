@@ -170,6 +170,14 @@ class _Reader:
         except SpecError as e:
             raise self.err(k, str(e).split(": ", 1)[-1]) from None
 
+    def env(self, d: dict[str, Any], key: str, name: str) -> dict[str, str]:
+        v = d.get(name, {})
+        if not isinstance(v, dict) or not all(isinstance(x, str) for x in v.values()):
+            raise self.err(
+                _join(key, name), 'expected a table of strings, e.g. {GF_DOUBLE_MEM_MIB = "24"}'
+            )
+        return dict(v)
+
     def command(self, d: dict[str, Any], key: str, name: str) -> list[str]:
         """A command as a list of words, or one string split like a shell
         would (no shell runs it: no expansion, no pipes)."""
@@ -283,14 +291,28 @@ class Step:
         return self.template or ("traffic" if self.traffic is not None else "inline")
 
 
+# The first word of a target command that means "this gpufault": started
+# isolated (`python -I -m pyctl ...`, pyctl.paths), never one found on PATH.
+GPUFAULT = "gpufault"
+# gpufault's admin token variable (the reference service reads it, and so
+# may any server): what a perturb step sends when the file names none.
+ADMIN_TOKEN_ENV = "GPUFAULT_ADMIN_TOKEN"
+# The default ready line: the reference service's "serving on http://..."
+# (any server may print the same; target.ready gives another regex).
+SERVICE_READY = r"serving on (?P<url>https?://\S+)"
+
+
 @dataclass
 class Target:
     url: str | None
     pid: int | None
     command: list[str]  # gpufault starts it ({ready_file} is a private path)
     ready: str  # a regex over its stderr lines; a (?P<url>) group gives the url
-    service: dict[str, Any] | None  # the `gpufault service` shortcut: device, args
     start_timeout: float
+    env: dict[str, str] = field(default_factory=dict)  # added to the command's environment
+    # A fresh secret gpufault puts into this variable of the command it
+    # starts; its perturb steps send it (the service's --perturb-control).
+    admin_token_env: str | None = None
 
 
 @dataclass
@@ -635,7 +657,10 @@ def load_file(path: Path, sets: dict[str, str] | None = None) -> Experiment:
 
 def _target(r: _Reader, doc: dict[str, Any]) -> Target:
     t = r.table(
-        doc, "target", {"url", "pid", "command", "ready", "service", "start_timeout"}, required=True
+        doc,
+        "target",
+        {"url", "pid", "command", "ready", "service", "start_timeout", "env", "admin_token_env"},
+        required=True,
     )
     url = r.str_(t, "target", "url", "") or None
     if url is not None and not re.fullmatch(r"https?://[^/\s]+(/\S*)?", url):
@@ -646,14 +671,16 @@ def _target(r: _Reader, doc: dict[str, Any]) -> Target:
     command: list[str] = []
     if "command" in t:
         command = r.command(t, "target", "command")
-    service = None
+    env = r.env(t, "target", "env")
+    admin_token_env = r.str_(t, "target", "admin_token_env", "") or None
     if "service" in t:
+        # The reference service is a command like any other: this shortcut
+        # only spells its command line, ready line and admin token variable;
+        # `gpufault service` itself checks its options when it starts.
         s = r.table(t, "target.service", {"device", "args", "env"})
         dev = r.str_(s, "target.service", "device", "cpu")
-        from pyctl.service.config import DEVICES
-
-        if dev not in DEVICES:
-            raise r.err("target.service.device", f"{dev!r}: use one of {', '.join(DEVICES)}")
+        if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", dev):
+            raise r.err("target.service.device", f"{dev!r}: give a device such as cpu or cuda")
         args = s.get("args", [])
         if isinstance(args, list):
             # "{knob}" alone keeps the knob's type: a number is an option value too.
@@ -666,13 +693,12 @@ def _target(r: _Reader, doc: dict[str, Any]) -> Target:
                 "target.service.args",
                 "expected a list of strings (the options of `gpufault service`)",
             )
-        env = s.get("env", {})
-        if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
-            raise r.err(
-                "target.service.env",
-                'expected a table of strings, e.g. {GF_DOUBLE_MEM_MIB = "24"}',
-            )
-        service = {"device": dev, "args": list(args), "env": dict(env)}
+        env.update(r.env(s, "target.service", "env"))
+        command = [GPUFAULT, "service", "--port", "0", "--device", dev, *args]
+        if admin_token_env is None and "--perturb-control" in args:
+            admin_token_env = ADMIN_TOKEN_ENV
+    if admin_token_env is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", admin_token_env):
+        raise r.err("target.admin_token_env", f"{admin_token_env!r} is not a variable name")
     given = [k for k in ("pid", "command", "service") if k in t]
     if len(given) > 1:
         raise r.err("target", f"{' and '.join(given)} both name the process: keep one")
@@ -680,7 +706,9 @@ def _target(r: _Reader, doc: dict[str, Any]) -> Target:
         raise r.err("target", "no process to inject into: add pid, command or service")
     if (pid is not None) and url is None:
         raise r.err("target.url", "missing: a pid target needs the service's url")
-    ready = r.str_(t, "target", "ready", r"serving on (?P<url>https?://\S+)")
+    if pid is not None and (env or admin_token_env):
+        raise r.err("target", "env and admin_token_env are for a command gpufault starts")
+    ready = r.str_(t, "target", "ready", SERVICE_READY)
     try:
         re.compile(ready)
     except re.error as e:
@@ -690,8 +718,9 @@ def _target(r: _Reader, doc: dict[str, Any]) -> Target:
         pid=pid,
         command=command,
         ready=ready,
-        service=service,
         start_timeout=r.duration(t, "target", "start_timeout", "90s"),
+        env=env,
+        admin_token_env=admin_token_env,
     )
 
 

@@ -35,7 +35,14 @@ from urllib.parse import urlsplit
 from pyctl.evidence import store
 from pyctl.experiment import corpora
 from pyctl.experiment import evidence as E
-from pyctl.experiment.files import Experiment, ExperimentError, Step, render_facts
+from pyctl.experiment.files import (
+    ADMIN_TOKEN_ENV,
+    GPUFAULT,
+    Experiment,
+    ExperimentError,
+    Step,
+    render_facts,
+)
 from pyctl.experiment.host import (
     EndsOnItsOwn,
     FaultHost,
@@ -169,34 +176,30 @@ def start_target(exp: Experiment) -> tuple[TargetProcess | None, dict[str, Any]]
     t = exp.target
     facts: dict[str, Any] = {"url": t.url, "pid": t.pid}
     proc = None
-    if t.service is not None or t.command:
+    if t.command:
         ready_file = None
-        if t.service is not None:
-            argv = child_argv(
-                ["service", "--port", "0", "--device", t.service["device"], *t.service["args"]]
-            )
-            # No private ready file: its directory would outlive a SIGKILLed
-            # runner; the ready line names rank N's pid and tid as well.
-        else:
-            argv = list(t.command)
-            if any("{ready_file}" in a for a in argv):
-                import tempfile
+        argv = list(t.command)
+        if argv[0] == GPUFAULT:
+            # This gpufault, isolated. No private ready file for it: its
+            # directory would outlive a SIGKILLed runner; its ready line
+            # names rank N's pid and tid as well.
+            argv = child_argv(argv[1:])
+        elif any("{ready_file}" in a for a in argv):
+            import tempfile
 
-                ready_file = Path(tempfile.mkdtemp(prefix="gpufault-exp-")) / "ready.json"
-                argv = [a.replace("{ready_file}", str(ready_file)) for a in argv]
-        env = t.service.get("env") if t.service is not None else None
+            ready_file = Path(tempfile.mkdtemp(prefix="gpufault-exp-")) / "ready.json"
+            argv = [a.replace("{ready_file}", str(ready_file)) for a in argv]
+        env = dict(t.env)
         token = None
-        if t.service is not None and "--perturb-control" in t.service["args"]:
-            # A fresh admin token for the service it starts: its perturb
+        if t.admin_token_env is not None:
+            # A fresh admin token for the process it starts: its perturb
             # steps send it; nobody else knows it (the child's environment
             # is readable by its own user only).
             import secrets
 
-            from pyctl.service.perturb import TOKEN_ENV
-
             token = secrets.token_urlsafe(32)
-            env = {**(env or {}), TOKEN_ENV: token}
-        proc = TargetProcess(argv, t.ready, ready_file, t.start_timeout, env)
+            env[t.admin_token_env] = token
+        proc = TargetProcess(argv, t.ready, ready_file, t.start_timeout, env or None)
         proc.admin_token = token
         facts.update({k: v for k, v in proc.facts().items() if v is not None})
         if t.url:
@@ -635,7 +638,7 @@ class Run:
             proc, facts = start_target(exp)
             # A service it started: its token; one given by url: GPUFAULT_ADMIN_TOKEN.
             self.admin_token = (proc.admin_token if proc is not None else None) or os.environ.get(
-                "GPUFAULT_ADMIN_TOKEN"
+                ADMIN_TOKEN_ENV
             )
             if proc is None:
                 # A target given by pid: gpufault cannot wait() for it, so a

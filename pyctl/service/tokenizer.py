@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from pyctl.tokenizer.builders import HF_SPECIALS, build_hf_bpe, generate_corpus
+from pyctl.tokenizer.builders import HF_SPECIALS, reference_bpe
 
 
 class ServiceTokenizer:
     """encode/decode plus the special ids the model must not sample."""
 
     def __init__(self, vocab_size: int = 1000, seed: int = 1) -> None:
-        self.tok: Any = build_hf_bpe(vocab_size, generate_corpus(n_lines=2000, seed=seed))
+        self.tok: Any = reference_bpe(vocab_size, seed)
         self.vocab_size: int = self.tok.get_vocab_size()
         self.pad_id: int = self.tok.token_to_id("[PAD]")
         self.bos_id: int = self.tok.token_to_id("[BOS]")
