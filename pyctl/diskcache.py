@@ -2,8 +2,9 @@
 a key, kept between runs so `gpufault trace --pid` attaches in milliseconds.
 
 - `symtab/<build-id>`: a file's function table (pyctl/symbols/symtab.py) and the
-  probe-site table of pyctl/symbols/resolve.py. A build-id names one build's bytes,
-  so an entry never goes stale; a file without a build-id is never cached.
+  probe-site table of pyctl/symbols/resolve.py. A build-id (pyctl/elf.py's
+  build_id) names one build's bytes, so an entry never goes stale; a file
+  without a build-id is never cached.
 - `caps/<boot-id>-<kernel release>.json`: the kernel's trial loads
   (pyctl/capabilities.py). What the verifier and the uprobe_multi link
   accept does not change within one boot of one kernel.
@@ -158,38 +159,3 @@ def store_cap(name: str, value: Any) -> None:
     caps = load_caps()
     caps[name] = value
     _write("caps", key, json.dumps(caps, sort_keys=True).encode())
-
-
-def build_id_of(path: str) -> str:
-    """The GNU build-id of an ELF file as hex, read with struct from its
-    PT_NOTE segments (no pyelftools: importing it alone costs ~70 ms, and
-    this runs before every cache lookup); '' when there is none."""
-    import struct
-
-    try:
-        with open(path, "rb") as f:
-            ehdr = f.read(64)
-            if len(ehdr) < 64 or ehdr[:4] != b"\x7fELF" or ehdr[4] != 2 or ehdr[5] != 1:
-                return ""  # only 64-bit little-endian files are probed here
-            (phoff,) = struct.unpack_from("<Q", ehdr, 32)
-            phentsize, phnum = struct.unpack_from("<HH", ehdr, 54)
-            f.seek(phoff)
-            phdrs = f.read(phentsize * phnum)
-            for i in range(phnum):
-                p_type, _fl, off, _va, _pa, filesz = struct.unpack_from(
-                    "<IIQQQQ", phdrs, i * phentsize
-                )
-                if p_type != 4 or filesz > 1 << 16:  # PT_NOTE, of a sane size
-                    continue
-                f.seek(off)
-                notes = f.read(filesz)
-                pos = 0
-                while pos + 12 <= len(notes):
-                    namesz, descsz, ntype = struct.unpack_from("<III", notes, pos)
-                    name_end = pos + 12 + (namesz + 3 & ~3)
-                    if ntype == 3 and notes[pos + 12 : pos + 12 + namesz] == b"GNU\0":
-                        return notes[name_end : name_end + descsz].hex()
-                    pos = name_end + (descsz + 3 & ~3)
-    except (OSError, struct.error):
-        return ""
-    return ""

@@ -26,7 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from pyctl import capabilities, diskcache
+from pyctl import diskcache, elf
+from pyctl.bpf import features
 from pyctl.symbols import resolve, symtab
 from pyctl.symbols.demangle import demangle
 
@@ -102,9 +103,14 @@ def test_probes_lists_demangled_names() -> None:
 
 
 def test_build_id_matches_pyelftools() -> None:
+    from elftools.elf.elffile import ELFFile
+
     _need_cxx()
-    assert diskcache.build_id_of(str(CXX)) == resolve._read_elf(str(CXX))[2] != ""
-    assert diskcache.build_id_of(str(REPO / "README.md")) == ""
+    with open(CXX, "rb") as f:
+        (want,) = [n["n_desc"] for s in ELFFile(f).iter_sections() if s["sh_type"] == "SHT_NOTE"
+                   for n in s.iter_notes() if n["n_type"] == "NT_GNU_BUILD_ID"]  # fmt: skip
+    assert elf.build_id(str(CXX)) == resolve._read_elf(str(CXX))[2] == want != ""
+    assert elf.build_id(str(REPO / "README.md")) == ""
 
 
 def test_cache_is_root_only_atomic_and_keyed(cache: Path) -> None:
@@ -151,12 +157,12 @@ def test_tables_come_back_from_disk_keyed_by_build_id(cache: Path, tmp_path: Pat
     # The same build at another path (a new inode: not in memory) is one
     # entry, read without parsing.
     b = _copy(CXX, tmp_path / "b")
-    t = symtab._from_disk(b, "", b)
+    t = symtab._from_disk(b, "", elf.build_id(b))
     assert t is not None and t.path == b and t.names == first.names
     assert resolve._cached_read_elf(b) == resolve._read_elf(b)
     # Another build-id: another key, never this entry.
     (cache / "symtab" / f"{bid}-names.v{diskcache.FORMAT}").unlink()
-    assert symtab._from_disk(b, "", b) is None
+    assert symtab._from_disk(b, "", elf.build_id(b)) is None
 
 
 def test_a_new_debug_file_invalidates_the_cached_table(
@@ -166,11 +172,11 @@ def test_a_new_debug_file_invalidates_the_cached_table(
     a = _copy(CXX, tmp_path / "a")
     monkeypatch.setattr(symtab, "DEBUG_ROOT", str(tmp_path / "debug"))
     t = symtab.load(a)
-    assert symtab._from_disk(a, "", a) is not None
+    assert symtab._from_disk(a, "", elf.build_id(a)) is not None
     dbg = tmp_path / "debug" / ".build-id" / t.build_id[:2] / f"{t.build_id[2:]}.debug"
     dbg.parent.mkdir(parents=True)
     shutil.copy2(CXX, dbg)  # libc6-dbg installed since: its names must be read
-    assert symtab._from_disk(a, "", a) is None
+    assert symtab._from_disk(a, "", elf.build_id(a)) is None
 
 
 def test_a_table_read_while_the_file_lived_still_names_frames(tmp_path: Path) -> None:
@@ -193,17 +199,17 @@ def test_capability_trials_are_kept_per_boot(cache: Path, monkeypatch: pytest.Mo
         calls.append(1)
         return True
 
-    monkeypatch.setattr(capabilities.os, "geteuid", lambda: 0)
-    assert capabilities._boot_cached("t", trial) is True
+    monkeypatch.setattr(features.os, "geteuid", lambda: 0)
+    assert features.boot_cached("t", trial) is True
     if not diskcache.boot_key() or os.getuid() != 0:
         pytest.skip("no boot id here, or the cache dir is not root's")
-    assert capabilities._boot_cached("t", trial) is True
+    assert features.boot_cached("t", trial) is True
     assert len(calls) == 1
     (entry,) = (cache / "caps").iterdir()
     assert entry.name.startswith(diskcache.boot_key())
     # Another boot (or kernel) is another entry: tried again.
     monkeypatch.setattr(diskcache, "boot_key", lambda: "other-boot-6.1")
-    assert capabilities._boot_cached("t", trial) is True
+    assert features.boot_cached("t", trial) is True
     assert len(calls) == 2
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from pyctl import paths
 from pyctl.bpf import raw
+from pyctl.elf import SHT_SYMTAB, ElfError, ElfFile
 from pyctl.exceptions import MissingPrerequisite
 
 # Threads that destroy links at once (see Object.detach_all).
@@ -387,24 +388,13 @@ def map_count(fd: int, key_size: int) -> int:
 
 
 def _symbol_values(path: str) -> dict[str, int] | None:
-    """name -> st_value of an ELF64 little-endian object's .symtab (a BPF
-    object's globals: offsets in their section), read with struct: with
-    pyelftools (~70 ms to import, then per-symbol parsing) this was a
-    visible part of every run's time to probes live. None: no .symtab."""
-    import struct
-
-    with open(path, "rb") as f:
-        data = f.read()
-    shoff, = struct.unpack_from("<Q", data, 0x28)
-    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
-    secs = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
-    for _name, sh_type, _fl, _a, off, size, link, _info, _al, entsize in secs:
-        if sh_type != 2 or entsize != 24:  # SHT_SYMTAB
-            continue
-        stroff = secs[link][4]
-        out = {}
-        for st_name, _i, _o, _sh, value, _sz in struct.iter_unpack("<IBBHQQ", data[off:off + size]):
-            end = data.find(b"\0", stroff + st_name)
-            out[data[stroff + st_name : end].decode(errors="replace")] = value
-        return out
-    return None
+    """name -> st_value of a BPF object's .symtab (its globals: offsets in
+    their section), from pyctl/elf.py (struct, no pyelftools: ~70 ms to
+    import, then per-symbol parsing, was a visible part of every run's time
+    to probes live). None: no .symtab."""
+    try:
+        with ElfFile.open(path) as f:
+            sec = next((s for s in f.sections if s.type == SHT_SYMTAB), None)
+            return None if sec is None else {s.name: s.value for s in f.symbols(sec)}
+    except ElfError as e:
+        raise BpfError(f"cannot read BPF object {path}: {e}: rebuild it with make build") from None

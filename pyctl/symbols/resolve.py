@@ -12,18 +12,12 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
-import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
 
-# pyelftools' ELFFile is imported where a file is parsed: the import alone
-# costs ~70 ms, and with the table in the disk cache (pyctl/diskcache.py) a
-# `trace --pid` never parses one. Its exception module is cheap.
-from elftools.common.exceptions import ELFError
-
+from pyctl import elf
 from pyctl.exceptions import BadInput
 
 
@@ -108,15 +102,7 @@ def _lib_from(path: str, display: str, mapped: bool) -> Library:
 def elf_kind(path: str) -> str:
     """'x86-64' for an x86-64 ELF file, 'elf' for another ELF, '' for
     anything else (a linker script such as libc.so, a text file, a dir)."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(20)
-    except OSError:
-        return ""
-    if len(head) < 20 or head[:4] != b"\x7fELF":
-        return ""
-    # EI_CLASS 2 = 64-bit, EI_DATA 1 = little-endian, e_machine 62 = x86-64.
-    return "x86-64" if head[4] == 2 and head[5] == 1 and head[18:20] == b"\x3e\x00" else "elf"
+    return elf.kind(path)
 
 
 def _is_lib(path: str) -> bool:
@@ -145,26 +131,19 @@ def add_search_dirs_for_program(program: str) -> None:
     its libraries from: its RUNPATH/RPATH ($ORIGIN expanded)."""
     import shutil
 
-    from elftools.elf.elffile import ELFFile
-
     path = program if "/" in program else shutil.which(program)
     if not path or not os.path.isfile(path):
         return
     origin = os.path.dirname(os.path.realpath(path))
     try:
-        with open(path, "rb") as f:
-            dyn = ELFFile(f).get_section_by_name(".dynamic")
-            if dyn is None:
-                return
-            for tag in dyn.iter_tags():  # type: ignore[attr-defined]
-                if tag.entry.d_tag in ("DT_RUNPATH", "DT_RPATH"):
-                    val = tag.runpath if tag.entry.d_tag == "DT_RUNPATH" else tag.rpath
-                    for d in val.split(":"):
-                        d = d.replace("$ORIGIN", origin).replace("${ORIGIN}", origin)
-                        if d and d not in _extra_dirs:
-                            _extra_dirs.append(d)
-    except Exception:  # noqa: BLE001 - not an ELF (a script): nothing to add
+        with elf.ElfFile.open(path) as f:
+            runpath = f.runpath()
+    except (OSError, elf.ElfError):  # not an ELF (a script): nothing to add
         return
+    for d in runpath:
+        d = d.replace("$ORIGIN", origin).replace("${ORIGIN}", origin)
+        if d and d not in _extra_dirs:
+            _extra_dirs.append(d)
 
 
 def _search_dirs(pid: int | None) -> list[str]:
@@ -357,7 +336,7 @@ def find_library(want: str, pid: int | None = None) -> Library:
 ElfInfo = tuple[dict[str, tuple[int, int]], list, str]
 # Keyed by the file itself (device, inode, mtime), not the path: the same
 # library is reached as /proc/PID/root/... and as its host path, and a big
-# one (libcuda, torch's) takes seconds to read with pyelftools.
+# one (libcuda, torch's) takes a second or more to read.
 _ELF_CACHE: dict[tuple[int, int, float], ElfInfo] = {}
 
 
@@ -389,7 +368,7 @@ def _cached_read_elf(path: str) -> ElfInfo:
     one entry). A file without a build-id is parsed every time."""
     from pyctl import diskcache
 
-    bid = diskcache.build_id_of(path)
+    bid = elf.build_id(path)
     if bid:
         hit = diskcache.load_obj("symtab", f"{bid}-sites")
         if isinstance(hit, tuple) and len(hit) == 3 and hit[2] == bid:
@@ -401,68 +380,29 @@ def _cached_read_elf(path: str) -> ElfInfo:
 
 
 def _read_elf(path: str) -> ElfInfo:
-    from elftools.elf.elffile import ELFFile
-    from elftools.elf.sections import SymbolTableSection
-
     syms: dict[str, tuple[int, int]] = {}
-    with open(path, "rb") as f:
-        try:
-            elf = ELFFile(f)
-        except ELFError:
-            raise ResolveError(
-                f"{path} is not an ELF file: give the path of a shared library (.so)"
-            ) from None
-        if elf.get_machine_arch() != "x64":
+    try:
+        f = elf.ElfFile.open(path)
+    except elf.ElfError:
+        raise ResolveError(
+            f"{path} is not an ELF file: give the path of a shared library (.so)"
+        ) from None
+    with f:
+        if not f.is_x86_64:
             raise ResolveError(f"{path} is not an x86-64 ELF file")
-        loads = [
-            (s["p_vaddr"], s["p_offset"], s["p_filesz"])
-            for s in elf.iter_segments()
-            if s["p_type"] == "PT_LOAD"
-        ]
-        for secname in (".dynsym", ".symtab"):
-            sec = elf.get_section_by_name(secname)
-            if not isinstance(sec, SymbolTableSection):
-                continue
-            for name, value, size in _func_syms(f, elf, sec):
-                name = name.split("@")[0]
-                if name and name not in syms:
-                    syms[name] = (value, size)
-        build_id = ""
-        for sec in elf.iter_sections():
-            if sec["sh_type"] == "SHT_NOTE":
-                for note in sec.iter_notes():  # type: ignore[attr-defined]
-                    if note["n_type"] == "NT_GNU_BUILD_ID":
-                        build_id = note["n_desc"]
+        try:
+            loads = [(s.vaddr, s.offset, s.filesz) for s in f.loads]
+            for table in (".dynsym", ".symtab"):
+                # STT_GNU_IFUNC stays out, as it always did: its st_value is
+                # the resolver, not the function a probe wants.
+                for name, value, size, _info in f.functions(table, (elf.STT_FUNC,)):
+                    name = name.split("@")[0]
+                    if name and name not in syms:
+                        syms[name] = (value, size)
+            build_id = f.build_id
+        except elf.ElfError as e:
+            raise ResolveError(f"cannot read {path}: {e}") from None
     return syms, loads, build_id
-
-
-_STT_FUNC = 2
-
-
-def _func_syms(f: Any, elf: Any, sec: Any) -> list[tuple[str, int, int]]:
-    """(name, st_value, st_size) of the defined functions of a symbol table.
-
-    Read with struct rather than pyelftools' per-symbol parsing: the same
-    fields, but libtorch_cpu.so's 606k symbols take 1-2 s instead of 25-40 s
-    (which made `gpufault inject --lib libtorch_cpu` miss a 60 s arm timeout).
-    STT_GNU_IFUNC (10) stays out, as it did: pyelftools names it STT_LOOS,
-    and its st_value is the resolver, not the function a probe wants."""
-    h = sec.header
-    if h["sh_entsize"] != 24 or not h["sh_size"]:
-        return []
-    f.seek(h["sh_offset"])
-    data = f.read(h["sh_size"])
-    sh = elf.get_section(h["sh_link"]).header
-    f.seek(sh["sh_offset"])
-    strtab = f.read(sh["sh_size"])
-    out = []
-    for st_name, st_info, _other, shndx, value, size in struct.iter_unpack("<IBBHQQ", data):
-        if st_info & 0xF != _STT_FUNC or shndx == 0 or not value:
-            continue
-        end = strtab.find(b"\0", st_name)
-        name = strtab[st_name : end if end >= 0 else None].decode("utf-8", "replace")
-        out.append((name, value, size))
-    return out
 
 
 def is_parsed(path: str) -> bool:

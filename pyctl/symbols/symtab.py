@@ -19,33 +19,25 @@ Sources, merged (first the file itself, then its debug data):
 
 Why not libdw or blazesym: libdw through ctypes needs elfutils on the target
 host and its Dwfl API for a few lookups; blazesym has no Python binding on
-PyPI. pyelftools is already a dependency and these four sources are what
-both of them read for symbol names. Tables are cached per file (device,
-inode, mtime), so one parse serves a whole run.
+PyPI. These four sources are what both of them read for symbol names, and
+pyctl/elf.py (the one ELF reader) reads them. Tables are cached per file
+(device, inode, mtime of the descriptor parsed), so one parse serves a
+whole run.
 """
 
 from __future__ import annotations
 
 import bisect
-import io
-import lzma
 import os
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from elftools.elf.elffile import ELFFile
-    from elftools.elf.sections import SymbolTableSection
-
-# ELFFile and the section classes are imported where a file is parsed:
-# ~70 ms, paid only on a disk-cache miss (pyctl/diskcache.py).
-from elftools.common.exceptions import ELFError
+from pyctl.elf import STB_GLOBAL, STB_LOCAL, STB_WEAK, ElfError, ElfFile
+from pyctl.elf import build_id as elf_build_id
 
 DEBUG_ROOT = "/usr/lib/debug"
-_FUNC_TYPES = ("STT_FUNC", "STT_GNU_IFUNC", "STT_LOOS")  # LOOS: how pyelftools names IFUNC
-_BIND_RANK = {"STB_GLOBAL": 0, "STB_WEAK": 1, "STB_LOCAL": 2}
+# A global over a weak over a local name (anything else after them).
+_BIND_RANK = {STB_GLOBAL: 0, STB_WEAK: 1, STB_LOCAL: 2}
 
 
 @dataclass
@@ -113,74 +105,19 @@ def cheap(path: str) -> bool:
         return False
     from pyctl import diskcache
 
-    bid = diskcache.build_id_of(path)
+    bid = elf_build_id(path)
     return bool(bid) and diskcache.has("symtab", f"{bid}-names")
 
 
-def _funcs(elf: ELFFile) -> list[tuple[int, int, str, int]]:
-    from elftools.elf.sections import SymbolTableSection
-
+def _funcs(elf: ElfFile) -> list[tuple[int, int, str, int]]:
+    """(start, end, name, binding rank) of the functions (STT_FUNC and
+    STT_GNU_IFUNC) of .symtab and .dynsym."""
     out = []
-    for secname in (".symtab", ".dynsym"):
-        sec = elf.get_section_by_name(secname)
-        if not isinstance(sec, SymbolTableSection):
-            continue
-        out += _raw_funcs(elf, sec)
+    for table in (".symtab", ".dynsym"):
+        for name, start, size, info in elf.functions(table):
+            if name:
+                out.append((start, start + size, name, _BIND_RANK.get(info >> 4, 3)))
     return out
-
-
-# STT_FUNC, STT_GNU_IFUNC; st_info >> 4: STB_LOCAL 0, STB_GLOBAL 1, STB_WEAK 2.
-_FUNC_TYPE_NUMS = (2, 10)
-_BIND_RANK_NUM = {1: 0, 2: 1, 0: 2}
-
-
-def _raw_funcs(elf: ELFFile, sec: SymbolTableSection) -> list[tuple[int, int, str, int]]:
-    """_funcs of one table, read with struct: pyelftools' per-symbol parsing
-    takes 25-40 s for libtorch_cpu.so's 606k symbols (a controller's exit,
-    which names its faults' frames, waited that long), this 1-2 s. Same
-    fields and filters as sym["st_info"] ... in pyelftools."""
-    h = sec.header
-    if elf.elfclass != 64 or not elf.little_endian or h["sh_entsize"] != 24:
-        return [
-            (sym["st_value"], sym["st_value"] + max(sym["st_size"], 0), sym.name,
-             _BIND_RANK.get(sym["st_info"]["bind"], 3))
-            for sym in sec.iter_symbols()
-            if sym["st_info"]["type"] in _FUNC_TYPES and sym["st_shndx"] != "SHN_UNDEF"
-            and sym["st_value"] and sym.name
-        ]  # fmt: skip
-    stream = elf.stream
-    stream.seek(h["sh_offset"])
-    data = stream.read(h["sh_size"])
-    strh = elf.get_section(h["sh_link"]).header
-    stream.seek(strh["sh_offset"])
-    strtab = stream.read(strh["sh_size"])
-    out = []
-    for st_name, info, _other, shndx, start, size in struct.iter_unpack("<IBBHQQ", data):
-        if info & 0xF not in _FUNC_TYPE_NUMS or shndx == 0 or not start:
-            continue
-        end = strtab.find(b"\0", st_name)
-        name = strtab[st_name : end if end >= 0 else None].decode("utf-8", "replace")
-        if name:
-            out.append((start, start + size, name, _BIND_RANK_NUM.get(info >> 4, 3)))
-    return out
-
-
-def _build_id(elf: ELFFile) -> str:
-    from elftools.elf.sections import NoteSection
-
-    for sec in elf.iter_sections():
-        if isinstance(sec, NoteSection):
-            for note in sec.iter_notes():
-                if note["n_type"] == "NT_GNU_BUILD_ID":
-                    return str(note["n_desc"])
-    return ""
-
-
-def _debuglink(elf: ELFFile) -> str:
-    sec = elf.get_section_by_name(".gnu_debuglink")
-    if sec is None:
-        return ""
-    return sec.data().split(b"\0", 1)[0].decode(errors="replace")
 
 
 def _debug_candidates(path: str, build_id: str, link: str, root: str) -> list[str]:
@@ -195,22 +132,27 @@ def _debug_candidates(path: str, build_id: str, link: str, root: str) -> list[st
 
 def load(path: str, root: str = "") -> Table:
     """The function table of path (as the target sees it; root: the
-    target's /proc/PID/root for a container). Raises OSError/ELFError."""
+    target's /proc/PID/root for a container). Raises OSError/ElfError."""
     real = root + path if root else path
     try:
-        key = _key(real)
+        f = ElfFile.open(real)
     except OSError:
         pinned = _BY_REAL.get(real)
         if pinned is None:
             raise
         return pinned
-    t = _CACHE.get(key)
-    if t is not None:
-        _BY_REAL[real] = t
-        return t
-    t = _from_disk(path, root, real)
-    if t is None:
-        t = _parse(path, root, real)
+    with f:
+        # The key of the bytes read through this descriptor, not of
+        # whatever the path names a moment later.
+        assert f.stat is not None
+        key = f.stat.st_dev, f.stat.st_ino, f.stat.st_mtime
+        t = _CACHE.get(key)
+        if t is not None:
+            _BY_REAL[real] = t
+            return t
+        t = _from_disk(path, root, f.build_id)
+        if t is None:
+            t = _parse(path, root, real, f)
     _CACHE[key] = _BY_REAL[real] = t
     global generation
     generation += 1
@@ -224,13 +166,12 @@ def _existing_debug(path: str, build_id: str, link: str, root: str) -> list[str]
     return [c[len(root) :] for c in cands if os.path.isfile(c)]
 
 
-def _from_disk(path: str, root: str, real: str) -> Table | None:
+def _from_disk(path: str, root: str, bid: str) -> Table | None:
     """The table of this build from the disk cache, if its debug files are
     the ones present when it was made. Keyed by build-id: the same bytes at
     another path (or through another /proc/PID/root) are one entry."""
     from pyctl import diskcache
 
-    bid = diskcache.build_id_of(real)
     hit = diskcache.load_obj("symtab", f"{bid}-names") if bid else None
     if not (isinstance(hit, tuple) and len(hit) == 3 and isinstance(hit[0], Table)):
         return None
@@ -241,39 +182,32 @@ def _from_disk(path: str, root: str, real: str) -> Table | None:
                  cached.first_load, cached.others)  # fmt: skip
 
 
-def _parse(path: str, root: str, real: str) -> Table:
-    from elftools.elf.elffile import ELFFile
-
+def _parse(path: str, root: str, real: str, elf: ElfFile) -> Table:
     t = Table(path)
     entries: list[tuple[int, int, str, int]] = []
-    with open(real, "rb") as f:
-        elf = ELFFile(f)
-        loads = sorted((s["p_vaddr"], s["p_offset"]) for s in elf.iter_segments()
-                       if s["p_type"] == "PT_LOAD")
-        t.first_load = loads[0][0] - loads[0][1] if loads else 0
-        t.build_id = _build_id(elf)
-        own = _funcs(elf)
-        if own:
-            entries += own
-            t.sources.append("symtab" if elf.get_section_by_name(".symtab") else "dynsym")
-        mini = elf.get_section_by_name(".gnu_debugdata")
-        if mini is not None:
-            try:
-                entries += _funcs(ELFFile(io.BytesIO(lzma.decompress(mini.data()))))
-                t.sources.append("gnu_debugdata")
-            except (lzma.LZMAError, ELFError):
-                pass
-        link = _debuglink(elf)
+    t.first_load = elf.first_load
+    t.build_id = elf.build_id
+    own = _funcs(elf)
+    if own:
+        entries += own
+        t.sources.append("symtab" if elf.section(".symtab") else "dynsym")
+    mini = elf.minidebuginfo()
+    if mini is not None:
+        try:
+            entries += _funcs(mini)
+            t.sources.append("gnu_debugdata")
+        except ElfError:
+            pass
+    link = elf.debuglink
     for cand in _debug_candidates(path, t.build_id, link, root):
         if not os.path.isfile(cand) or os.path.realpath(cand) == os.path.realpath(real):
             continue
         try:
-            with open(cand, "rb") as f:
-                dbg = ELFFile(f)
-                if t.build_id and _build_id(dbg) not in ("", t.build_id):
+            with ElfFile.open(cand) as dbg:
+                if t.build_id and dbg.build_id not in ("", t.build_id):
                     continue  # a debug file of another build: its names would lie
                 extra = _funcs(dbg)
-        except (OSError, ELFError):
+        except (OSError, ElfError):
             continue
         if extra:
             entries += extra
@@ -326,7 +260,7 @@ def name_at(path: str, rel: int, root: str = "", *, parse: bool = True) -> str |
         return None
     try:
         t = load(path, root)
-    except (OSError, ELFError, ValueError):
+    except (OSError, ValueError):  # ElfError is a ValueError
         return None
     hit = t.lookup(rel + t.first_load)
     if hit is None:

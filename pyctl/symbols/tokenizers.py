@@ -2,7 +2,7 @@
 
 The Rust wheels (Hugging Face `tokenizers`, `tiktoken`) ship a full
 `.symtab` (checked on tokenizers 0.23.3 and tiktoken 0.14.0: 26k and 9k
-symbols, Rust v0 mangling). We read it with pyelftools, demangle the Rust
+symbols, Rust v0 mangling). We read it (pyctl/elf.py), demangle the Rust
 names (v0 `_R...` and legacy `_ZN...17h<hash>E`) and match the demangled,
 hash-free form against version-tolerant patterns per `kind`.
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from elftools.elf.elffile import ELFFile
+from pyctl import elf
 
 # x86-64 `endbr64`: a uprobe on it is single-stepped out of line (about
 # 40x slower than an emulated first instruction, see DESIGN.md), so we say so.
@@ -194,12 +194,8 @@ def collapse_generics(name: str) -> str:
     return name.replace("\x00", "<..>")
 
 
-def _load_segments(elf: ELFFile) -> list[tuple[int, int, int]]:
-    return [
-        (seg["p_vaddr"], seg["p_memsz"], seg["p_offset"])
-        for seg in elf.iter_segments()
-        if seg["p_type"] == "PT_LOAD"
-    ]
+def _load_segments(f: elf.ElfFile) -> list[tuple[int, int, int]]:
+    return [(seg.vaddr, seg.memsz, seg.offset) for seg in f.loads]
 
 
 def vaddr_to_offset(segments: list[tuple[int, int, int]], vaddr: int) -> int:
@@ -212,7 +208,7 @@ def vaddr_to_offset(segments: list[tuple[int, int, int]], vaddr: int) -> int:
 def iter_functions(path: str | os.PathLike[str]) -> list[tuple[str, int, int, str]]:
     """(name, st_value, st_size, table) for every defined function in
     .symtab and .dynsym (duplicates across the two are left to callers).
-    Cached per (path, size, mtime): pyelftools needs about 1 s per 10k symbols."""
+    Cached per (path, size, mtime): demangling callers ask several times."""
     st = os.stat(path)
     return _functions(os.fspath(path), st.st_size, st.st_mtime_ns)
 
@@ -220,16 +216,10 @@ def iter_functions(path: str | os.PathLike[str]) -> list[tuple[str, int, int, st
 @functools.lru_cache(maxsize=16)
 def _functions(path: str, _size: int, _mtime: int) -> list[tuple[str, int, int, str]]:
     out: list[tuple[str, int, int, str]] = []
-    with open(path, "rb") as f:
-        elf = ELFFile(f)
+    with elf.ElfFile.open(path) as f:
         for table in (".symtab", ".dynsym"):
-            sec = elf.get_section_by_name(table)
-            if sec is None:
-                continue
-            for sym in sec.iter_symbols():  # type: ignore[attr-defined]
-                if sym["st_info"]["type"] != "STT_FUNC" or sym["st_value"] == 0:
-                    continue
-                out.append((sym.name, sym["st_value"], sym["st_size"], table))
+            for name, value, size, _info in f.functions(table, (elf.STT_FUNC,)):
+                out.append((name, value, size, table))
     return out
 
 
@@ -277,15 +267,13 @@ def find_entry_points(path: str | os.PathLike[str], kind: str) -> list[EntryPoin
         )
     # The first pattern is the current layout; fall back only if it is absent.
     best = min(c[0] for c in candidates)
-    with open(path, "rb") as f:
-        elf = ELFFile(f)
-        segs = _load_segments(elf)
+    with elf.ElfFile.open(path) as f:
+        segs = _load_segments(f)
         for rank, name, dem, value, size in candidates:
             if rank != best or value in found:
                 continue
             off = vaddr_to_offset(segs, value)
-            f.seek(off)
-            first = f.read(8)
+            first = f.read(off, 8)
             found[value] = EntryPoint(name, dem, value, size, off, str(path), kind, first.hex())
     return sorted(found.values(), key=lambda e: e.address)
 
