@@ -1,5 +1,6 @@
 """The trial loads behind `gpufault doctor` and the engine's choices, in the
-real kernel: the uprobe_multi trial's counting program and its pid filter."""
+real kernel (pyctl/bpf/features.py): the uprobe_multi trial's counting
+program and its pid filter; the doctor's report (pyctl/api/doctor.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from pathlib import Path
 import pytest
 
 from pyctl import capabilities
+from pyctl.api import doctor
+from pyctl.bpf import features
 from pyctl.bpf.libbpf import BPF_TRACE_UPROBE_MULTI, BpfError, Object, map_lookup
 from pyctl.symbols import resolve
 
@@ -76,6 +79,32 @@ def test_multi_link_pid_filter_leaves_other_processes_alone(counter) -> None:
         child.wait()
 
 
+def test_the_trial_site_is_libc_getpid_as_the_symbol_table_says() -> None:
+    """bpf/ finds its probe site without the ELF reader above it: the
+    loader's address of getpid, through /proc/self/maps, is the file offset
+    pyctl.symbols reads from libc's symbol table."""
+    site = features.getpid_site()
+    assert site is not None
+    libc = resolve.find_library("libc", os.getpid())
+    (sym,) = resolve.symbols(libc, "getpid")[:1]
+    assert os.path.realpath(site[0]) == os.path.realpath(libc.path)
+    # resolve's offset may skip an endbr64 (4 bytes): the function's start is before it.
+    assert sym.offset - site[1] in (0, 4), (site, sym.offset)
+
+
+def test_capabilities_is_the_engines_view_of_the_trials() -> None:
+    """The engine and the call counter ask pyctl.capabilities; the trials
+    are bpf/'s, and capabilities imports nothing above bpf/."""
+    assert capabilities.uprobe_multi is features.uprobe_multi
+    assert capabilities.MAIN_OBJ == features.MAIN_OBJ
+    import ast
+
+    tree = ast.parse(Path(capabilities.__file__).read_text())
+    mods = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    mods |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert all(m in ("__future__",) or m.startswith("pyctl.bpf") for m in mods), mods
+
+
 def test_multi_can_be_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
     capabilities.uprobe_multi.cache_clear()
     monkeypatch.setenv("GPUFAULT_NO_UPROBE_MULTI", "1")
@@ -122,7 +151,7 @@ def test_doctor_json_says_which_checks_each_feature_needs() -> None:
 
 
 def test_doctor_exits_1_only_when_the_requested_work_needs_a_failed_check() -> None:
-    if capabilities.nvidia_xid_tracepoint():
+    if doctor.nvidia_xid_tracepoint():
         pytest.skip("this host has the NVIDIA Xid tracepoint")
     ok = _doctor()  # trace + inject: all fine here
     assert ok.returncode == 0, ok.stdout + ok.stderr
@@ -142,7 +171,7 @@ def test_doctor_as_non_root_fails_and_names_no_yama_fix_without_yama(
 
     from pyctl.cli import cli
 
-    monkeypatch.setattr(capabilities.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(doctor.os, "geteuid", lambda: 1000)
     r = CliRunner().invoke(cli, ["doctor"])
     assert r.exit_code == 1, r.output
     assert "FAIL root" in r.output and "euid 1000" in r.output

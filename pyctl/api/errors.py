@@ -14,6 +14,8 @@ from __future__ import annotations
 import errno
 
 from pyctl import exceptions
+from pyctl.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_RUN_FAILED, EXIT_USER, one_line
+from pyctl.errors import user_error_types as user_error_types
 from pyctl.exceptions import (
     BadInput,
     EvidenceWriteError,
@@ -47,9 +49,37 @@ def translate(exc: BaseException) -> GpufaultError:
     )
 
 
+def cli_line(exc: BaseException) -> tuple[int, str] | None:
+    """How the command line reports exc: (exit status, its one line), or
+    None when it is not the user's or the host's to fix (a bug: the CLI's
+    internal-error path). A run whose evidence could not be written is
+    exit 3; bad input, the engine's refusals and ValueErrors say their
+    text as it is; the rest of the hierarchy (a kernel without a feature,
+    no catalog) gets its hint ("see `gpufault doctor`")."""
+    if isinstance(exc, EvidenceWriteError):
+        return EXIT_RUN_FAILED, str(exc)
+    from pyctl.engine.errors import EngineError
+
+    if isinstance(exc, (BadInput, EngineError, ValueError)):
+        return EXIT_USER, str(exc)
+    if isinstance(exc, GpufaultError):
+        return EXIT_USER, one_line(exc)
+    return None
+
+
 def _with_cause(new: GpufaultError, cause: BaseException) -> GpufaultError:
     new.__cause__ = cause
     return new
 
 
-__all__ = [*exceptions.__all__, "translate"]
+__all__ = [
+    *exceptions.__all__,
+    "EXIT_INTERNAL",
+    "EXIT_INTERRUPTED",
+    "EXIT_RUN_FAILED",
+    "EXIT_USER",
+    "cli_line",
+    "one_line",
+    "translate",
+    "user_error_types",
+]

@@ -23,9 +23,9 @@ import signal
 import threading
 from dataclasses import dataclass
 
+from pyctl.bpf.features import MAIN_OBJ, engine_programs, regs_writable, uprobe_multi, user_writable
 from pyctl.bpf.libbpf import BPF_TRACE_UPROBE_MULTI, BpfError, Object
 from pyctl.bpf.names import Main
-from pyctl.capabilities import MAIN_OBJ, engine_programs, regs_writable, uprobe_multi, user_writable
 
 DEFAULT_RING_BYTES = 8 << 20  # the events ring (Engine's ring_mib=8)
 DEFAULT_COPILOT_SIGNAL = signal.SIGURG

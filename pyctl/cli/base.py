@@ -32,23 +32,21 @@ class RunFailed(UserError):
 
 def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Turn the library's user-facing exceptions into UserError (so that a
-    CliRunner sees exit 2 and one line too, not only pyctl.cli.main)."""
+    CliRunner sees exit 2 and one line too, not only pyctl.cli.main); the
+    line and its status are the API's (pyctl.api.errors.cli_line)."""
 
     @functools.wraps(fn)
     def wrapper(*a: Any, **kw: Any) -> Any:
-        from pyctl.engine import EngineError, StoreWriteError
-        from pyctl.evidence import store
-        from pyctl.spec import SpecError
-        from pyctl.symbols.resolve import ResolveError
-
         try:
             return fn(*a, **kw)
-        except StoreWriteError as e:
-            raise RunFailed(str(e)) from None
-        # The rest (PermissionError, BpfError, ...) reach main, which adds
-        # their hint (pyctl/errors.py: "run as root", "see gpufault doctor").
-        except (store.StoreError, SpecError, EngineError, ResolveError, ValueError) as e:
-            raise UserError(str(e)) from None
+        except Exception as e:
+            from pyctl.api.errors import EXIT_RUN_FAILED, cli_line
+
+            said = cli_line(e)
+            if said is None:
+                raise  # PermissionError, a bug: main's error contract
+            status, text = said
+            raise (RunFailed if status == EXIT_RUN_FAILED else UserError)(text) from None
 
     return wrapper
 
@@ -56,9 +54,9 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
 def open_existing(db_path: str) -> Any:
     """Read-only (SQLite mode=ro): faults/show never create, convert, chmod
     or add tables to the file; a database that is not gpufault's is refused."""
-    from pyctl.evidence import store
+    from pyctl.api.reading import open_readonly
 
     try:
-        return store.open_db(db_path, readonly=True)
-    except store.StoreError as e:
+        return open_readonly(db_path)
+    except ValueError as e:
         raise UserError(str(e)) from None

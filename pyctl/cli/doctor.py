@@ -1,14 +1,15 @@
 """`gpufault doctor` (what this host allows) and `gpufault probes` (where a
-probe can go): the checks before a run."""
+probe can go): the checks before a run, made by pyctl/api/doctor.py and
+pyctl/api/probes.py; this module prints them."""
 
 from __future__ import annotations
 
 import json
 import sys
-from typing import Any
 
 import click
 
+from pyctl.api.errors import MissingPrerequisite
 from pyctl.cli.base import UserError, user_errors
 from pyctl.cli.options import json_option
 
@@ -42,38 +43,19 @@ def doctor(as_json: bool, features: tuple[str, ...]) -> None:
       gpufault doctor
       gpufault doctor --for xids --json
     """
-    from pyctl.capabilities import DEFAULT_FEATURES, FEATURES, checks, failed_for
+    from pyctl.api import doctor as dr
 
-    want = list(FEATURES) if "all" in features else list(features or DEFAULT_FEATURES)
-    res = checks()
-    bad = failed_for(res, want)
+    rep = dr.report(features)
     if as_json:
-        click.echo(
-            json.dumps(
-                {
-                    "features": {f: FEATURES[f] for f in want},
-                    "ok": not bad,
-                    "checks": [
-                        dict(c.__dict__, required=bool(set(want) & set(c.required_for)))
-                        for c in res
-                    ],
-                },
-                indent=2,
-            )
-        )
+        click.echo(json.dumps(rep.to_json(), indent=2))
     else:
-        for c in res:
-            req = bool(set(want) & set(c.required_for))
-            click.echo(f"{mark(c.ok, req)} {c.name:22} {c.detail}")
+        for c in rep.checks:
+            click.echo(f"{mark(c.ok, rep.required(c))} {c.name:22} {c.detail}")
             if not c.ok and c.fix:
                 click.echo(f"     {'':22} fix: {c.fix}")
-        if bad:
-            click.echo(
-                f"gpufault: {', '.join(c.name for c in bad)} failed: "
-                f"{' / '.join(want)} cannot run here until fixed",
-                err=True,
-            )
-    if bad:
+        if not rep.ok:
+            click.echo(f"gpufault: {rep.failure_line()}", err=True)
+    if not rep.ok:
         sys.exit(1)
 
 
@@ -98,62 +80,14 @@ def probes(lib: str | None, pid: int | None, fn_pattern: tuple[str, ...], as_jso
       gpufault probes libcuda --fn 'cuMemAlloc*'
       gpufault probes /usr/lib/x86_64-linux-gnu/libc.so.6 --fn 'mall*'
     """
-    from pyctl.symbols import resolve
+    from pyctl.api import probes as pr
 
-    rows: list[dict[str, Any]]
     if lib is None:
         try:
-            from pyctl import catalog
-        except ImportError:
-            raise UserError("no catalog installed") from None
-        rows = [
-            {
-                "lib": f.lib,
-                "function": f.name,
-                "args": ", ".join(f"{a.ctype} {a.name}" for a in f.args),
-            }
-            for f in catalog.functions()
-        ]
-        if as_json:
-            click.echo(json.dumps(rows, indent=2))
-        else:
-            for r in rows:
-                click.echo(f"{r['lib']:7} {r['function']}({r['args']})")
+            rows = pr.catalog_functions()
+        except MissingPrerequisite as e:
+            raise UserError(str(e)) from None
+        click.echo(json.dumps(rows, indent=2) if as_json else pr.render_catalog(rows))
         return
-    from pyctl.symbols.demangle import demangle
-
-    L = resolve.find_library(lib, pid)
-    syms = resolve.symbols(L, list(fn_pattern) or ["*"])
-    rows = [
-        {
-            "function": s.name,  # as in the file: what --fn takes
-            "demangled": demangle(s.name),
-            "aliases": s.aliases,
-            "address": s.address,
-            "offset": s.offset,
-            "first_insn": s.first_insn,
-            "skipped_endbr64": s.skipped_endbr,
-            "slow": s.slow,
-        }
-        for s in sorted(syms, key=lambda s: s.name)
-    ]
-    if as_json:
-        click.echo(
-            json.dumps({"library": L.display, "mapped": L.mapped, "functions": rows}, indent=2)
-        )
-        return
-    names = sum(1 + len(r["aliases"]) for r in rows)
-    click.echo(
-        f"{L.display} ({'mapped' if L.mapped else 'on disk'}), {len(rows)} functions"
-        + (f" ({names} names: aliases share one probe site)" if names > len(rows) else "")
-    )
-    for r in rows:
-        note = (
-            "SLOW (single-stepped)"
-            if r["slow"]
-            else ("after endbr64" if r["skipped_endbr64"] else "")
-        )
-        # Aliases (cuMemAlloc = cuMemAlloc_v2) are one address: shown beside
-        # the name, never hidden (--fn takes any of them).
-        shown = " = ".join([r["demangled"], *(demangle(a) for a in r["aliases"])])
-        click.echo(f"  {shown:40} +{r['offset']:#x} {r['first_insn']:8} {note}")
+    sites = pr.probe_sites(lib, pid, fn_pattern)
+    click.echo(json.dumps(sites.to_json(), indent=2) if as_json else sites.render())

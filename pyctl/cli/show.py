@@ -1,18 +1,18 @@
 """`gpufault faults` and `gpufault show`: read the evidence database
-(read-only, pyctl/evidence/query.py renders)."""
+(read-only; pyctl/api/reading.py reads and renders)."""
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
-import sqlite3
 import sys
 from collections.abc import Iterator
 from typing import Any
 
 import click
 
+from pyctl.api import reading
+from pyctl.api.errors import BadInput
 from pyctl.cli.base import UserError, open_existing, user_errors
 from pyctl.cli.completion import fault_ids
 from pyctl.cli.options import SINCE, db_option, json_option
@@ -20,18 +20,13 @@ from pyctl.cli.options import SINCE, db_option, json_option
 
 @contextlib.contextmanager
 def damaged_is_one_line(db_path: str) -> Iterator[None]:
-    """A page SQLite finds damaged while reading (open_existing checks the
-    file's header, owner and schema, not every page: a full check would
-    cost a reader seconds on a large store) is the file's fault, not
-    gpufault's: one line and exit 2, not an internal error."""
-    from pyctl.evidence import store
-
+    """A damaged page is the file's fault, not gpufault's: one line and
+    exit 2, not an internal error (pyctl.api.reading.damaged_is_bad_input)."""
     try:
-        yield
-    except sqlite3.DatabaseError as e:
-        if not store.damaged(e):
-            raise  # a query's own error is gpufault's: the internal-error path
-        raise UserError(f"{db_path}: {e}; restore it from a copy or pass another --db") from None
+        with reading.damaged_is_bad_input(db_path):
+            yield
+    except BadInput as e:
+        raise UserError(str(e)) from None
 
 
 @click.command()
@@ -65,15 +60,10 @@ def faults(
       gpufault faults --function 'cuMem*' --since 10m
       gpufault faults --run 1a2b3c4d --since 2026-12-01T11:00
     """
-    from pyctl.evidence import query
-
     db = open_existing(db_path)
     with damaged_is_one_line(db_path):
-        rows = query.faults(db, run_id=run_id, limit=limit, function=function, since=since)
-        more = (
-            query.count_faults(db, run_id=run_id, function=function, since=since) - len(rows)
-            if len(rows) == limit
-            else 0
+        rows, more = reading.fault_list(
+            db, run_id=run_id, function=function, since=since, limit=limit
         )
     if as_json:
         click.echo(json.dumps(rows, indent=2))
@@ -87,9 +77,6 @@ def faults(
         click.echo(f"... {more} more (--limit {limit + more} lists them all)")
 
 
-ELLIPSIS = "\u2026"
-
-
 def _on_terminal() -> bool:
     try:
         return sys.stdout.isatty()
@@ -97,63 +84,13 @@ def _on_terminal() -> bool:
         return False
 
 
-def fit(text: str, width: int, cut: bool) -> str:
-    """text in a column of width: whole when not cut (a file or a pipe gets
-    every value in full), else cut with an ellipsis that says it was."""
-    if not cut or len(text) <= width:
-        return text
-    return text[: width - 1] + ELLIPSIS
-
-
 def render_faults(rows: list[dict[str, Any]], *, cut: bool | None = None) -> str:
-    """One line a fault: the time of day (local), the library's file name,
-    the function, the action, the return value, pid, links. On a terminal
-    (cut=None: stdout is one) 80 columns, long names cut with an ellipsis;
-    elsewhere every value in full, the columns as wide as their values."""
-    from pyctl.evidence import words
-
-    if cut is None:
-        cut = _on_terminal()
-    table = []
-    for r in rows:
-        table.append(
-            (
-                r["fault_id"],
-                words.wall_time(r["wall"], "%H:%M:%S"),
-                os.path.basename(r["library"] or "-"),
-                r["function"] or "-",
-                r["action"] or "-",
-                "" if r["ret"] is None else str(r["ret"]),
-                "-" if r["pid"] is None else str(r["pid"]),  # a layer's fault may have none
-                str(r["links"]),
-            )
-        )
-    head = ("FAULT", "TIME", "LIBRARY", "FUNCTION", "ACTION", "RET", "PID", "LINKS")
-    # 80 columns on a terminal; elsewhere wide enough for the widest value.
-    widths = [max(12, *(len(t[0]) for t in table)), 8, 12, 17, 7, 5, 7, 0]
-    if not cut:
-        widths = [max(w, len(h), *(len(t[i]) for t in table)) for i, (w, h) in
-                  enumerate(zip(widths, head, strict=True))]  # fmt: skip
-    right = {5, 6}  # RET, PID
-    names = {2, 3, 4}  # LIBRARY, FUNCTION, ACTION: cut on a terminal; ids and numbers never
-
-    def line(cells: tuple[str, ...]) -> str:
-        out = []
-        for i, (c, w) in enumerate(zip(cells, widths, strict=True)):
-            if i == len(cells) - 1:
-                out.append(c)
-            elif i in right:
-                out.append(f"{c:>{w}}")
-            else:
-                out.append(f"{fit(c, w, cut and i in names):{w}}")
-        return " ".join(out).rstrip()
-
-    return "\n".join([line(head), *(line(t) for t in table)])
+    """The faults table (pyctl.api.reading.render_faults): on a terminal
+    (cut=None: stdout is one) 80 columns, elsewhere every value in full."""
+    return reading.render_faults(rows, cut=_on_terminal() if cut is None else cut)
 
 
-# `show RUN` without --limit: a screenful of faults, in words (a sticky
-# fault's run holds thousands: 37,167 lines once). --json: all of them.
-SHOW_RUN_LIMIT = 10
+SHOW_RUN_LIMIT = reading.SHOW_RUN_LIMIT  # `show RUN` without --limit (--json: all)
 
 
 @click.command()
@@ -187,42 +124,7 @@ def show(fault_id: str, db_path: str, limit: int | None, as_json: bool) -> None:
 
 
 def _show(db: Any, fault_id: str, db_path: str, as_json: bool, limit: int | None) -> None:
-    from pyctl.evidence import query
-
-    ids: list[str] | None = None
-    one = True
-    more = 0
     if limit is None and not as_json:
         limit = SHOW_RUN_LIMIT
-    if fault_id in ("latest", "last"):
-        latest = query.latest_fault(db)
-        if latest is None:
-            raise UserError(f"no fault recorded in {db_path}: run gpufault inject first")
-        ids = [latest]
-    elif "-" not in fault_id and (ids := query.run_fault_ids(db, fault_id, limit)) is not None:
-        one = False
-        if not ids:
-            raise UserError(
-                f"run {fault_id} has no faults: see its calls with `gpufault calls {fault_id}` "
-                f"or its events with `gpufault timeline {fault_id}`"
-            )
-        if limit is not None and len(ids) == limit:
-            more = query.count_faults(db, run_id=fault_id) - len(ids)
-    else:
-        ids = [fault_id]
-    docs = []
-    for fid in ids:
-        doc = query.fault_chain(db, fid)
-        if doc is None:
-            raise UserError(f"no fault {fid} in {db_path}: list them with `gpufault faults`")
-        docs.append(doc)
-    if as_json:
-        click.echo(json.dumps(docs[0] if one else docs, indent=2))
-        return
-    click.echo("\n\n".join(query.render_chain(d) for d in docs))
-    if more > 0:
-        click.echo(
-            f"\n... {more} more fault{'s' if more != 1 else ''} in run {fault_id} "
-            f"(--limit {len(ids) + more} shows them all; `gpufault faults --run {fault_id}` "
-            "lists them one a line)"
-        )
+    shown = reading.show(db, fault_id, limit=limit, db_path=db_path)
+    click.echo(json.dumps(shown.to_json(), indent=2) if as_json else shown.render())

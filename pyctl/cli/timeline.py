@@ -1,5 +1,6 @@
 """`gpufault timeline RUN`: a run's faults, links, Xids and anchors in time
-order (pyctl/evidence/timeline.py builds and renders; read-only, as `show`)."""
+order (pyctl/api/reading.py: pyctl/evidence/timeline.py builds and renders;
+read-only, as `show`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 
 import click
 
-from pyctl.cli.base import UserError, open_existing, user_errors
+from pyctl.cli.base import open_existing, user_errors
 from pyctl.cli.options import db_option, json_option
 
 
@@ -30,14 +31,11 @@ def timeline(run: str, db_path: str, as_json: bool) -> None:
       gpufault timeline 1a2b3c4d
       gpufault timeline x1a2b3c4 --json
     """
-    from pyctl.evidence import timeline as tl
+    from pyctl.api import reading
 
     db = open_existing(db_path)
-    try:
-        doc = tl.build(db, run)
-    except tl.TimelineError as e:
-        raise UserError(str(e)) from None
+    doc = reading.timeline(db, run)  # BadInput: one line (user_errors)
     if as_json:
         click.echo(json.dumps(doc.to_json(), indent=2))
     else:
-        click.echo(tl.render(doc))
+        click.echo(reading.render_timeline(doc))

@@ -253,9 +253,9 @@ def env(out: Path) -> dict[str, Any]:
         "doctor": sh(f"{sys.executable} -m pyctl doctor"),
         "tracefs": xid.tracefs(),  # run.sh mounts none: the engine needs none
     }
-    from pyctl import capabilities
+    from pyctl.api import doctor
 
-    info["xid_tracepoint"] = capabilities.nvidia_xid_tracepoint()  # kallsyms, no tracefs
+    info["xid_tracepoint"] = doctor.nvidia_xid_tracepoint()  # kallsyms, no tracefs
     fmt = xid.format_path()
     if fmt is not None:
         text = fmt.read_text()
