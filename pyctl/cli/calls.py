@@ -21,9 +21,9 @@ from typing import Any
 
 import click
 
+from pyctl.api.errors import BadInput, GpufaultError, one_line
 from pyctl.cli.base import UserError  # one line on stderr, exit 2
 from pyctl.cli.options import DURATION, db_option
-from pyctl.evidence import store
 
 
 def _output_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -45,29 +45,15 @@ def print_run_summary(
     budget_s: give up after about this long (SQLite scans ~3 s per million
     rows here), saying so and how to get it later: a trace that recorded
     millions of calls must still end when told to.
-    Raises store.StoreError or summary.SummaryError (one-line messages)."""
-    import sqlite3
-    import time
+    Raises BadInput (store.StoreError, summary.SummaryError: one-line
+    messages); pyctl.api.calls.run_summary reads it."""
+    from pyctl.api.calls import SummaryTooSlow, run_summary
 
-    from pyctl.calls import summary
-
-    db = store.open_db(db_path, readonly=True)
-    if budget_s is not None:
-        end = time.monotonic() + budget_s
-        db.conn.set_progress_handler(lambda: int(time.monotonic() > end), 10_000)
     try:
-        s = summary.from_calls(db, run_id, per_thread=per_thread)
-    except sqlite3.OperationalError as e:
-        if budget_s is None or "interrupted" not in str(e):
-            raise
-        click.echo(
-            f"gpufault: the summary of run {run_id} takes longer than {budget_s:g} s: "
-            f"run `gpufault calls {run_id} --db {db_path}` for it",
-            err=True,
-        )
+        s = run_summary(db_path, run_id, per_thread=per_thread, budget_s=budget_s)
+    except SummaryTooSlow as e:
+        click.echo(f"gpufault: {e}", err=True)
         return
-    finally:
-        db.close()
     click.echo(json.dumps(s.to_json(), indent=2) if as_json else s.render())
 
 
@@ -109,11 +95,9 @@ def show(run: str, db_path: str, per_thread: bool, as_json: bool) -> None:
       gpufault calls 1a2b3c4d --per-thread
       gpufault calls last --json --db /tmp/gf.db
     """
-    from pyctl.calls.summary import SummaryError
-
     try:
         print_run_summary(db_path, run, per_thread=per_thread, as_json=as_json)
-    except (store.StoreError, SummaryError) as e:
+    except BadInput as e:
         raise UserError(str(e)) from None
 
 
@@ -157,12 +141,9 @@ def live(
       gpufault calls live --pid 1234 --lib libnccl --fn 'nccl*' --count-only
       gpufault calls live --pid 1234 --lib tokenizers --fn tok:hf-encode --per-thread
     """
-    from pyctl.bpf.libbpf import BpfError
-    from pyctl.calls import aggregate
+    from pyctl.api import calls as api_calls
 
-    agg = aggregate.Aggregator(pid, lib, fn_pattern, latency=latency, per_thread=per_thread)
-
-    def started(a: aggregate.Aggregator) -> None:
+    def started(a: Any) -> None:
         n = len(a.sites)
         what = "counts, latency, errors" if latency else "counts only"
         until = f"for {duration:g}s" if duration else "... Ctrl-C to end"
@@ -173,11 +154,9 @@ def live(
         )
 
     try:
-        s = aggregate.run(
-            agg, duration or 0.0, on_start=started, on_notice=lambda m: click.echo(m, err=True)
-        )
-    except (aggregate.AggregateError, BpfError) as e:
-        from pyctl.errors import one_line
-
+        s = api_calls.live(pid, lib, fn_pattern, duration=duration or 0.0, latency=latency,
+                           per_thread=per_thread, on_start=started,
+                           on_notice=lambda m: click.echo(m, err=True))  # fmt: skip
+    except GpufaultError as e:  # AggregateError, BpfError: the hint too
         raise UserError(one_line(e)) from None
     click.echo(json.dumps(s.to_json(), indent=2) if as_json else s.render())
