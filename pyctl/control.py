@@ -19,14 +19,13 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import struct
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-RUN_DIR = Path(os.environ.get("GPUFAULT_RUN_DIR", "/run/gpufault"))
+from pyctl import rundir
+
 SUFFIX = ".sock"
-_CRED = struct.Struct("=iII")  # struct ucred: pid, uid, gid
 
 
 class ControlError(Exception):
@@ -36,9 +35,7 @@ class ControlError(Exception):
 def peer(conn: socket.socket) -> tuple[int, int]:
     """(pid, uid) of the process at the other end (SO_PEERCRED), as this
     process's PID namespace sees it; `gpufault serve` checks it too."""
-    pid, uid, _gid = _CRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                                  _CRED.size))
-    return pid, uid
+    return rundir.peer_cred(conn)
 
 
 class ControlSocket:
@@ -46,7 +43,8 @@ class ControlSocket:
     from root becomes SIGUSR1 to the thread that created this object."""
 
     def __init__(self, run_id: str, run_dir: Path | None = None) -> None:
-        self.run_dir = run_dir or RUN_DIR
+        # Read when used (an empty GPUFAULT_RUN_DIR means the default).
+        self.run_dir = run_dir or Path(rundir.path())
         self.path = self.run_dir / f"{os.getpid()}-{run_id}{SUFFIX}"
         self.run_id = run_id
         self._main = threading.get_ident()
@@ -54,8 +52,6 @@ class ControlSocket:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        from pyctl import rundir
-
         # Checked, or made 0700; never chmod-ed (pyctl/rundir.py). Unsafe:
         # an OSError, which the runner turns into its one warning line.
         os.close(rundir.open_dir(str(self.run_dir), create=True, owner=os.geteuid()))
@@ -115,42 +111,76 @@ class Released:
     run_id: str
 
 
-def release(pid: int | None = None, run_dir: Path | None = None) -> tuple[list[Released], int]:
+@dataclass
+class Outcome:
+    released: list[Released]
+    stale: int  # sockets of dead controllers, removed
+    untrusted: list[tuple[str, int]]  # (socket name, listener's uid): sent nothing
+
+
+def release(pid: int | None = None, run_dir: Path | None = None) -> Outcome:
     """Ask every live controller (or the one with this PID) to release its
-    stalled threads. Returns (who answered, stale sockets removed)."""
-    d = run_dir or RUN_DIR
+    stalled threads.
+
+    The run directory is checked as the resident client checks it (root's
+    alone, by descriptor: pyctl/rundir.py), and each socket is reached
+    through that descriptor with rundir.connect_root: a listener that is
+    not root gets no byte (it is reported in `untrusted`). Raises
+    ControlError (one line) for a directory that is not root's alone or
+    cannot be read."""
+
+    d = str(run_dir or rundir.path())
     try:
-        entries = sorted(d.glob(f"*{SUFFIX}"))
-    except PermissionError:
-        raise ControlError(f"cannot read {d}: run as root") from None
-    if not d.exists():
-        return [], 0
-    if not os.access(d, os.R_OK | os.X_OK):
-        raise ControlError(f"cannot read {d}: run as root")
-    done: list[Released] = []
-    stale = 0
-    for path in entries:
-        c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        c.settimeout(2.0)
+        fd = rundir.open_dir(d, create=False, owner=0)
+    except FileNotFoundError:
+        return Outcome([], 0, [])
+    except rundir.UnsafeRunDir as e:
+        raise ControlError(f"{e.what}: not asking anything there") from None
+    try:
         try:
-            c.connect(str(path))
-        except (ConnectionRefusedError, FileNotFoundError):
-            c.close()
-            path.unlink(missing_ok=True)  # its controller died (SIGKILL)
-            stale += 1
-            continue
+            # The O_PATH descriptor cannot be listed: open it for reading
+            # through itself (the checked inode, not the name again).
+            lfd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
         except PermissionError:
-            c.close()
-            raise ControlError(f"cannot connect to {path}: run as root") from None
+            raise ControlError(f"cannot read {d}: run as root") from None
+        try:
+            entries = sorted(n for n in os.listdir(lfd) if n.endswith(SUFFIX))
+        finally:
+            os.close(lfd)
+        return _ask_each(fd, d, entries, pid)
+    finally:
+        os.close(fd)
+
+
+def _ask_each(fd: int, d: str, entries: list[str], pid: int | None) -> Outcome:
+    out = Outcome([], 0, [])
+    for name in entries:
+        c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         with c:
-            peer_pid, _uid = peer(c)
+            try:
+                peer_pid, _uid = rundir.connect_root(c, fd, name, timeout_s=2.0)
+            except (ConnectionRefusedError, FileNotFoundError):
+                try:
+                    os.unlink(name, dir_fd=fd)  # its controller died (SIGKILL)
+                    out.stale += 1
+                except FileNotFoundError:
+                    pass
+                continue
+            except rundir.UntrustedPeer as e:
+                out.untrusted.append((name, e.uid))
+                continue
+            except PermissionError:
+                raise ControlError(f"cannot connect to {d}/{name}: run as root") from None
+            except OSError:  # a full backlog (BlockingIOError), not a socket
+                continue
             if pid is not None and peer_pid != pid:
                 continue
             try:
+                c.settimeout(2.0)
                 c.sendall(b"release\n")
                 answer = c.recv(128).decode(errors="replace").split()
             except OSError:
                 continue
             if answer[:1] == ["ok"]:
-                done.append(Released(peer_pid, answer[1] if len(answer) > 1 else ""))
-    return done, stale
+                out.released.append(Released(peer_pid, answer[1] if len(answer) > 1 else ""))
+    return out

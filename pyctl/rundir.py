@@ -9,15 +9,21 @@ somewhere else: gpufault then refuses it, with one line, and never
 changes its mode (a chmod would follow the link, or take a shared
 directory away from its users). One it creates itself is 0700.
 
-Light on purpose (os, stat, errno): the resident client checks the
-directory before anything of the CLI is imported.
+Light on purpose (os, stat, errno, _socket): the resident client checks
+the directory and the listener before anything of the CLI is imported.
+connect_root() is the one way a client (the resident client, `gpufault
+release`) reaches a socket here.
 """
 
 from __future__ import annotations
 
+# The C module under socket (as the resident client imports it): the
+# Python wrapper's enum classes cost start-up and add nothing here.
+import _socket as socket
 import errno
 import os
 import stat
+import struct
 
 DEFAULT = "/run/gpufault"
 
@@ -105,4 +111,50 @@ def fd_path(fd: int, name: str) -> str:
     return f"/proc/self/fd/{fd}/{name}"
 
 
-__all__ = ["DEFAULT", "UnsafeRunDir", "fd_path", "open_dir", "path"]
+_TIMEVAL = struct.Struct("=qq")  # struct timeval (x86-64, aarch64)
+_CRED = struct.Struct("=iII")  # struct ucred: pid, uid, gid
+
+
+class UntrustedPeer(OSError):
+    """The socket's listener is not root: nothing may be sent to it."""
+
+    def __init__(self, uid: int) -> None:
+        super().__init__(errno.EPERM, f"served by uid {uid}, not root")
+        self.uid = uid
+
+
+def peer_cred(s: socket.socket) -> tuple[int, int]:
+    """(pid, uid) of the process at the other end (SO_PEERCRED), the pid
+    as this process's PID namespace sees it."""
+    pid, uid, _gid = _CRED.unpack(s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
+    return pid, uid
+
+
+def connect_root(s: socket.socket, fd: int, name: str, *, timeout_s: float) -> tuple[int, int]:
+    """Connect the AF_UNIX stream socket s to NAME in the run directory
+    open as fd (from open_dir: checked on the descriptor), and return the
+    listener's (pid, uid) once SO_PEERCRED says it is root. Nothing is
+    sent: a listener that is not root raises UntrustedPeer, which no file
+    mode, link or rename in the directory can fake.
+
+    A blocking AF_UNIX connect waits for room in a full backlog as long as
+    SO_SNDTIMEO says, then fails with BlockingIOError (EAGAIN, the
+    kernel's unix_stream_connect); settimeout() would fail it at once."""
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _TIMEVAL.pack(int(timeout_s), 0))
+    s.connect(fd_path(fd, name))
+    pid, uid = peer_cred(s)
+    if uid != 0:
+        raise UntrustedPeer(uid)
+    return pid, uid
+
+
+__all__ = [
+    "DEFAULT",
+    "UnsafeRunDir",
+    "UntrustedPeer",
+    "connect_root",
+    "fd_path",
+    "open_dir",
+    "path",
+    "peer_cred",
+]

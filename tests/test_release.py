@@ -6,6 +6,7 @@ PID is never signalled, and a live controller releases its stalled thread."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -183,3 +184,65 @@ def test_socket_peer_credentials_are_read() -> None:
     a, b = socket.socketpair(socket.AF_UNIX)
     with a, b:
         assert control.peer(a) == (os.getpid(), os.geteuid())
+
+
+# ---- a control socket root must not trust (issue 25 item 4) --------------------------
+
+
+@pytest.mark.root
+@pytest.mark.parametrize(
+    "how", ["world-writable dir", "dir of another user", "socket of another user"]
+)
+def test_release_sends_nothing_to_a_listener_that_is_not_roots(how: str) -> None:
+    """`gpufault release` with GPUFAULT_RUN_DIR where another user
+    (uid 65534, a forked child) listens on a `*.sock`: not a byte reaches
+    it. An unsafe directory is refused in one line before any connect; in
+    a directory that passes every check (root's, 0700) only the
+    listener's SO_PEERCRED uid tells, and that socket is named in a
+    warning. The previous code sent `release` to all three."""
+    from test_resident import NOBODY, _fake_server, _report, _world_dir
+
+    with _world_dir() as base:
+        run_dir = base / "run"
+        run_dir.mkdir(mode=0o700)
+        name = "4242-deadbeef.sock"
+        if how == "world-writable dir":
+            os.chmod(run_dir, 0o777)
+            pid, r = _fake_server(run_dir / name)
+        elif how == "dir of another user":
+            os.chown(run_dir, NOBODY, NOBODY)
+            pid, r = _fake_server(run_dir / name)
+        else:
+            theirs = base / "theirs"
+            theirs.mkdir()
+            os.chown(theirs, NOBODY, NOBODY)
+            pid, r = _fake_server(theirs / name)
+            os.rename(theirs / name, run_dir / name)
+        res = _release(run_dir)
+        if how != "socket of another user":
+            os.kill(pid, signal.SIGTERM)  # never connected to: end its accept
+        report = _report(pid, r)
+        left = sorted(p.name for p in run_dir.iterdir())
+    assert report in ("", "none", "0 0"), report  # "8 0" before: b"release\n"
+    assert res.returncode == 2, res
+    lines = res.stderr.splitlines()
+    if how == "socket of another user":
+        assert lines == [
+            f"gpufault: warning: {name} is served by uid 65534, not root: sent nothing "
+            "(stop that process; check who can write the run directory)",
+            "gpufault: no running gpufault controller found: nothing to release",
+        ], res.stderr
+    else:
+        assert len(lines) == 1 and lines[0].startswith(f"gpufault: run directory {run_dir} ")
+        assert "not asking anything there" in lines[0], lines[0]
+    assert left == [name] and res.stdout == ""  # not removed as stale either
+
+
+def test_release_reads_the_run_dir_when_called() -> None:
+    """An empty GPUFAULT_RUN_DIR is the default, not the current directory
+    (Path('') is '.'); read at each call, not at import."""
+    from pyctl import rundir
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GPUFAULT_RUN_DIR", "")
+        assert control.ControlSocket("r1").run_dir == Path(rundir.DEFAULT)

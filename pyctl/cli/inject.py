@@ -102,6 +102,13 @@ action_options = bundle(
         show_default=True,
         help="fail: skip the body, or run it and replace the return value",
     ),
+    click.option(
+        "--errno",
+        default=None,
+        metavar="ERRNO",
+        help="fail: also set the thread's errno (EIO, 5), so the program's own "
+        "strerror/perror says it; e.g. --ret -1 --errno EIO",
+    ),
     click.option("--signal", type=SIGNAL, default=None, help="signal: SIGSEGV, SIGBUS, ..."),
     click.option(
         "--corrupt",
@@ -161,11 +168,18 @@ def release(ctl_pid: int | None) -> None:
     from pyctl.control import release as release_all
 
     try:
-        done, stale = release_all(ctl_pid)
+        out = release_all(ctl_pid)
     except ControlError as e:
         raise UserError(str(e)) from None
+    done, stale = out.released, out.stale
     if stale:
         click.echo(f"removed {stale} stale control socket(s) of controllers that died")
+    for name, uid in out.untrusted:
+        click.echo(
+            f"gpufault: warning: {name} is served by uid {uid}, not root: sent nothing "
+            "(stop that process; check who can write the run directory)",
+            err=True,
+        )
     if not done:
         who = (
             f"gpufault controller with pid {ctl_pid}" if ctl_pid else "running gpufault controller"

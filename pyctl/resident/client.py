@@ -19,7 +19,6 @@ from __future__ import annotations
 import _signal as signal
 import _socket as socket
 import os
-import struct
 import sys
 
 from pyctl import rundir
@@ -33,8 +32,6 @@ EXIT_LOST = 70
 # same bound holds for connect(): a server whose backlog is full (stuck,
 # or flooded by another user's connects) is skipped after it.
 ANSWER_S = 10.0
-_TIMEVAL = struct.Struct("=qq")  # struct timeval (x86-64, aarch64)
-_CRED = struct.Struct("=iII")  # struct ucred, as pyctl/control.py reads it
 
 
 class _Refused(Exception):
@@ -55,24 +52,18 @@ def _connect(s: socket.socket) -> None:
     except rundir.UnsafeRunDir as e:
         raise _Refused(f"{e.what}: not handing over to gpufault serve") from None
     try:
-        # A blocking AF_UNIX connect waits for room in a full backlog as
-        # long as SO_SNDTIMEO says, then fails with EAGAIN (the kernel's
-        # unix_stream_connect); settimeout() would fail it at once.
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _TIMEVAL.pack(int(ANSWER_S), 0))
-        try:
-            s.connect(rundir.fd_path(fd, wire.SOCKET_NAME))
-        except BlockingIOError:
-            raise _Refused(
-                f"gpufault serve ({wire.socket_path()}) did not accept within {ANSWER_S:.0f} s"
-            ) from None
+        rundir.connect_root(s, fd, wire.SOCKET_NAME, timeout_s=ANSWER_S)
+    except BlockingIOError:
+        raise _Refused(
+            f"gpufault serve ({wire.socket_path()}) did not accept within {ANSWER_S:.0f} s"
+        ) from None
+    except rundir.UntrustedPeer as e:
+        raise _Refused(
+            f"{wire.socket_path()} is served by uid {e.uid}, not root: not handing over "
+            "(stop that process; check who can write the run directory)"
+        ) from None
     finally:
         os.close(fd)
-    _pid, uid, _gid = _CRED.unpack(s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
-    if uid != 0:
-        raise _Refused(
-            f"{wire.socket_path()} is served by uid {uid}, not root: not handing over "
-            "(stop that process; check who can write the run directory)"
-        )
 
 
 def _recv_exact(s: socket.socket, n: int) -> bytes:
