@@ -35,7 +35,7 @@ help:
 	@echo "make bench        benchmarks, results to docs/benchmarks.md"
 	@echo "make vm-kernels   fetch Debian bookworm 6.1 / sid 7.2 test kernels into $(OUT)/vm/"
 	@echo "make kmod         build gpufa.ko against the VM's 6.1 headers"
-	@echo "make lint         ruff + mypy"
+	@echo "make lint         ruff + mypy + the layering contract (lint-imports)"
 	@echo "make device-bundle  prepare .device/ for the GPU machine"
 
 setup: deps build
@@ -147,6 +147,7 @@ bench: build
 lint:
 	$(PYTHON) -m ruff check pyctl tests bench vm doubles kmod
 	$(PYTHON) -m mypy pyctl
+	lint-imports  # the layering contract in pyproject.toml (docs/layers.md)
 
 device-bundle: build
 	PYTHON=$(PYTHON) bash tools/device-bundle.sh

@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from pyctl.anchors import store as anchor_store
+from pyctl.evidence import anchors as anchor_store
 from pyctl.evidence import schema, store
 
 # The experiment tables as gpufault defines them (pyctl/evidence/schema.py).

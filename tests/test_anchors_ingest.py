@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 import sqlite_utils
 
-from pyctl.anchors import AnchorDevice, by_fault, uapi
-from pyctl.anchors.ingest import Ingest
+from pyctl.anchors import AnchorDevice, uapi
 from pyctl.anchors.synth import make_record
+from pyctl.evidence.anchor_ingest import Ingest
+from pyctl.evidence.anchors import by_fault
 
 
 @pytest.fixture

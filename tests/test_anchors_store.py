@@ -9,8 +9,9 @@ from pathlib import Path
 
 import sqlite_utils
 
-from pyctl.anchors import by_fault, decode, store_records, uapi
+from pyctl.anchors import decode, uapi
 from pyctl.anchors.synth import make_record
+from pyctl.evidence.anchors import by_fault, store_records
 from pyctl.evidence.sqlitedb import Database
 
 

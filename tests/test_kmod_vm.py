@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import sqlite_utils
 
-from pyctl.anchors import by_fault
+from pyctl.evidence.anchors import by_fault
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "vm"))

@@ -27,10 +27,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pyctl.anchors import AnchorDevice, store_records, uapi
+from pyctl.anchors import AnchorDevice, uapi
 from pyctl.anchors.device import raw_ioctl
 from pyctl.anchors.modload import insmod, loaded, rmmod
 from pyctl.anchors.record import AnchorRecord
+from pyctl.evidence.anchors import store_records
 from pyctl.evidence.sqlitedb import Database
 
 EDU = ("0x1234", "0x11e8")

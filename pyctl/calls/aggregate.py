@@ -36,7 +36,8 @@ from pyctl.bpf.libbpf import (
     lib,
     map_lookup,
 )
-from pyctl.calls.summary import ErrorRule, FuncSummary, Summary, error_rule, from_counts
+from pyctl.calls.summary import FuncSummary, Summary, from_counts
+from pyctl.catalog.rules import ErrorRule, error_rule
 from pyctl.exceptions import GpufaultError
 from pyctl.symbols import resolve
 

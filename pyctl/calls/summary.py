@@ -11,9 +11,10 @@ Two sources fill the same `Summary`:
 
 Errors: only a function the catalog knows (pyctl/catalog: CUresult,
 ncclResult_t, cublasStatus_t, cufftResult) has a rule for what an error
-return is: a non-zero 32-bit result code, named from the catalog's code
-table. Any other function's return value is not classified (an int -1, a
-pointer and a count look alike in a register), and says so.
+return is (pyctl/catalog/rules.py): a non-zero 32-bit result code, named
+from the catalog's code table. Any other function's return value is not
+classified (an int -1, a pointer and a count look alike in a register),
+and says so.
 
 A library with no click: pyctl/cli/calls.py is the command line.
 """
@@ -27,10 +28,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyctl.bpf.aggregate_abi import ERR_NONE, ERR_NONZERO32, SLOTS
+from pyctl.bpf.aggregate_abi import ERR_NONE, SLOTS
+from pyctl.catalog.rules import ErrorRule, error_rule
 from pyctl.exceptions import BadInput
 
-RULE_NAMES = {ERR_NONE: "none", ERR_NONZERO32: "nonzero32"}
 # The per-call rows' kinds (bpf/gpufault.h enum gf_event_kind): a completed
 # call (latency and return), an entry only. Follow rows (3) are links.
 EV_CALL, EV_ENTRY = 1, 2
@@ -39,61 +40,6 @@ WIDTH = 80
 
 class SummaryError(BadInput):
     """One-line, user-facing (no such run, not a gpufault database)."""
-
-
-# ---- what an error is -------------------------------------------------------
-@dataclass(frozen=True)
-class ErrorRule:
-    """How one function's return value reads: `mode` is an
-    aggregate_abi.ERR_* rule, `lib` the catalog library that names codes."""
-
-    mode: int = ERR_NONE
-    lib: str | None = None
-
-    @property
-    def name(self) -> str:
-        return RULE_NAMES[self.mode]
-
-    def is_error(self, ret: int) -> bool:
-        return self.mode == ERR_NONZERO32 and _s32(ret) != 0
-
-    def code_name(self, ret: int) -> str:
-        """'CUDA_ERROR_OUT_OF_MEMORY', or the number for a code the table lacks."""
-        v = _s32(ret)
-        if self.lib is not None:
-            from pyctl import catalog
-
-            name = catalog.code_name(self.lib, v)
-            if name:
-                return name
-        return str(v)
-
-
-def _s32(v: int) -> int:
-    v &= 0xFFFFFFFF
-    return v - (1 << 32) if v & 0x80000000 else v
-
-
-def error_rule(symbol: str, library: str = "") -> ErrorRule:
-    """The rule for `symbol` in `library` (a path or soname): a catalogued
-    function returning a result enum whose 0 is success errs on any other
-    value; everything else is not classified. A symbol the catalog knows
-    found in a library of another catalog (by soname) is not trusted."""
-    try:
-        from pyctl import catalog
-        from pyctl.catalog.libraries import library as catalog_library
-    except Exception:  # noqa: BLE001 - the catalog is optional decoration
-        return ErrorRule()
-    info = catalog.lookup(symbol)
-    if info is None or not info.ret_kind.startswith("enum:"):
-        return ErrorRule()
-    owner = catalog.lib_for_soname(library) if library else None
-    if owner is not None and owner != info.lib:
-        return ErrorRule()
-    codes = catalog_library(info.lib).codes
-    if not codes or "SUCCESS" not in codes.get(0, "").upper():
-        return ErrorRule()
-    return ErrorRule(ERR_NONZERO32, info.lib)
 
 
 # ---- numbers ----------------------------------------------------------------

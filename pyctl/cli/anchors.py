@@ -10,9 +10,9 @@ import click
 
 from pyctl.anchors.device import DEFAULT_PATH, AnchorDevice
 from pyctl.anchors.record import AnchorRecord
-from pyctl.anchors.store import store_records
 from pyctl.cli.options import Duration, db_option
 from pyctl.evidence import store as gf_store
+from pyctl.evidence.anchors import store_records
 
 SYS = Path("/sys/module/gpufa")
 

@@ -35,7 +35,11 @@ def serve() -> None:
         raise UserError(
             "serve needs root (it loads BPF and forks root controllers): run it with sudo"
         )
-    server = Server(wire.socket_path(), log=lambda s: click.echo(f"serve: {s}", err=True))
+    from pyctl.cli import main  # the package this module is in: loaded already
+
+    server = Server(
+        wire.socket_path(), log=lambda s: click.echo(f"serve: {s}", err=True), command=main
+    )
     try:
         server.bind()
     except ServeError as e:

@@ -283,7 +283,7 @@ class EvidenceWriter:
     def drain_anchors(self) -> None:
         if self.anchor_dev is None:
             return
-        from pyctl.anchors.store import store_records
+        from pyctl.evidence.anchors import store_records
 
         try:
             recs = self.anchor_dev.read()

@@ -14,6 +14,7 @@ import signal as _signal
 from typing import Any
 
 from pyctl.bpf import abi
+from pyctl.catalog.rules import error_rule
 
 U64 = (1 << 64) - 1
 
@@ -47,7 +48,7 @@ def signal_name(signo: Any) -> str:
 def code_name(function: str | None, library: str | None, value: Any) -> str:
     """A return value as the catalog names it: 'CUDA_ERROR_OUT_OF_MEMORY (2)';
     a value of a function no catalog knows (or a code its table lacks) stays
-    a number. Same rule as the trace summaries (summary.error_rule)."""
+    a number. Same rule as the trace summaries (pyctl/catalog/rules.py)."""
     if value is None:
         return "-"
     try:
@@ -55,8 +56,6 @@ def code_name(function: str | None, library: str | None, value: Any) -> str:
     except (TypeError, ValueError):
         return str(value)
     try:
-        from pyctl.calls.summary import error_rule
-
         rule = error_rule(function or "", library or "")
         name = rule.code_name(v) if rule.lib is not None else ""
         # code_name gives the number back for a code its table lacks.

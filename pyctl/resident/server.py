@@ -60,9 +60,16 @@ class ServeError(Exception):
 
 
 class Server:
-    def __init__(self, path: str, log: Callable[[str], None]) -> None:
+    """`command(argv)` is what each forked controller runs: the CLI's main,
+    passed in by `gpufault serve` so that this module, a floor below the
+    command line, never imports it."""
+
+    def __init__(
+        self, path: str, log: Callable[[str], None], command: Callable[[list[str]], object]
+    ) -> None:
         self.path = path
         self.log = log
+        self.command = command
         self.fp = wire.fingerprint()
         self.env = wire.import_time_env(dict(os.environ))
         self._sock: socket.socket | None = None
@@ -199,7 +206,7 @@ class Server:
                     # listening socket would queue requests nobody answers.
                     assert self._sock is not None
                     self._sock.close()
-                    _controller(conn, fds, cwd, umask, argv, env)
+                    _controller(conn, fds, cwd, umask, argv, env, self.command)
                 finally:
                     os._exit(errors.EXIT_INTERNAL)  # only if it raised
             self._children.add(child)
@@ -211,7 +218,8 @@ class Server:
 
 
 def _controller(conn: socket.socket, fds: list[int], cwd: str, umask: int,
-                argv: list[str], env: dict[str, str]) -> None:  # fmt: skip
+                argv: list[str], env: dict[str, str],
+                command: Callable[[list[str]], object]) -> None:  # fmt: skip
     """In the forked child: become the client's controller, run argv, send
     the status, exit. Never returns."""
     os.setsid()
@@ -239,11 +247,9 @@ def _controller(conn: socket.socket, fds: list[int], cwd: str, umask: int,
     sys.argv = ["gpufault", *argv]
     done = threading.Event()
     threading.Thread(target=_watch, args=(conn, done), name="gf-client", daemon=True).start()
-    from pyctl.cli import main
-
     status = 0
     try:
-        main(argv)
+        command(argv)
     except SystemExit as e:
         status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     for f in (sys.stdout, sys.stderr):

@@ -1,4 +1,5 @@
-"""Anchor records into SQLite, table `anchors` keyed by fault_id.
+"""Anchor records into SQLite, table `anchors` keyed by fault_id (the
+records come from pyctl/anchors/, the kernel side, a floor below).
 
 A reset's begin and end share one fault ID, so the key is an index on
 fault_id, not the primary key; the row id is the primary key."""

@@ -1,4 +1,5 @@
-"""Follow /dev/gpufa and store every record in SQLite as it arrives.
+"""Follow /dev/gpufa and store every record in SQLite as it arrives (the
+device is pyctl/anchors/, below the evidence it feeds).
 
 For the recorder: one thread calls Ingest.run(); another calls stop(), which
 wakes the poll through a pipe (no timeout polling), and run() returns after
@@ -11,7 +12,7 @@ import os
 import select
 
 from pyctl.anchors.device import AnchorDevice
-from pyctl.anchors.store import store_records
+from pyctl.evidence.anchors import store_records
 from pyctl.evidence.sqlitedb import Database
 
 
