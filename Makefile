@@ -44,7 +44,8 @@ deps:
 	bash tools/setup-deps.sh
 
 TARGETS := $(OUT)/targets/gf_target $(OUT)/targets/libgftarget.so $(OUT)/targets/gf_cxx \
-	$(OUT)/targets/gf_mainexit
+	$(OUT)/targets/gf_mainexit $(OUT)/targets/gf_nofp \
+	$(OUT)/targets/gf_nofp_cc
 
 build: $(BPF_OBJS) $(DOUBLES) $(TARGETS) $(PRELOAD) $(LIBS)
 
@@ -79,6 +80,17 @@ $(OUT)/targets/gf_cxx: tests/targets/gf_cxx.cc
 
 $(OUT)/targets/gf_target: tests/targets/gf_target.c $(OUT)/targets/libgftarget.so
 	$(Q)$(CC) $(TARGET_CFLAGS) -o $@ $< -L$(OUT)/targets -lgftarget -Wl,-rpath,'$$ORIGIN' -lpthread
+
+# Built without frame pointers, as distributions build -O2 code: only the
+# call-frame information unwinds them (tests/test_unwind.py, peer: perf).
+NOFP_CFLAGS := -O2 -fomit-frame-pointer -fcf-protection=none -Wall -Werror
+$(OUT)/targets/gf_nofp: tests/targets/gf_nofp.c
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(NOFP_CFLAGS) -o $@ $< -lpthread
+
+$(OUT)/targets/gf_nofp_cc: tests/targets/gf_nofp_cc.cc
+	@mkdir -p $(dir $@)
+	$(Q)$(CXX) $(NOFP_CFLAGS) -o $@ $< -lpthread
 
 # A process whose main thread has exited while its workers call the library.
 $(OUT)/targets/gf_mainexit: tests/targets/gf_mainexit.c $(OUT)/targets/libgftarget.so

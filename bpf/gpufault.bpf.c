@@ -26,6 +26,9 @@ struct gf_regs {
 /* Load-time settings (the controller fills .rodata before load). */
 const volatile __u32 copilot_signo = 23;	/* SIGURG: ignored by default */
 const volatile __u64 events_wake_bytes = 256 * 1024;
+/* Pages of user stack copied at a fire of a GF_F_CAP_USTACK spec (0 to
+ * GF_USTACK_PAGES): a constant to the verifier, so the record's size is. */
+const volatile __u32 ustack_pages = 4;
 
 struct inflight_key {
 	__u32 tid;
@@ -123,6 +126,13 @@ struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 1 << 20);
 } fires SEC(".maps");
+
+/* Stack copies (struct gf_ustack_event): big, so not in "fires", whose
+ * room decides whether a fault fires at all. */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 8 << 20);
+} ustacks SEC(".maps");
 
 static __always_inline void stat_add(__u32 idx)
 {
@@ -308,6 +318,41 @@ static __always_inline struct gf_fire_event *reserve_fire(const struct gf_spec *
 	return e;
 }
 
+/*
+ * The top of the user stack, from the page holding sp up, one page per
+ * read: a read that crosses the stack's top fails as a whole (the copy of
+ * a shallow thread would be nothing), a page is mapped or not. What is
+ * below sp in the first page is copied too (a few KiB at most) and never
+ * read by the unwinder.
+ */
+static __always_inline void emit_ustack(__u64 sp, __u64 fault_seq)
+{
+	struct gf_ustack_event *u;
+	__u64 base = sp & ~(__u64)(GF_USTACK_PAGE - 1);
+	__u32 i;
+
+	u = bpf_ringbuf_reserve(&ustacks, sizeof(*u) + ustack_pages * GF_USTACK_PAGE, 0);
+	if (!u) {
+		stat_add(GF_STAT_USTACKS_LOST);
+		return;
+	}
+	u->hdr.kind = GF_REC_USTACK;
+	u->hdr.size = sizeof(*u) + ustack_pages * GF_USTACK_PAGE;
+	u->fault_seq = fault_seq;
+	u->base = base;
+	u->len = ustack_pages * GF_USTACK_PAGE;
+	for (i = 0; i < GF_USTACK_PAGES; i++) {
+		if (i >= ustack_pages)
+			break;
+		if (bpf_probe_read_user((char *)(u + 1) + i * GF_USTACK_PAGE,
+					GF_USTACK_PAGE, (void *)(base + i * GF_USTACK_PAGE)))
+			break;
+	}
+	u->got = i ? (__s32)(i * GF_USTACK_PAGE) : -14;	/* -EFAULT */
+	/* No wake-up: the fire record right after it wakes the consumer. */
+	bpf_ringbuf_submit(u, BPF_RB_NO_WAKEUP);
+}
+
 static __always_inline void emit_fire(struct gf_regs *ctx, const struct gf_spec *s,
 				      struct gf_task *w, struct gf_fire_event *e)
 {
@@ -334,6 +379,10 @@ static __always_inline void emit_fire(struct gf_regs *ctx, const struct gf_spec 
 	if (s->flags & GF_F_CAP_STACK)
 		e->stack_bytes = bpf_get_stack(ctx, e->stack, sizeof(e->stack),
 					       BPF_F_USER_STACK);
+	/* The stack copy goes in first: the controller has it when it reads
+	 * the fire. Only here, at a fire: armed-not-firing costs nothing more. */
+	if (s->flags & GF_F_CAP_USTACK)
+		emit_ustack(ctx->sp, e->fault_seq);
 	/* Fires are rare and the copilot may be waiting: wake at once. */
 	bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
 }

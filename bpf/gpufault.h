@@ -9,13 +9,15 @@
 #ifndef __GPUFAULT_H
 #define __GPUFAULT_H
 
-#define GF_ABI_VERSION 2
+#define GF_ABI_VERSION 3
 
 #define GF_MAX_SPECS 64		/* fault specs (incl. observe) per run */
 #define GF_NARGS 6		/* integer argument registers (SysV x86-64) */
 #define GF_NREGS 21		/* longs in x86-64 struct pt_regs */
 #define GF_MAX_STACK 32		/* user stack frames kept per fire */
 #define GF_COMM_LEN 16
+#define GF_USTACK_PAGE 4096	/* the stack copy is read page by page */
+#define GF_USTACK_PAGES 8	/* at most 32 KiB of stack copied per fire */
 
 /*
  * The BPF cookie of every attachment: which spec it serves and which
@@ -50,6 +52,7 @@ enum gf_spec_flags {
 	GF_F_REGS = 1 << 6,	/* use the regs mechanism (set by controller) */
 	GF_F_COPILOT = 1 << 7,	/* use the copilot mechanism */
 	GF_F_RETPROBE = 1 << 8,	/* a return probe is attached for this spec */
+	GF_F_CAP_USTACK = 1 << 9, /* copy the top of the user stack at a fire */
 };
 
 enum gf_pred_op {
@@ -112,6 +115,7 @@ enum gf_rec_kind {
 	GF_EV_FOLLOW = 3,	/* events: the fired thread's next failing return */
 	GF_REC_FIRE = 4,	/* fires: struct gf_fire_event */
 	GF_REC_PROC = 5,	/* fires: struct gf_proc_event */
+	GF_REC_USTACK = 6,	/* ustacks: struct gf_ustack_event + the copy */
 };
 
 /*
@@ -159,6 +163,25 @@ struct gf_fire_event {
 	char comm[GF_COMM_LEN];
 	__u64 caller;		/* [sp] at entry: the return address, 0 if unread */
 	__u64 stack[GF_MAX_STACK];
+};
+
+/*
+ * Ring "ustacks": the top of a fired thread's user stack, for unwinding
+ * with the binaries' call-frame information (perf's --call-graph dwarf
+ * copy). hdr.size is sizeof(struct gf_ustack_event) + len: `len` bytes
+ * follow the struct, the memory from `base` up. Copied page by page from
+ * the page holding regs.sp (a read across the stack's top would fail as
+ * a whole), so `got` is a multiple of the page size, or < 0 (no page
+ * read). Submitted before its fire record, so the controller holds it
+ * when it reads the fire. Own ring: a copy that finds no room is lost
+ * (stat ustacks_lost) and the fire still happens, with its fp stack.
+ */
+struct gf_ustack_event {
+	struct gf_hdr hdr;	/* GF_REC_USTACK */
+	__u64 fault_seq;	/* the fire this copy belongs to */
+	__u64 base;		/* user address of the first byte copied */
+	__u32 len;		/* bytes reserved after the struct */
+	__s32 got;		/* bytes copied from base, < 0: error */
 };
 
 enum gf_proc_kind {
@@ -223,7 +246,8 @@ enum gf_stat {
 	GF_STAT_LOST_ROOM = 8,		/* room when looked at: lock, uncommitted
 					 * record, or the consumer moved */
 	GF_STAT_LOST_BACKLOG_MAX = 9,	/* most bytes unread seen at a loss */
-	GF_STAT_MAX = 10,
+	GF_STAT_USTACKS_LOST = 10,	/* ustacks ring full: a stack copy lost */
+	GF_STAT_MAX = 11,
 };
 
 #endif /* __GPUFAULT_H */

@@ -468,7 +468,8 @@ class FaultSpec:
         if self.trace:
             flags |= abi.F_TRACE
         if self.capture_stack:
-            flags |= abi.F_CAP_STACK
+            # Frame pointers (the kernel's walk) and the copy CFI unwinds.
+            flags |= abi.F_CAP_STACK | abi.F_CAP_USTACK
         s.flags = flags
         r = self.ret or 0
         s.retval = r - 2**64 if r > 2**63 - 1 else r  # the unsigned spelling of a negative

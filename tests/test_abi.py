@@ -96,7 +96,7 @@ def python_value(name: str) -> int:
         if short.startswith(prefix):
             key = short[len(prefix) :]
             if how == "index":
-                every = abi.STAT_NAMES + abi.LOSS_CAUSE_NAMES
+                every = abi.STAT_NAMES + abi.LOSS_CAUSE_NAMES + abi.USTACK_STAT_NAMES
                 return every.index(key.lower())
             return table[ops.get(key, key.lower())]  # type: ignore[index]
     if short == "COMM_LEN":
@@ -158,3 +158,19 @@ def test_fires_records_are_decoded_by_kind() -> None:
         abi.decode_fires(bytes(abi.ProcEvent(hdr=abi.Hdr(abi.REC_PROC, 48))))
     with pytest.raises(abi.RecordError, match="make build"):
         abi.decode_fires(bytes(abi.Hdr(99, 8)))
+
+
+def test_ustack_records_carry_their_copy() -> None:
+    n = C.sizeof(abi.UstackEvent)
+    ev = abi.UstackEvent(hdr=abi.Hdr(abi.REC_USTACK, n + 8192), fault_seq=3, base=0x7000,
+                         len=8192, got=4096)  # fmt: skip
+    data = bytes(ev) + b"\x01" * 4096 + b"\x02" * 4096
+    got, copy = abi.decode_ustack(data + bytes(8))
+    assert got.fault_seq == 3 and got.base == 0x7000 and copy == b"\x01" * 4096
+    ev.got = -14  # no page read: no bytes
+    assert abi.decode_ustack(bytes(ev) + bytes(8192))[1] == b""
+    with pytest.raises(abi.RecordError, match="make build"):
+        abi.decode_ustack(data[:-1])  # shorter than its size says
+    ev.hdr.size = n + 4096  # a size that is not header + len
+    with pytest.raises(abi.RecordError, match="make build"):
+        abi.decode_ustack(bytes(ev) + bytes(8192))

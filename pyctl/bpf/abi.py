@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import ctypes as C
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 MAX_SPECS = 64
 NARGS = 6
 NREGS = 21
 MAX_STACK = 32
 COMM_LEN = 16
+USTACK_PAGE = 4096  # the BPF side copies the user stack page by page
+USTACK_PAGES = 8  # at most 32 KiB per fire
 
 # x86-64 struct pt_regs order (what BPF copies into regs[]).
 REG_NAMES = (
@@ -35,6 +37,7 @@ F_CAP_STACK = 1 << 5
 F_REGS = 1 << 6
 F_COPILOT = 1 << 7
 F_RETPROBE = 1 << 8
+F_CAP_USTACK = 1 << 9  # copy the top of the user stack at a fire
 
 PRED_OPS = {"==": 1, "!=": 2, "<": 3, ">": 4, "<=": 5, ">=": 6, "&": 7}
 CORRUPT_OPS = {"zero": 0, "xor": 1, "set": 2}
@@ -42,6 +45,7 @@ CORRUPT_OPS = {"zero": 0, "xor": 1, "set": 2}
 # enum gf_rec_kind: struct gf_hdr.kind of every ring record.
 EV_CALL, EV_ENTRY, EV_FOLLOW = 1, 2, 3  # "events" ring: struct gf_call_event
 REC_FIRE, REC_PROC = 4, 5  # "fires" ring: struct gf_fire_event, struct gf_proc_event
+REC_USTACK = 6  # "ustacks" ring: struct gf_ustack_event, then the stack copy
 PROC_SIGNAL, PROC_EXIT = 1, 2
 
 STAT_NAMES = (
@@ -56,7 +60,9 @@ STAT_NAMES = (
 # The same array's diagnosis of failed events reservations (indexes follow
 # STAT_NAMES): why each was refused, and the most bytes unread seen at one.
 LOSS_CAUSE_NAMES = ("lost_full", "lost_room", "lost_backlog_max")
-STAT_MAX = 10
+# Then: stack copies that found the ustacks ring full (the fire happened).
+USTACK_STAT_NAMES = ("ustacks_lost",)
+STAT_MAX = 11
 
 
 def cookie(spec: int, func: int) -> int:
@@ -202,6 +208,39 @@ class ProcEvent(C.Structure):
     ]
 
 
+class UstackEvent(C.Structure):
+    """struct gf_ustack_event: `len` bytes of stack copy follow it."""
+
+    _fields_ = [
+        ("hdr", Hdr),
+        ("fault_seq", C.c_uint64),
+        ("base", C.c_uint64),
+        ("len", C.c_uint32),
+        ("got", C.c_int32),
+    ]
+
+
+def decode_ustack(data: bytes) -> tuple[UstackEvent, bytes]:
+    """One record of the ustacks ring: the header and the bytes copied
+    (got of them, from base up); a record of another layout is refused."""
+    n = C.sizeof(UstackEvent)
+    if len(data) < n:
+        raise RecordError(f"ustacks ring record of {len(data)} bytes: shorter than its header")
+    ev = UstackEvent.from_buffer_copy(data[:n])
+    if (
+        ev.hdr.kind != REC_USTACK
+        or ev.hdr.size != n + ev.len
+        or len(data) < ev.hdr.size
+        or ev.len > USTACK_PAGES * USTACK_PAGE
+    ):
+        raise RecordError(
+            f"ustacks ring record kind {ev.hdr.kind} size {ev.hdr.size} ({len(data)} bytes) is "
+            "not this controller's: rebuild pyctl/data/gpufault.bpf.o (make build)"
+        )
+    got = max(0, min(ev.got, ev.len))
+    return ev, bytes(data[n : n + got])
+
+
 class Pending(C.Structure):
     _fields_ = [
         ("fault_seq", C.c_uint64),
@@ -261,6 +300,7 @@ MIRRORS: dict[str, type[C.Structure]] = {
     "gf_call_event": CallEvent,
     "gf_fire_event": FireEvent,
     "gf_proc_event": ProcEvent,
+    "gf_ustack_event": UstackEvent,
     "gf_pending": Pending,
     "gf_inflight": Inflight,
 }

@@ -23,6 +23,7 @@ import signal
 import threading
 from dataclasses import dataclass
 
+from pyctl.bpf import abi
 from pyctl.bpf.features import MAIN_OBJ, engine_programs, regs_writable, uprobe_multi, user_writable
 from pyctl.bpf.libbpf import BPF_TRACE_UPROBE_MULTI, BpfError, Object
 from pyctl.bpf.names import Main
@@ -36,6 +37,19 @@ DEFAULT_COPILOT_SIGNAL = signal.SIGURG
 # GPUFAULT_FIRES_RING_BYTES (a power of two, >= 4096) sets it, for tests
 # that need a full ring.
 FIRES_RING_BYTES = int(os.environ.get("GPUFAULT_FIRES_RING_BYTES", 8 << 20))
+# The user stack copied at a fire, for unwinding by call-frame information
+# (pyctl/symbols/unwind.py): 16 KiB as perf's --call-graph dwarf default
+# (8 KiB) doubled, pages of 4 KiB, at most 32 KiB (bpf/gpufault.h). In its
+# own 8 MiB ring: ~500 copies of backlog; one without room is lost, not
+# the fire. GPUFAULT_STACK_COPY_BYTES sets it (0: no copy), for benches.
+DEFAULT_USTACK_BYTES = 16 << 10
+USTACK_BYTES = int(os.environ.get("GPUFAULT_STACK_COPY_BYTES", DEFAULT_USTACK_BYTES))
+USTACKS_RING_BYTES = 8 << 20
+
+
+def ustack_pages(nbytes: int) -> int:
+    """Pages the BPF side copies for a stack copy of nbytes (rounded up)."""
+    return max(0, min(abi.USTACK_PAGES, -(-nbytes // abi.USTACK_PAGE)))
 
 
 @dataclass(frozen=True)
@@ -47,6 +61,7 @@ class LoadSettings:
     ring_bytes: int
     fires_ring_bytes: int
     copilot_signal: int
+    ustack_bytes: int = USTACK_BYTES
 
 
 def prepare(s: LoadSettings) -> Object:
@@ -58,10 +73,12 @@ def prepare(s: LoadSettings) -> Object:
             obj.set_autoload(p, p in (entry, ret))
         obj.set_max_entries(Main.EVENTS, s.ring_bytes)
         obj.set_max_entries(Main.FIRES, s.fires_ring_bytes)
+        obj.set_max_entries(Main.USTACKS, USTACKS_RING_BYTES)
         obj.set_rodata(
             {
                 Main.COPILOT_SIGNO: ("=I", s.copilot_signal),
                 Main.EVENTS_WAKE_BYTES: ("=Q", max(4096, s.ring_bytes // 8)),
+                Main.USTACK_PAGES: ("=I", ustack_pages(s.ustack_bytes)),
             }
         )
         if s.multi:

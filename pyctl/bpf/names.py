@@ -26,7 +26,10 @@ class Main:
     TASKS = "tasks"  # task storage: per-thread scratch
     EVENTS = "events"  # ringbuf: struct gf_call_event
     FIRES = "fires"  # ringbuf: struct gf_fire_event, struct gf_proc_event
-    MAPS = (SPECS, COUNTERS, STATS, INFLIGHT, PENDING, FOLLOW, WATCHED, TASKS, EVENTS, FIRES)
+    USTACKS = "ustacks"  # ringbuf: struct gf_ustack_event + the stack copy
+    MAPS = (
+        SPECS, COUNTERS, STATS, INFLIGHT, PENDING, FOLLOW, WATCHED, TASKS, EVENTS, FIRES, USTACKS,
+    )  # fmt: skip
     # programs: one entry and one return program is loaded per run
     # (pyctl/engine/mechanism.py: Plan.programs), the two tracepoints always.
     ENTRY = "gf_entry"
@@ -42,7 +45,8 @@ class Main:
     # const volatile globals set before load
     COPILOT_SIGNO = "copilot_signo"
     EVENTS_WAKE_BYTES = "events_wake_bytes"
-    RODATA = (COPILOT_SIGNO, EVENTS_WAKE_BYTES)
+    USTACK_PAGES = "ustack_pages"
+    RODATA = (COPILOT_SIGNO, EVENTS_WAKE_BYTES, USTACK_PAGES)
 
 
 class Xid:

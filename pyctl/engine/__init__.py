@@ -63,6 +63,7 @@ FIRE_BATCH = 512
 
 # The fires ring's size: pyctl/bpf/main_object.py says why (tests patch it here).
 FIRES_RING_BYTES = main_object.FIRES_RING_BYTES
+USTACKS_RING_BYTES = main_object.USTACKS_RING_BYTES
 
 
 def __getattr__(name: str) -> Any:
@@ -249,6 +250,7 @@ class Engine:
             # Snapshot the maps now: a process that crashes on its first fault
             # is gone before its fire record is read.
             for p in self.watch:
+                self._watch_maps(p)
                 self.evidence.symbolizers[p] = Symbolizer(p)
             # Last: nothing may fire before the mechanism that carries it out
             # (the copilot holding every thread) and the run row are ready.
@@ -258,6 +260,19 @@ class Engine:
             if self._db_created and not self.armed:
                 store.remove_db(Path(self.db_path))
             raise
+
+    def _watch_maps(self, pid: int) -> None:
+        """Keep pid's executable mappings current from now on (perf's
+        mmap records): its frames keep their modules even when it is
+        killed right after its fault. Without perf events (a kernel or a
+        sandbox that refuses them), the maps read at attach and refreshed
+        while it lives, as before."""
+        from pyctl.symbols.mapwatch import MapWatch, MapWatchError
+
+        try:
+            self.evidence.mapwatch[pid] = MapWatch(pid)
+        except (MapWatchError, OSError):
+            pass
 
     def _check_not_loaded(self) -> None:
         """Before anything is loaded: a --caller object no process could ever
@@ -355,6 +370,7 @@ class Engine:
         self.links.load_and_attach(self.atts, self.watch, self._attach_pid())
         self.events = RingReader(self.links.events_fd, self.ring_bytes)
         self.fires = RingReader(self.links.fires_fd, self._fires_ring_bytes)
+        self.ustacks = RingReader(self.links.ustacks_fd, USTACKS_RING_BYTES)
         self._ep = select.epoll()
         self._ep.register(self.events.fd, select.EPOLLIN)
         self._ep.register(self.fires.fd, select.EPOLLIN)
@@ -491,6 +507,10 @@ class Engine:
                 n += got_n
                 if got_n < FIRE_BATCH:
                     break
+            # The stack copies of those fires (each submitted before its
+            # fire record): held in memory until their fires become rows.
+            for rec in self.ustacks.take(USTACKS_RING_BYTES // 4096):
+                ev.take_ustack(rec)
             most = self.ring_bytes // CALL_REC.size + 1
             got = 0
             while got < most and (end is None or time.monotonic() < end or not got):
@@ -584,15 +604,21 @@ class Engine:
                     cnt = self.counters()
                     self.stats.calls = sum(c.calls for c in cnt)
                     self.stats.lost = self.lost()
+                    if n := self.links.ustacks_lost():
+                        self.stats.lost["ustacks_lost"] = n
                     if self.stats.lost.get("events_lost"):
                         self.stats.loss_causes = self.loss_causes()
                     # After detach: what is left in flight never returns to us.
                     self.stats.unfinished = self.links.in_flight()
                 except Exception:  # noqa: BLE001 - still close the run row
                     pass
-            for r in (getattr(self, "events", None), getattr(self, "fires", None)):
+            for r in (getattr(self, "events", None), getattr(self, "fires", None),
+                      getattr(self, "ustacks", None)):  # fmt: skip
                 if r is not None:
                     r.close()
+            for mw in self.evidence.mapwatch.values():
+                mw.close()
+            self.evidence.mapwatch.clear()
             if self._ep is not None:
                 self._ep.close()
                 self._ep = None

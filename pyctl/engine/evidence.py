@@ -43,6 +43,8 @@ from pyctl.engine.mechanism import Attachment, needs_return_probe
 from pyctl.evidence import store, words
 from pyctl.spec import FaultSpec
 from pyctl.symbols.demangle import demangle
+from pyctl.symbols.frames import fire_frames
+from pyctl.symbols.mapwatch import MapWatch
 from pyctl.symbols.symbolize import Symbolizer
 
 CALL_REC = struct.Struct(abi.CALL_RECORD_FMT)
@@ -234,6 +236,11 @@ class EvidenceWriter:
         self._early_rets: dict[int, tuple[int, int]] = {}
         self._fault_pids: dict[int, list[tuple[str, int, int]]] = {}  # fid, ts, spec
         self.symbolizers: dict[int, Symbolizer] = {}  # pid -> its stacks' symbolizer
+        # pid -> its executable mappings, kept current from attach on
+        # (pyctl/symbols/mapwatch.py); fault_seq -> (base, stack copy) read
+        # from the ustacks ring, until the fire becomes rows.
+        self.mapwatch: dict[int, MapWatch] = {}
+        self.ustacks: dict[int, tuple[int, bytes]] = {}
         self.anchor_dev: Any = None  # gpufa.ko's device, where loaded (tagged per fault)
         self.on_fire: Callable[[dict[str, Any]], None] | None = None
         self._fired_rows: list[dict[str, Any]] = []  # stored, not yet handed to on_fire
@@ -570,7 +577,8 @@ class EvidenceWriter:
             if stack_rows:
                 c.executemany(
                     "INSERT OR REPLACE INTO stacks (fault_id, depth, address, "
-                    "symbol, module, offset) VALUES (?, ?, ?, ?, ?, ?)",
+                    "symbol, module, offset, build_id, method, stop) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     stack_rows,
                 )
         for ev, row in zip(evs, rows, strict=True):
@@ -588,12 +596,23 @@ class EvidenceWriter:
         # Handed to on_fire once the batch's transaction commits (_deliver_fired).
         self._fired_rows.extend(rows)
 
+    # Stack copies held for fires not yet rowed: beyond this many (a storm
+    # whose rows lag), the oldest are dropped and those fires keep fp stacks.
+    _USTACKS_HELD = 2048
+
+    def take_ustack(self, rec: bytes) -> None:
+        """One record of the ustacks ring (struct gf_ustack_event)."""
+        ev, copy = abi.decode_ustack(rec)
+        self.ustacks[ev.fault_seq] = (ev.base, copy)
+        while len(self.ustacks) > self._USTACKS_HELD:
+            self.ustacks.pop(next(iter(self.ustacks)))
+
     def _frames(
         self, ev: abi.FireEvent, a: Attachment, fid: str, regs: dict[str, int]
     ) -> list[tuple]:
-        """The fire's user stack as rows. At the entry the frame pointer walk
-        starts at the caller's frame and so skips the caller itself: [sp]
-        (ev.caller) goes in as frame 1."""
+        """The fire's user stack as rows (pyctl/symbols/frames.py): unwound
+        by CFI from its stack copy, else the frame-pointer walk; the last
+        row says why the walk stopped."""
         sym = self.symbolizers.get(ev.pid)
         if sym is None:
             sym = self.symbolizers[ev.pid] = Symbolizer(ev.pid)
@@ -601,20 +620,16 @@ class EvidenceWriter:
         probe_vaddr = a.sym.address + (4 if a.sym.skipped_endbr else 0)
         if ev.action != abi.ACT_FAIL or not (ev.flags & abi.F_AFTER):
             sym.learn_base(a.lib.path, regs["ip"] - probe_vaddr, a.lib.display)
-        if ev.stack_bytes <= 0:
+        copy = self.ustacks.pop(ev.fault_seq, None)
+        if ev.stack_bytes <= 0 and copy is None:
             return []
-        addrs = [x for x in ev.stack[: min(ev.stack_bytes // 8, abi.MAX_STACK)]]
-        if ev.caller and addrs and (len(addrs) < 2 or addrs[1] != ev.caller):
-            addrs.insert(1, ev.caller)
-        out = []
-        for depth, addr in enumerate(addrs):
-            if not addr:
-                continue
-            name, loc = sym.frame(addr)
-            out.append(
-                (fid, depth, abi.s64(addr), name, loc[0] if loc else None, loc[1] if loc else None)
-            )
-        return out
+        fp = list(ev.stack[: max(0, min(ev.stack_bytes // 8, abi.MAX_STACK))])
+        frames, stop = fire_frames(regs, fp, ev.caller, copy, sym, self.mapwatch.get(ev.pid))
+        return [
+            (fid, f.depth, abi.s64(f.address), f.symbol, f.module, f.offset, f.build_id,
+             f.method, stop if i == len(frames) - 1 else None)
+            for i, f in enumerate(frames)
+        ]  # fmt: skip
 
     def _record_proc(self, ev: abi.ProcEvent) -> None:
         faults = self._fault_pids.get(ev.pid)

@@ -130,6 +130,10 @@ class Links:
         return self.map_fd(Main.FIRES)
 
     @property
+    def ustacks_fd(self) -> int:
+        return self.map_fd(Main.USTACKS)
+
+    @property
     def pending_fd(self) -> int:
         return self.map_fd(Main.PENDING)
 
@@ -160,6 +164,11 @@ class Links:
     def loss_causes(self) -> dict[str, int]:
         """Why events reservations failed (bpf/gpufault.bpf.c, events_lost())."""
         return self._stats(abi.LOSS_CAUSE_NAMES, len(abi.STAT_NAMES))
+
+    def ustacks_lost(self) -> int:
+        """Stack copies that found the ustacks ring full (their fires happened)."""
+        at = len(abi.STAT_NAMES) + len(abi.LOSS_CAUSE_NAMES)
+        return self._stats(abi.USTACK_STAT_NAMES, at)["ustacks_lost"]
 
     def in_flight(self) -> int:
         """Calls that entered and have not returned (after detach: never will)."""

@@ -35,7 +35,9 @@ from pyctl.bpf import abi
 #    offset (788dee5) without a bump.
 # 2: one schema for every table, foreign keys declared, the experiment
 #    tables, calls' columns in the call record's order.
-SCHEMA_VERSION = 2
+# 3: stacks' build_id, method (ip, cfi, fp, caller: how the frame was
+#    found) and stop (on a fault's last frame: why the walk ended).
+SCHEMA_VERSION = 3
 
 
 class SchemaError(Exception):
@@ -247,6 +249,9 @@ TABLES: tuple[Table, ...] = (
             "symbol TEXT",
             "module TEXT",
             "offset INTEGER",
+            "build_id TEXT",
+            "method TEXT",
+            "stop TEXT",
         ),
         pk=("fault_id", "depth"),
         fks=(_fault(),),
@@ -542,7 +547,8 @@ def _views() -> dict[str, str]:
         ),
         "stacks_readable": (
             "SELECT s.fault_id, s.depth, " + _hex("s.address", 16) + " AS address, s.symbol, "
-            "s.module, " + _hex("s.offset") + " AS offset FROM stacks s"
+            "s.module, " + _hex("s.offset") + " AS offset, s.build_id, s.method, s.stop "
+            "FROM stacks s"
         ),
         "registers_readable": (
             "SELECT r.fault_id, r.reg, " + _hex("r.value", 16) + " AS value FROM registers r"
@@ -740,9 +746,16 @@ def _from_1(conn: sqlite3.Connection, ref: sqlite3.Connection) -> None:
     _conform(conn, ref)
 
 
+def _from_2(conn: sqlite3.Connection, ref: sqlite3.Connection) -> None:
+    """2 -> 3: stacks gain build_id, method and stop (NULL in older rows:
+    their frames came from frame pointers, as `show` says)."""
+    _conform(conn, ref)
+
+
 MIGRATIONS: dict[int, Callable[[sqlite3.Connection, sqlite3.Connection], None]] = {
     0: _from_0,
     1: _from_1,
+    2: _from_2,
 }
 assert sorted(MIGRATIONS) == list(range(SCHEMA_VERSION)), "a migration per earlier version"
 
