@@ -681,3 +681,73 @@ def test_nvml_probe_with_a_standin_pynvml(monkeypatch: pytest.MonkeyPatch):
     assert not r.ok and r.value == 2 and "2 Xids (13, 79)" in r.detail
     with pytest.raises(ProbeError, match=r"\.device: 3 is not a GPU here"):
         _p({"kind": "nvml", "device": 3, "tolerance": 1})
+
+
+# ---- parsed once: at load; the run fills in the target's facts ---------------------------
+
+ONCE = """
+name = "once"
+version = 1
+title = "t"
+[target]
+url = "http://127.0.0.1:1"
+pid = 1
+[steady_state.probes.health]
+kind = "http"
+mode = "continuous"
+url = "{url}/health"
+headers = { X-Port = "port {port}" }
+json_path = "out"
+tolerance = { same_as = "first" }
+[probes.me]
+kind = "process"
+mode = "continuous"
+pid = "{pid}"
+[probes.cmd]
+kind = "command"
+mode = "continuous"
+command = ["kill", "-0", "{pid}"]
+"""
+
+
+def test_a_probe_is_parsed_once_at_load_and_the_run_fills_in_facts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pyctl.experiment import files as F
+    from pyctl.experiment import runner as R
+    from pyctl.experiment.probes import base
+
+    path = tmp_path / "once.toml"
+    path.write_text(ONCE)
+    exp = F.load(str(path))
+    health = exp.probes["health"]
+    assert isinstance(health, P.HttpProbe) and health.url == "{url}/health"
+
+    def no_parse(*_a: Any, **_k: Any) -> None:
+        raise AssertionError("a probe table was parsed again at run time")
+
+    monkeypatch.setattr(base._Table, "__init__", no_parse)
+    me = os.getpid()
+    facts = {"url": "http://127.0.0.1:9", "host": "127.0.0.1", "port": 9, "pid": me}
+    states = R.build_probes(exp, facts)
+    got = states["health"].probe
+    assert (got.url, got.headers) == ("http://127.0.0.1:9/health", {"X-Port": "port 9"})
+    assert states["me"].probe.pid == me and states["me"].probe.sample().ok
+    assert states["cmd"].probe.argv == ["kill", "-0", str(me)]
+    assert states["cmd"].probe.sample().ok
+    # The loaded probe is untouched, and each run's tolerance starts fresh:
+    # same_as's reference of one run is not the next run's.
+    assert health.url == "{url}/health" and health.tolerance is not None
+    assert got.tolerance is not None and got.tolerance.check("a")
+    again = R.build_probes(exp, facts)["health"].probe
+    assert again.tolerance is not None and again.tolerance.check("b")
+    assert not got.tolerance.check("b")
+
+
+def test_a_fact_in_a_probe_is_checked_with_a_stand_in_at_load(tmp_path: Path) -> None:
+    from pyctl.experiment import files as F
+
+    path = tmp_path / "once.toml"
+    path.write_text(ONCE.replace('url = "{url}/health"', 'url = "{url}:x/health"'))
+    with pytest.raises(F.ExperimentError, match=r"steady_state\.probes\.health\.url: .*bad port"):
+        F.load(str(path))

@@ -14,7 +14,6 @@ method (fault steps), abort (guards), rollback, probes with a mode
 
 from __future__ import annotations
 
-import copy
 import os
 import re
 import shlex
@@ -24,6 +23,15 @@ from pathlib import Path
 from typing import Any
 
 from pyctl.exceptions import BadInput
+from pyctl.experiment.facts import (
+    PID_FACTS,
+    PLACEHOLDER,
+    TARGET_FACTS,
+    is_fact,
+    placeholders,
+    render,
+)
+from pyctl.experiment.probes import Probe, ProbeError, Tolerance, probe_from_toml
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -35,20 +43,8 @@ from pyctl.spec import FaultSpec, SpecError, parse_duration
 
 SHIPPED = Path(__file__).resolve().parent.parent / "experiments"
 ENV_DIRS = "GPUFAULT_EXPERIMENTS"
-# Facts of the target known only once it runs; probes and commands may use them.
-# A multi-rank target (the ready file's `ranks`, the service's `--ranks 2`)
-# adds rankN_pid and rankN_tid (that rank's process and its gf-worker).
-TARGET_FACTS = ("url", "host", "port", "pid", "worker_tid", "ready_file", "rank1_pid", "rank1_tid")
-_RANK_FACT = re.compile(r"rank\d+_(pid|tid)")
-_PLACEHOLDER = re.compile(r"\{(\w+)\}")
-# Facts that name a process or a thread: what a step's pid / tid may be.
-_PID_FACTS = re.compile(r"pid|worker_tid|rank\d+_(pid|tid)")
 # Prompt sources of [load] and of traffic steps (pyctl/experiment/corpora.py).
 CORPORA = ("prompt", "prompts", "unicode", "over-limit", "at-limit", "hot", "cold")
-
-
-def is_fact(name: str) -> bool:
-    return name in TARGET_FACTS or _RANK_FACT.fullmatch(name) is not None
 
 
 _NAME = re.compile(r"[a-z0-9][a-z0-9-]*")
@@ -215,42 +211,12 @@ def _kind(v: Any) -> str:
 # ---- bounds for the load generator's numbers (latency, error share, rate) ----------------
 
 
-@dataclass(frozen=True)
-class Bound:
-    """`<= 200ms`, `< 0.05`, `>= 5`: a comparison of one number; latencies
-    in the file are durations, shares may be percentages."""
-
-    op: str
-    value: float
-    text: str
-
-    OPS = {"<=": float.__le__, "<": float.__lt__, ">=": float.__ge__, ">": float.__gt__}
-
-    def check(self, x: float) -> bool:
-        return bool(Bound.OPS[self.op](float(x), self.value))
-
-    def __str__(self) -> str:
-        return self.text
-
-
-def parse_bound(text: Any, r: _Reader, key: str, unit: str) -> Bound:
-    if not isinstance(text, str):
-        raise r.err(key, f'expected a comparison such as "<= 200ms", got {_kind(text)} {text!r}')
-    m = re.fullmatch(r"\s*(<=|<|>=|>)\s*(\S+)\s*", text)
-    if not m:
-        raise r.err(key, f'{text!r} is not a comparison: write e.g. "<= 200ms" or "< 0.01"')
-    op, val = m.groups()
+def parse_bound(text: Any, r: _Reader, key: str, unit: str) -> Tolerance:
+    """A load bound (`<= 200ms`, `< 1%`): the probes' one tolerance type."""
     try:
-        if unit == "duration":
-            x = parse_duration(val, key, allow_zero=True)
-        elif val.endswith("%"):
-            x = float(val[:-1]) / 100
-        else:
-            x = float(val)
-    except (SpecError, ValueError):
-        want = "a duration such as 200ms" if unit == "duration" else "a number or a percentage"
-        raise r.err(key, f"{val!r} is not {want}") from None
-    return Bound(op, x, text.strip())
+        return Tolerance.bound(text, unit)
+    except ProbeError as e:
+        raise r.err(key, str(e)) from None
 
 
 # ---- the parsed experiment ---------------------------------------------------------------
@@ -352,11 +318,11 @@ class Judge:
 
 @dataclass
 class SteadyState:
-    p50: Bound | None
-    p95: Bound | None
-    p99: Bound | None
-    error_rate: Bound | None
-    min_throughput: Bound | None
+    p50: Tolerance | None
+    p95: Tolerance | None
+    p99: Tolerance | None
+    error_rate: Tolerance | None
+    min_throughput: Tolerance | None
     judge: Judge | None
     probes: list[str]  # names of the hypothesis probes (tables in Experiment.probes)
     quorum: float = 0.8  # share of a phase's 1 s windows that must meet the bounds
@@ -430,7 +396,7 @@ class Experiment:
     target: Target
     load: Load | None
     steady: SteadyState
-    probes: dict[str, dict[str, Any]]  # name -> table (knobs rendered; target facts later)
+    probes: dict[str, Probe]  # name -> probe, parsed once (target facts: with_facts)
     probe_where: dict[str, str]  # name -> "steady_state.probes.X" / "probes.X"
     steps: list[Step]
     aborts: list[Abort]
@@ -442,39 +408,6 @@ class Experiment:
     @property
     def ident(self) -> str:
         return f"{self.name}@v{self.version}"
-
-    def probe_table(self, name: str, facts: dict[str, Any]) -> dict[str, Any]:
-        """A probe's table with the target's facts filled in."""
-        return render_facts(copy.deepcopy(self.probes[name]), facts)
-
-
-def _render(v: Any, vals: dict[str, Any]) -> Any:
-    """Knob values into strings, like templates: "{k}" alone keeps the type.
-    Names that are not knobs (target facts) are left for later."""
-    if isinstance(v, dict):
-        return {k: _render(x, vals) for k, x in v.items()}
-    if isinstance(v, list):
-        return [_render(x, vals) for x in v]
-    if not isinstance(v, str):
-        return v
-    m = _PLACEHOLDER.fullmatch(v)
-    if m and m.group(1) in vals:
-        return vals[m.group(1)]
-    return _PLACEHOLDER.sub(
-        lambda mm: str(vals[mm.group(1)]) if mm.group(1) in vals else mm.group(0), v
-    )
-
-
-def render_facts(v: Any, facts: dict[str, Any]) -> Any:
-    return _render(v, {k: x for k, x in facts.items() if is_fact(k) and x is not None})
-
-
-def _placeholders(v: Any) -> set[str]:
-    if isinstance(v, dict):
-        return set().union(*(_placeholders(x) for x in v.values())) if v else set()
-    if isinstance(v, list):
-        return set().union(*(_placeholders(x) for x in v)) if v else set()
-    return set(_PLACEHOLDER.findall(v)) if isinstance(v, str) else set()
 
 
 # ---- loading -----------------------------------------------------------------------------
@@ -577,14 +510,14 @@ def load_file(path: Path, sets: dict[str, str] | None = None) -> Experiment:
     for k in doc:
         if k == "knobs":
             continue
-        for ph in _placeholders(doc[k]):
+        for ph in placeholders(doc[k]):
             if ph not in knobs and not is_fact(ph):
                 raise r.err(
                     k,
                     f"{{{ph}}} is neither a knob nor a target fact "
                     f"({', '.join(TARGET_FACTS)}, rankN_pid, rankN_tid): add [knobs.{ph}]",
                 )
-    rendered = {k: _render(v, values) for k, v in doc.items() if k != "knobs"}
+    rendered = {k: render(v, values) for k, v in doc.items() if k != "knobs"}
 
     target = _target(r, rendered)
     load_ = _load(r, rendered)
@@ -803,33 +736,20 @@ def _traffic(r: _Reader, key: str, v: Any) -> Traffic:
     return Traffic(**fields, ok_status=(ok[0], ok[1]), max_bad=float(bad))
 
 
-def _probe_table(r: _Reader, key: str, v: Any) -> tuple[dict[str, Any], str]:
+def _probe(r: _Reader, key: str, v: Any) -> Probe:
+    """The probe, parsed once, here: the probe package owns its keys and
+    checks them with stand-ins for the target's facts."""
     if not isinstance(v, dict):
         raise r.err(key, 'expected a table (kind = "http" | "prometheus" | ...)')
-    # The probe module owns the probe keys; it is asked now, with placeholder
-    # facts, so a bad probe is refused before anything runs.
-    from pyctl.experiment import probes as P
-
-    facts = {
-        "url": "http://127.0.0.1:1",
-        "host": "127.0.0.1",
-        "port": 1,
-        "pid": os.getpid(),
-        "worker_tid": os.getpid(),
-    }
-    facts.update({ph: os.getpid() for ph in _placeholders(v) if _RANK_FACT.fullmatch(ph)})
     try:
-        p = P.probe_from_toml(
-            key.rsplit(".", 1)[-1], render_facts(copy.deepcopy(v), facts), f"{r.where}: {key}"
-        )
-    except P.ProbeError as e:
+        return probe_from_toml(key.rsplit(".", 1)[-1], v, f"{r.where}: {key}")
+    except ProbeError as e:
         msg = str(e)
         raise ExperimentError(msg if r.where in msg else f"{r.where}: {key}: {msg}") from None
-    return v, str(getattr(p, "mode", "edge"))
 
 
-def _probes(r: _Reader, doc: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
-    probes: dict[str, dict[str, Any]] = {}
+def _probes(r: _Reader, doc: dict[str, Any]) -> tuple[dict[str, Probe], dict[str, str]]:
+    probes: dict[str, Probe] = {}
     where: dict[str, str] = {}
     modes = r.modes
     ss_doc = doc.get("steady_state")
@@ -844,7 +764,8 @@ def _probes(r: _Reader, doc: dict[str, Any]) -> tuple[dict[str, dict[str, Any]],
             key = f"{section}.{name}"
             if name in probes:
                 raise r.err(key, f"a probe {name!r} exists already ({where[name]}): rename one")
-            probes[name], modes[name] = _probe_table(r, key, v)
+            probes[name] = _probe(r, key, v)
+            modes[name] = str(probes[name].mode)
             where[name] = key
     return probes, where
 
@@ -857,7 +778,7 @@ def _steady(
         "steady_state",
         {"p50", "p95", "p99", "error_rate", "min_throughput", "judge", "probes", "quorum"},
     )
-    b: dict[str, Bound | None] = {}
+    b: dict[str, Tolerance | None] = {}
     for k, unit in (
         ("p50", "duration"),
         ("p95", "duration"),
@@ -1130,8 +1051,8 @@ def _who(r: _Reader, m: dict[str, Any], key: str, name: str) -> str | None:
             raise r.err(k, f"{v} is not a process id: give one >= 1")
         return str(v)
     if isinstance(v, str):
-        ph = _PLACEHOLDER.fullmatch(v.strip())
-        if ph and _PID_FACTS.fullmatch(ph.group(1)):
+        ph = PLACEHOLDER.fullmatch(v.strip())
+        if ph and PID_FACTS.fullmatch(ph.group(1)):
             return v.strip()
         if v.strip().isdigit() and int(v) >= 1:
             return v.strip()
@@ -1271,7 +1192,6 @@ __all__ = [
     "Step",
     "Load",
     "Traffic",
-    "Bound",
     "load",
     "load_file",
     "find",

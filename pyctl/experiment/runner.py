@@ -35,13 +35,13 @@ from urllib.parse import urlsplit
 from pyctl.evidence import store
 from pyctl.experiment import corpora
 from pyctl.experiment import evidence as E
+from pyctl.experiment.facts import render_facts
 from pyctl.experiment.files import (
     ADMIN_TOKEN_ENV,
     GPUFAULT,
     Experiment,
     ExperimentError,
     Step,
-    render_facts,
 )
 from pyctl.experiment.host import (
     EndsOnItsOwn,
@@ -413,15 +413,8 @@ def build_probes(
     out: dict[str, ProbeState] = {}
     if not exp.probes:
         return out
-    from pyctl.experiment import probes as P
-
-    for name in exp.probes:
-        try:
-            p = P.probe_from_toml(
-                name, exp.probe_table(name, facts), f"{exp.path}: {exp.probe_where[name]}"
-            )
-        except P.ProbeError as e:
-            raise ExperimentError(str(e)) from None
+    for name, parsed in exp.probes.items():
+        p = parsed.with_facts(facts)  # parsed once, at load: only the facts go in
         if getattr(p, "target", False) is True and hasattr(p, "bind"):
             p.bind(int(facts["pid"]), popen)  # a process probe of the target itself
         mode = str(getattr(p, "mode", "continuous")).lower()
