@@ -44,7 +44,7 @@ deps:
 	bash tools/setup-deps.sh
 
 TARGETS := $(OUT)/targets/gf_target $(OUT)/targets/libgftarget.so $(OUT)/targets/gf_cxx \
-	$(OUT)/targets/gf_mainexit $(OUT)/targets/gf_nofp \
+	$(OUT)/targets/gf_mainexit $(OUT)/targets/gf_errno $(OUT)/targets/gf_nofp \
 	$(OUT)/targets/gf_nofp_cc
 
 build: $(BPF_OBJS) $(DOUBLES) $(TARGETS) $(PRELOAD) $(LIBS)
@@ -95,6 +95,11 @@ $(OUT)/targets/gf_nofp_cc: tests/targets/gf_nofp_cc.cc
 # A process whose main thread has exited while its workers call the library.
 $(OUT)/targets/gf_mainexit: tests/targets/gf_mainexit.c $(OUT)/targets/libgftarget.so
 	$(Q)$(CC) $(TARGET_CFLAGS) -o $@ $< -L$(OUT)/targets -lgftarget -Wl,-rpath,'$$ORIGIN' -lpthread
+
+# libc calls that a fail with --errno makes fail (strerror(errno) printed).
+$(OUT)/targets/gf_errno: tests/targets/gf_errno.c
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(TARGET_CFLAGS) -o $@ $< -lpthread
 
 $(DATA)/%.bpf.o: bpf/%.bpf.c bpf/*.h
 	@mkdir -p $(DATA)

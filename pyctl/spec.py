@@ -6,6 +6,7 @@ gets a packed abi.Spec from to_bpf().
 
 from __future__ import annotations
 
+import errno as _errno
 import re
 import signal as _signal
 import time
@@ -108,6 +109,38 @@ def parse_prob(text: str | float) -> int:
     return max(1, round(v * 1_000_000))
 
 
+# errno values a fail may set: Linux's are 1 .. 133 (EHWPOISON); anything
+# up to 4095 is what the kernel's -errno returns can be.
+ERRNO_MAX = 4095
+
+
+def parse_errno(text: str | int, what: str = "--errno") -> int:
+    """An errno value: a name (EIO, eio) or a number 1 .. 4095."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        n = text
+    else:
+        t = str(text).strip()
+        if re.fullmatch(r"\d+", t):
+            n = int(t)
+        else:
+            code = getattr(_errno, t.upper(), None)
+            if not isinstance(code, int) or not t.upper().startswith("E"):
+                raise SpecError(
+                    f"{what}: unknown errno {text!r} (use a name such as EIO, ENOMEM, EAGAIN, "
+                    "or a number 1 .. 4095)"
+                )
+            n = code
+    if not 1 <= n <= ERRNO_MAX:
+        raise SpecError(f"{what}: {n} is out of range (use a name such as EIO or 1 .. 4095)")
+    return n
+
+
+def errno_name(n: int) -> str:
+    """'EIO (5)'; a number Linux has no name for stays a number."""
+    name = _errno.errorcode.get(n)
+    return f"{name} ({n})" if name else str(n)
+
+
 def parse_signal(name: str, what: str = "--signal") -> int:
     """A real signal: a name (SIGSEGV, segv, SIGRTMIN+2) or a number 1..64.
     Not SIG_IGN/SIG_DFL (handler constants that happen to be 0 and 1)."""
@@ -182,6 +215,7 @@ def parse_corrupt(text: str) -> tuple[int, int, int, int, int]:
 FIELDS = frozenset({
     "lib", "fn", "action", "ret", "mode", "signal", "corrupt", "stall", "nth", "every", "after",
     "max", "prob", "sticky", "when", "window", "trace", "no_stack", "entry_only", "caller",
+    "errno",
 })  # fmt: skip
 
 # (catalog library name, code text) -> value; pyctl.catalog.code_value by default.
@@ -296,6 +330,7 @@ class FaultSpec:
     tgid: int = 0
     tid: int = 0
     caller: str = ""  # only calls returning into this object (callers.py)
+    errno: int = 0  # fail: also set the thread's errno to this (0: leave it)
 
     @classmethod
     def from_fields(
@@ -345,6 +380,7 @@ class FaultSpec:
             entry_only=bool(f.get("entry_only", False)),
             capture_stack=not f.get("no_stack", False),
             caller=str(f.get("caller") or ""),
+            errno=parse_errno(f["errno"]) if f.get("errno") not in (None, "", 0) else 0,
         )
         return spec.validate()
 
@@ -361,6 +397,13 @@ class FaultSpec:
             raise SpecError("--action signal needs --signal (e.g. --signal SIGSEGV)")
         if self.action == "corrupt" and self.corrupt is None:
             raise SpecError("--action corrupt needs --corrupt (e.g. --corrupt arg1:zero)")
+        if self.errno:
+            if self.action != "fail":
+                raise SpecError(
+                    f"--errno goes with --action fail (a failed call's errno), not "
+                    f"{self.action}: e.g. --action fail --ret -1 --errno EIO"
+                )
+            parse_errno(self.errno)
         for name in ("nth", "every", "after", "max_fires"):
             if getattr(self, name) < 0:
                 raise SpecError(f"--{name.replace('_fires', '')} must not be negative")
@@ -415,6 +458,8 @@ class FaultSpec:
         bits = [f"{self.action}"]
         if self.action == "fail":
             bits.append(f"ret={self.ret_text or self.ret} mode={self.mode}")
+            if self.errno:
+                bits.append(f"errno={_errno.errorcode.get(self.errno, self.errno)}")
         if self.action == "signal":
             try:
                 bits.append(_signal.Signals(self.signo).name)
@@ -488,4 +533,9 @@ class FaultSpec:
                 self.corrupt
             )
         s.stall_ns = int(self.stall_ms * 1e6)
+        if self.action == "fail" and self.errno:
+            # A fail's corrupt fields are unused in BPF (corrupt_arg 0), and BPF
+            # copies corrupt_mask into the copilot's pending entry as it is:
+            # the errno the copilot writes rides there (bpf/gpufault.h).
+            s.corrupt_mask = self.errno
         return s

@@ -85,6 +85,8 @@ def pending_fetcher(
             deadline_ns=p.deadline_ns,
             action=p.action,
             flags=p.flags,
+            # A fail's errno rides in the corrupt mask (FaultSpec.to_bpf).
+            errno=p.corrupt_mask if p.action == abi.ACT_FAIL else 0,
         )
 
     return fetch

@@ -28,6 +28,7 @@ class Injection:
     deadline_ns: int  # CLOCK_MONOTONIC ns (bpf_ktime_get_ns); 0 = none
     action: int  # GF_ACT_FAIL or GF_ACT_STALL
     flags: int  # GF_F_AFTER: fail at the return site instead of skipping the body
+    errno: int = 0  # fail: also store this in the thread's errno (0: leave it)
 
 
 @dataclass
@@ -43,3 +44,5 @@ class Outcome:
     ip_after: int  # ip the thread resumed at
     ret_addr: int  # skip mode: the word read at entry sp (the return address)
     error: str | None
+    errno: int = 0  # the errno value stored with a fail (0: none asked for)
+    errno_addr: int = 0  # where: the thread's errno (fs_base + its TLS offset)

@@ -38,7 +38,7 @@ from types import TracebackType
 from pyctl import procstate
 from pyctl.sigmask import SIGCHLD_SET
 
-from . import procfs, ptrace, rewrite
+from . import errno_tls, procfs, ptrace, rewrite
 from .model import GF_ACT_FAIL, GF_ACT_STALL, GF_F_AFTER, CopilotError, Injection, Outcome
 from .watchdog import Watchdog
 
@@ -70,6 +70,7 @@ STOP_GRACE_NS = 2_000_000_000  # stop(): wait this long for threads to stop
 # overrun its end when the controller hangs.
 WATCHDOG_GRACE_NS = 2_000_000_000
 REG_IP = ptrace.REG["ip"]
+REG_FS_BASE = ptrace.REG["fs_base"]
 
 
 @dataclass
@@ -122,6 +123,9 @@ class Copilot:
         self._last_event_ns = 0
         self._watchdog_grace_ns = watchdog_grace_ns
         self.watchdog: Watchdog | None = None  # created by the tracer thread at start
+        # errno's offset from the thread pointer (errno_tls), found at the
+        # first fail that sets errno and again after an exec (a new libc).
+        self._errno_tpoff: int | None = None
 
     # ---- public API (any thread) ----
 
@@ -420,6 +424,7 @@ class Copilot:
             # The execing thread now has the leader's id; the old leader
             # and every other thread are gone (the others report exits).
             former = self._try(ptrace.geteventmsg, tid)
+            self._errno_tpoff = None
             if tid in self._stalls:
                 self._drop_stall(tid, "thread replaced by exec during stall")
             if former and former != tid:
@@ -464,7 +469,7 @@ class Copilot:
 
     def _fail(self, tid: int, inj: Injection, now: int) -> None:
         error: str | None = None
-        ip_before = ip_after = ret_addr = 0
+        ip_before = ip_after = ret_addr = errno_addr = 0
         try:
             cur = ptrace.getregs(tid)
             ip_before = ip_after = cur[REG_IP]
@@ -487,8 +492,15 @@ class Copilot:
                     else:
                         new = rewrite.skip(cur, inj, ret_addr)
             if new is not None:
-                ptrace.setregs(tid, new)
-                ip_after = new[REG_IP]
+                if inj.errno:
+                    # Before the registers: an errno that cannot be set
+                    # leaves the call to run as it would (not half a fault).
+                    errno_addr, error = self._set_errno(tid, cur, inj.errno)
+                    if error is not None:
+                        new = None
+                if new is not None:
+                    ptrace.setregs(tid, new)
+                    ip_after = new[REG_IP]
         except ProcessLookupError:
             self._emit(
                 Outcome(
@@ -518,8 +530,26 @@ class Copilot:
                 ip_after,
                 ret_addr,
                 error if resumed else error or "thread exited at the stop",
+                inj.errno if errno_addr and error is None else 0,
+                errno_addr,
             )
         )
+
+    def _set_errno(self, tid: int, cur: tuple[int, ...], value: int) -> tuple[int, str | None]:
+        """Store value in the stopped thread's errno: (address, error)."""
+        try:
+            if self._errno_tpoff is None:
+                self._errno_tpoff = errno_tls.tls_offset(self.pid)
+        except errno_tls.ErrnoError as exc:
+            return 0, f"errno not set: {exc}"
+        addr = (cur[REG_FS_BASE] + self._errno_tpoff) & rewrite.MASK64
+        try:
+            errno_tls.write_errno(tid, addr, value)
+        except OSError as exc:
+            if isinstance(exc, ProcessLookupError):
+                raise
+            return addr, f"errno not set: write at {addr:#x}: {exc.strerror or exc}"
+        return addr, None
 
     def _stall(self, tid: int, inj: Injection, now: int) -> None:
         ip = 0

@@ -206,6 +206,26 @@ class Engine:
             raise EngineError(
                 "--caller compares return addresses of one process: add --pid PID or -- CMD"
             )
+        if (why := self.plan.errno_refusal()) is not None:
+            raise EngineError(why)
+        if any(sp.errno for sp in self.specs) and self.pid is not None and self.resolve_in_target:
+            # Where the fails will set errno, found now: a target without
+            # glibc's TLS errno is refused before anything is attached.
+            from pyctl.copilot.errno_tls import ErrnoError, tls_offset
+
+            try:
+                tls_offset(self.pid)
+            except ErrnoError as e:
+                raise EngineError(str(e)) from None
+        elif any(sp.errno for sp in self.specs):
+            # A command not started yet: read this host's libc now, so the
+            # first fail's stop does not wait for it (the same file, by inode).
+            from pyctl.copilot.errno_tls import ErrnoError, slot_vaddr
+
+            try:
+                slot_vaddr(resolve.find_library("libc.so.6").path)
+            except (ErrnoError, resolve.ResolveError):
+                pass  # told at the fault, in its outcome, if it matters
         if self.plan.needs_copilot() and self.seize_pid is not None:
             from pyctl.copilot import CopilotError, check_not_traced
 

@@ -118,8 +118,10 @@ def merge_outcome(merged: dict[str, Any], out: Any) -> None:
                 "ip_after",
                 "ret_addr",
                 "error",
+                "errno",
+                "errno_addr",
             )
-            if hasattr(out, k)
+            if hasattr(out, k) and (getattr(out, k) or k not in ("errno", "errno_addr"))
         }
     cop = merged.get("copilot")
     ok = not merged.get("corrupt_error")
@@ -233,7 +235,7 @@ class EvidenceWriter:
         self._journal: collections.deque[tuple[int, bytes | None]] = collections.deque()
         self._journal_batch = 0
         self._rowed: set[int] = set()
-        self._early_rets: dict[int, tuple[int, int]] = {}
+        self._early_rets: dict[int, tuple[int, int | None]] = {}
         self._fault_pids: dict[int, list[tuple[str, int, int]]] = {}  # fid, ts, spec
         self.symbolizers: dict[int, Symbolizer] = {}  # pid -> its stacks' symbolizer
         # pid -> its executable mappings, kept current from attach on

@@ -108,6 +108,19 @@ class Plan:
             for s in self.specs
         )
 
+    def errno_refusal(self) -> str | None:
+        """Why this run cannot set errno with its fails (--errno), or None.
+        errno is thread-local: the copilot writes it in the stopped thread
+        (pyctl/copilot/errno_tls.py); a fail that is BPF's register write
+        has no stop to do it at."""
+        if self.regs and any(s.errno for s in self.specs):
+            return (
+                "--errno: on this kernel a fail is a BPF register write, which cannot "
+                "set the thread's errno (thread-local, only the ptrace copilot writes it): "
+                "drop --errno, or run where fails go through the copilot"
+            )
+        return None
+
     def single_links(self) -> None:
         """The kernel took the programs as plain uprobes but not as
         uprobe_multi ones (the register-writing pair, say): per-site links."""

@@ -10,6 +10,7 @@ older run must still render.
 from __future__ import annotations
 
 import datetime as _dt
+import errno as _errno
 import signal as _signal
 from typing import Any
 
@@ -107,6 +108,10 @@ def _copilot_words(f: dict[str, Any], cop: dict[str, Any]) -> str:
     bits = [held]
     if f.get("retval") is not None:
         bits.append(f"injected {code_name(f.get('function'), f.get('library'), f.get('retval'))}")
+    if cop.get("errno"):
+        n = cop["errno"]
+        name = _errno.errorcode.get(n) if isinstance(n, int) else None
+        bits.append(f"errno {name} ({n})" if name else f"errno {n}")
     ip_after, ret_addr, ip_before = cop.get("ip_after"), cop.get("ret_addr"), cop.get("ip_before")
     if ip_after and ret_addr and ip_after == ret_addr:
         bits.append("resumed at the return address")
