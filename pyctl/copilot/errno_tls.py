@@ -27,6 +27,7 @@ from pyctl.exceptions import GpufaultError
 
 R_X86_64_TPOFF64 = 18
 STT_TLS = 6
+SHT_RELA = 4
 # libc's static TLS block sits below the thread pointer (x86-64's TLS
 # variant II): a negative offset, far smaller than this.
 MAX_TPOFF = 1 << 24
@@ -82,41 +83,29 @@ def slot_vaddr(real: str) -> int:
 
 
 def _slot(real: str) -> int:
-    from elftools.common.exceptions import ELFError
-    from elftools.elf.elffile import ELFFile
-    from elftools.elf.sections import SymbolTableSection
+    from pyctl import elf
 
     try:
-        with open(real, "rb") as f:
-            elf = ELFFile(f)
-            dynsym = elf.get_section_by_name(".dynsym")
-            if not isinstance(dynsym, SymbolTableSection):
-                raise ErrnoError(f"{real}: no .dynsym")
-            # Read with struct, not pyelftools' per-symbol objects: ~1 ms
-            # instead of ~300 ms for libc's 3,000 (the first fail waits).
-            strtab = elf.get_section(dynsym["sh_link"]).data()
+        with elf.ElfFile.open(real) as f:
             index, value = -1, -1
-            for i, (st_name, info, _o, shndx, st_value, _size) in enumerate(
-                struct.iter_unpack("<IBBHQQ", dynsym.data())
-            ):
-                if info & 0xF == STT_TLS and shndx and strtab[st_name : st_name + 6] == b"errno\0":
-                    index, value = i, st_value
+            for i, sym in enumerate(f.symbols(".dynsym")):
+                if sym.name == "errno" and sym.type == STT_TLS and sym.shndx:
+                    index, value = i, sym.value
                     break
             if index < 0:
                 raise ErrnoError(f"{real} has no errno TLS symbol: not glibc's libc")
-            for sec in elf.iter_sections():
-                if sec["sh_type"] != "SHT_RELA" or sec["sh_entsize"] != 24:
+            for sec in f.sections:
+                if sec.type != SHT_RELA or sec.entsize != 24:
                     continue
-                data = sec.data()
-                for off, info, addend in struct.iter_unpack("<QQq", data):
+                for off, info, addend in struct.iter_unpack("<QQq", f.section_data(sec)):
                     if info & 0xFFFFFFFF != R_X86_64_TPOFF64:
                         continue
-                    sym = info >> 32
+                    sym_i = info >> 32
                     # Against the symbol, or (libc's own, local) against
                     # none with errno's offset in the TLS block as addend.
-                    if sym == index or (sym == 0 and addend == value):
+                    if sym_i == index or (sym_i == 0 and addend == value):
                         return int(off)
-    except (OSError, ELFError) as e:
+    except (OSError, elf.ElfError) as e:
         raise ErrnoError(f"cannot read {real}: {e}") from None
     raise ErrnoError(f"{real}: no TPOFF64 relocation for errno (an unusual libc build)")
 
