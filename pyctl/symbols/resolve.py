@@ -19,6 +19,7 @@ from pathlib import Path
 
 from pyctl import elf
 from pyctl.exceptions import BadInput
+from pyctl.symbols import names
 
 
 class ResolveError(BadInput):
@@ -333,7 +334,9 @@ def find_library(want: str, pid: int | None = None) -> Library:
     )
 
 
-ElfInfo = tuple[dict[str, tuple[int, int]], list, str]
+# name -> (st_value, st_size); PT_LOADs; build-id; for each address with
+# several names, all of them, the canonical one first (names.py).
+ElfInfo = tuple[dict[str, tuple[int, int]], list, str, dict[int, list[str]]]
 # Keyed by the file itself (device, inode, mtime), not the path: the same
 # library is reached as /proc/PID/root/... and as its host path, and a big
 # one (libcuda, torch's) takes a second or more to read.
@@ -371,7 +374,7 @@ def _cached_read_elf(path: str) -> ElfInfo:
     bid = elf.build_id(path)
     if bid:
         hit = diskcache.load_obj("symtab", f"{bid}-sites")
-        if isinstance(hit, tuple) and len(hit) == 3 and hit[2] == bid:
+        if isinstance(hit, tuple) and len(hit) == 4 and hit[2] == bid:
             return hit
     info = _read_elf(path)
     if bid and info[2] == bid:
@@ -381,6 +384,7 @@ def _cached_read_elf(path: str) -> ElfInfo:
 
 def _read_elf(path: str) -> ElfInfo:
     syms: dict[str, tuple[int, int]] = {}
+    at: dict[int, list[tuple[str, int]]] = {}
     try:
         f = elf.ElfFile.open(path)
     except elf.ElfError:
@@ -395,14 +399,18 @@ def _read_elf(path: str) -> ElfInfo:
             for table in (".dynsym", ".symtab"):
                 # STT_GNU_IFUNC stays out, as it always did: its st_value is
                 # the resolver, not the function a probe wants.
-                for name, value, size, _info in f.functions(table, (elf.STT_FUNC,)):
+                for name, value, size, info in f.functions(table, (elf.STT_FUNC,)):
                     name = name.split("@")[0]
                     if name and name not in syms:
                         syms[name] = (value, size)
+                    if name:
+                        bind = names.BIND_RANK.get(info >> 4, names.UNKNOWN_BIND)
+                        at.setdefault(value, []).append((name, bind))
             build_id = f.build_id
         except elf.ElfError as e:
             raise ResolveError(f"cannot read {path}: {e}") from None
-    return syms, loads, build_id
+    aliases = {a: ranked for a, ns in at.items() if len(ranked := names.ranked(ns)) > 1}
+    return syms, loads, build_id, aliases
 
 
 def is_parsed(path: str) -> bool:
@@ -474,7 +482,7 @@ def symbols(lib: Library, pattern: str | Sequence[str]) -> list[Symbol]:
                         if n != have.name and n not in have.aliases:
                             have.aliases.append(n)
         return list(out.values())
-    table, loads, _ = _elf_symbols(lib.path)
+    table, loads, _, aliases = _elf_symbols(lib.path)
     globby = any(c in pattern for c in "*?[")
     if pattern.startswith("tok:"):
         names = _tokenizer_kind(lib, pattern[4:])
@@ -508,6 +516,13 @@ def symbols(lib: Library, pattern: str | Sequence[str]) -> list[Symbol]:
                 kind = _classify(head[4:])
                 skipped = True
             by_addr[addr] = Symbol(n, addr, size, off, kind, skipped)
+    for addr, sym in by_addr.items():
+        # One name per site, whichever of its names matched: the one a
+        # stack frame there is named by too (names.canonical); the others
+        # are its aliases (`cuMemAlloc_v2`, alias `cuMemAlloc`).
+        if addr in aliases:
+            sym.name, *rest = aliases[addr]
+            sym.aliases = rest
     return list(by_addr.values())
 
 

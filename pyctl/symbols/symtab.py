@@ -31,13 +31,14 @@ import bisect
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from pyctl.elf import STB_GLOBAL, STB_LOCAL, STB_WEAK, ElfError, ElfFile
+from pyctl.elf import ElfError, ElfFile
 from pyctl.elf import build_id as elf_build_id
+from pyctl.symbols import names
 
 DEBUG_ROOT = "/usr/lib/debug"
-# A global over a weak over a local name (anything else after them).
-_BIND_RANK = {STB_GLOBAL: 0, STB_WEAK: 1, STB_LOCAL: 2}
+_BIND_RANK = names.BIND_RANK
 
 
 @dataclass
@@ -213,23 +214,19 @@ def _parse(path: str, root: str, real: str, elf: ElfFile) -> Table:
             entries += extra
             t.sources.append(cand)
             break
-    # One name per start: a global over a weak over a local, a public name
-    # over glibc's __GI_ alias or a versioned copy, then the one with fewer
-    # leading underscores (malloc over __libc_malloc), then the longer (the
-    # versioned cuMemAlloc_v2 over its alias cuMemAlloc). Sizes: the
-    # largest any source gives (a .dynsym alias may say 0).
-    best: dict[int, tuple[int, int, str]] = {}
+    # One name per start, the one every reader uses (pyctl/symbols/names.py:
+    # the probe sites' names too). Sizes: the largest any source gives (a
+    # .dynsym alias may say 0).
+    best: dict[int, tuple[int, Any, str]] = {}
     for start, end, name, rank in entries:
-        hidden = name.startswith("__GI_")  # glibc's internal alias of a public name
-        versioned = "@" in name  # glob64@GLIBC_2.2.5 beside plain glob64
-        score = (rank, hidden or versioned, len(name) - len(name.lstrip("_")), -len(name), name)
+        score = names.rank(name, rank)
         cur = best.get(start)
         if cur is None:
-            best[start] = (end, score, name)  # type: ignore[assignment]
+            best[start] = (end, score, name)
             continue
         cend, cscore, cname = cur
         end = max(end, cend)
-        best[start] = (end, min(score, cscore), name if score < cscore else cname)  # type: ignore
+        best[start] = (end, min(score, cscore), name if score < cscore else cname)
     names_at: dict[int, set[str]] = {}
     for start, _end, name, _rank in entries:
         names_at.setdefault(start, set()).add(name)
