@@ -121,9 +121,23 @@ def fault_chain(db: Any, fault_id: str) -> dict[str, Any] | None:
         for r in _rows(db, "SELECT * FROM args WHERE fault_id=? ORDER BY idx", (fault_id,))
     ]
     stack = [
-        {"depth": r["depth"], "address": u64(r["address"]), "symbol": _late_symbol(r)}
+        {
+            "depth": r["depth"],
+            "address": u64(r["address"]),
+            "symbol": _late_symbol(r),
+            # How it was found (ip, cfi, fp, caller; None before schema 3)
+            # and where it is: kept at the fire, the target may be gone.
+            "method": r.get("method"),
+            "module": r.get("module"),
+            "build_id": r.get("build_id"),
+            "offset": r.get("offset"),
+        }
         for r in _rows(db, "SELECT * FROM stacks WHERE fault_id=? ORDER BY depth", (fault_id,))
     ]
+    stack_stop = next(
+        (r["stop"] for r in _rows(db, "SELECT stop FROM stacks WHERE fault_id=? AND stop IS NOT "
+                                  "NULL ORDER BY depth DESC LIMIT 1", (fault_id,))), None
+    )  # fmt: skip
     links = _rows(
         db,
         "SELECT kind, rule, ts_ns, pid, tid, detail FROM links WHERE fault_id=? ORDER BY ts_ns",
@@ -170,6 +184,7 @@ def fault_chain(db: Any, fault_id: str) -> dict[str, Any] | None:
         "registers": regs,
         "args": args,
         "stack": stack,
+        "stack_stop": stack_stop,
         "links": links,
         "anchors": anchors,
         "xids": xids,
@@ -256,7 +271,10 @@ def render_chain(doc: dict[str, Any]) -> str:
     if doc["stack"]:
         out.append("  stack")
         for s in doc["stack"]:
-            out.append(f"    #{s['depth']:<2} {s['address']:#018x} {s['symbol']}")
+            how = f"  [{s['method']}]" if s.get("method") else ""
+            out.append(f"    #{s['depth']:<2} {s['address']:#018x} {s['symbol']}{how}")
+        if doc.get("stack_stop"):
+            out.append(f"    (ends: {doc['stack_stop']})")
     out.append(
         "  what followed"
         if doc["links"] or doc["anchors"] or doc["xids"]

@@ -1,0 +1,274 @@
+"""Stacks without frame pointers, and frames of a target that died (issue 22).
+
+- pyctl/symbols/cfi.py against pyelftools (the oracle: its full parse of
+  libc's .eh_frame takes seconds, ours one FDE at a time): the CFA rule
+  and the saved-register rules agree row by row.
+- pyctl/symbols/unwind.py stops cleanly: a return address outside every
+  executable mapping, or a copy that ends, ends the walk with a reason and
+  never becomes a frame.
+- Root: C and C++ targets built -O2 -fomit-frame-pointer, unwound by
+  gpufault from the stack copy at the fire, equal perf record
+  --call-graph dwarf's frames on the same binary and function, frame by
+  frame (function names and modules).
+- Root: a C++ command killed by an injected SIGABRT right at its fault
+  keeps start_thread and every frame's module and build-id (the mappings
+  come from perf mmap records followed from attach on, not from
+  /proc/PID/maps after the fact).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pyctl.symbols import cfi, unwind
+from pyctl.symbols.mapwatch import MapWatch
+
+REPO = Path(__file__).resolve().parent.parent
+NOFP = REPO / "build" / "targets" / "gf_nofp"
+NOFP_CC = REPO / "build" / "targets" / "gf_nofp_cc"
+LIBC = "/lib/x86_64-linux-gnu/libc.so.6"
+GF = [sys.executable, "-m", "pyctl"]
+LEAF = {NOFP: "gf_nofp_leaf", NOFP_CC: "_ZN6gfnofp4leafEl"}
+
+
+def _need(p: Path) -> None:
+    if not p.exists():
+        pytest.skip(f"{p.relative_to(REPO)} missing: run make build")
+
+
+# ---- the CFI decoder, against pyelftools ---------------------------------------
+
+
+@pytest.mark.parametrize("path", [LIBC, str(NOFP_CC)])
+def test_cfi_rows_equal_pyelftools(path: str) -> None:
+    elffile = pytest.importorskip("elftools.elf.elffile")
+    if not Path(path).exists():
+        pytest.skip(f"{path} missing")
+    fc = unwind.load(path)
+    assert fc is not None and len(fc.table) > 0
+    with open(path, "rb") as fh:
+        dw = elffile.ELFFile(fh).get_dwarf_info(follow_links=False)
+        fdes = [e for e in dw.EH_CFI_entries() if "initial_location" in getattr(e, "header", {})]
+        random.seed(22)
+        checked = 0
+        for fde in random.sample(fdes, min(80, len(fdes))):
+            table = fde.get_decoded().table
+            end = fde.header.initial_location + fde.header.address_range
+            for i, row in enumerate(table):
+                last = table[i + 1]["pc"] - 1 if i + 1 < len(table) else end - 1
+                for pc in (row["pc"], last):
+                    mine = fc.table.row(pc)
+                    assert mine is not None, hex(pc)
+                    want = row["cfa"]
+                    if want.expr is not None:
+                        assert mine.cfa_expr is not None, hex(pc)
+                    else:
+                        assert (mine.cfa_reg, mine.cfa_off) == (want.reg, want.offset), hex(pc)
+                    for reg in (*unwind.CALLEE_SAVED, cfi.RA):
+                        r = row.get(reg)
+                        if r is not None and r.type == "OFFSET":
+                            assert mine.regs.get(reg) == ("off", r.arg), (hex(pc), reg)
+                    checked += 1
+    assert checked > min(100, 4 * len(fdes))
+
+
+def _maps_of(path: Path, lo: int) -> unwind.Maps:
+    size = path.stat().st_size
+    return unwind.Maps([unwind.Mapping(lo, lo + ((size + 4095) & ~4095), 0, "r-xp", str(path))])
+
+
+def test_walk_stops_at_an_address_outside_every_mapping() -> None:
+    """rsp holds a word of ASCII where the return address should be: the
+    walk says so and shows only the probed frame."""
+    _need(NOFP)
+    from pyctl import elf
+
+    with elf.ElfFile.open(str(NOFP)) as f:
+        (leaf,) = [s for s in f.symbols(".symtab") if s.name == "gf_nofp_leaf"]
+    lo = 0x555555554000
+    sp = 0x7FFF0000F000
+    garbage = int.from_bytes(b" step \0\0", "little")  # 0x0000207065747320
+    stack = unwind.Stack(sp, garbage.to_bytes(8, "little") + bytes(56))
+    regs = {"ip": lo + leaf.value, "sp": sp, "bp": 0x4141414141414141}
+    walk = unwind.unwind(regs, stack, _maps_of(NOFP, lo))
+    assert [f.method for f in walk.frames] == ["ip"]
+    assert walk.frames[0].offset == leaf.value
+    assert "no executable mapping" in walk.stop and f"{garbage:#x}" in walk.stop
+
+
+def test_walk_stops_at_the_end_of_the_copy() -> None:
+    _need(NOFP)
+    from pyctl import elf
+
+    with elf.ElfFile.open(str(NOFP)) as f:
+        (leaf,) = [s for s in f.symbols(".symtab") if s.name == "gf_nofp_leaf"]
+    lo, sp = 0x555555554000, 0x7FFF0000F000
+    walk = unwind.unwind({"ip": lo + leaf.value, "sp": sp}, unwind.Stack(sp, b""),
+                         _maps_of(NOFP, lo))  # fmt: skip
+    assert len(walk.frames) == 1 and "outside the copied stack" in walk.stop
+
+
+def test_plt_cfa_expression() -> None:
+    """The .plt's CFA is a DWARF expression: rsp + 8, plus 8 past the push."""
+    regs = {cfi.RSP: 0x1000, cfi.RA: 0x40100B}
+    code = bytes([0x77, 8, 0x80, 0, 0x3F, 0x1A, 0x3B, 0x2A, 0x33, 0x24, 0x22])
+    assert unwind._expr(code, regs, unwind.Stack(0, b""), None) == 0x1010
+    regs[cfi.RA] = 0x401006
+    assert unwind._expr(code, regs, unwind.Stack(0, b""), None) == 0x1008
+
+
+# ---- root: gpufault's frames against perf's --------------------------------------
+
+
+def _inject_abort(db: Path, target: Path, n: int = 2) -> tuple[int, str]:
+    r = subprocess.run(
+        [*GF, "inject", "--lib", str(target), "--fn", LEAF[target], "--action", "signal",
+         "--signal", "SIGABRT", "--nth", "1", "--db", str(db), "--", str(target), str(n)],
+        capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    with sqlite3.connect(db) as c:
+        (fid,) = c.execute("SELECT fault_id FROM faults").fetchone()
+    return r.returncode, fid
+
+
+def _rows(db: Path, fid: str) -> list[tuple]:
+    with sqlite3.connect(db) as c:
+        return c.execute(
+            "SELECT depth, address, symbol, module, offset, build_id, method, stop FROM stacks "
+            "WHERE fault_id=? ORDER BY depth", (fid,)).fetchall()  # fmt: skip
+
+
+def _bare(name: str) -> str:
+    """A function name as perf prints it: no parameter list, no const."""
+    name = re.sub(r"\+0x[0-9a-f]+$", "", name)
+    if name.endswith(" const"):
+        name = name[: -len(" const")]
+    if name.endswith(")"):
+        depth = 0
+        for i in range(len(name) - 1, -1, -1):
+            depth += {")": 1, "(": -1}.get(name[i], 0)
+            if depth == 0:
+                return name[:i]
+    return name
+
+
+def _ours(db: Path, fid: str) -> list[tuple[str, str]]:
+    out = []
+    for _d, _a, sym, module, *_ in _rows(db, fid):
+        name = sym.split("!", 1)[1] if "!" in sym else "[unknown]"
+        out.append((_bare(name), Path(module).name))
+    return out
+
+
+def _perf(tmp: Path, target: Path, n: int = 2) -> list[tuple[str, str]]:
+    """perf's frames for the first hit of the same function (a uprobe via
+    perf probe, --call-graph dwarf with a 16 KiB copy, as ours)."""
+    if shutil.which("perf") is None:
+        pytest.skip("perf missing: tools/setup-deps.sh installs linux-perf")
+    group = "gf_unwind_test"
+    subprocess.run(["perf", "probe", "-q", "-d", f"{group}:*"], capture_output=True)
+    from pyctl import elf
+
+    with elf.ElfFile.open(str(target)) as f:
+        (sym,) = [s for s in f.symbols(".symtab") if s.name == LEAF[target]]
+    add = ["perf", "probe", "-x", str(target), "-a", f"{group}:leaf={sym.value:#x}"]
+    r = subprocess.run(add, capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"perf probe cannot add a uprobe here: {r.stderr.strip()[-200:]}")
+    data = tmp / "perf.data"
+    try:
+        subprocess.run(["perf", "record", "-q", "-o", str(data), "-e", f"{group}:leaf",
+                        "--call-graph", "dwarf,16384", "--", str(target), str(n)],
+                       capture_output=True, check=True, timeout=120)  # fmt: skip
+        out = subprocess.run(["perf", "script", "-i", str(data), "-F", "ip,sym,dso"],
+                             capture_output=True, text=True, check=True).stdout  # fmt: skip
+    finally:
+        subprocess.run(["perf", "probe", "-q", "-d", f"{group}:*"], capture_output=True)
+    first = out.strip().split("\n\n")[0]
+    frames = []
+    for line in first.splitlines():
+        m = re.match(r"\s*[0-9a-f]+ (.*) \((.*)\)$", line)
+        assert m, line
+        frames.append((m.group(1), Path(m.group(2)).name))
+    return frames
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("target", [NOFP, NOFP_CC], ids=["c", "cxx"])
+def test_unwound_frames_equal_perfs(tmp_path: Path, target: Path) -> None:
+    _need(target)
+    want = _perf(tmp_path, target)
+    rc, fid = _inject_abort(tmp_path / "gf.db", target)
+    assert rc == 128 + signal.SIGABRT
+    got = _ours(tmp_path / "gf.db", fid)
+    assert got == want, f"\ngpufault: {got}\nperf:     {want}"
+    rows = _rows(tmp_path / "gf.db", fid)
+    assert [r[6] for r in rows] == ["ip"] + ["cfi"] * (len(rows) - 1)
+    assert rows[-1][7] == "return address undefined: the outermost frame"
+
+
+@pytest.mark.root
+def test_cxx_killed_by_sigabrt_keeps_every_module(tmp_path: Path) -> None:
+    """The process is gone ~0.2 ms after its fault, long before its fire
+    is read; its libc and libstdc++ frames still have module, build-id and
+    offset, and `show` says the same, with each frame's method."""
+    _need(NOFP_CC)
+    db = tmp_path / "gf.db"
+    rc, fid = _inject_abort(db, NOFP_CC)
+    assert rc == 128 + signal.SIGABRT
+    rows = _rows(db, fid)
+    syms = [r[2] for r in rows]
+    assert any(s.startswith("libc.so.6!start_thread+0x") for s in syms), syms
+    assert all(r[3] and r[4] is not None and r[5] for r in rows), rows
+    assert {Path(r[3]).name for r in rows} >= {"gf_nofp_cc", "libc.so.6"}
+    assert any(Path(r[3]).name.startswith("libstdc++.so.6") for r in rows)
+    assert not any(s.startswith("0x") for s in syms)
+    # What `show` prints (pyctl/evidence/query.py), read as it reads it.
+    from pyctl.evidence import query, store
+
+    conn = store.open_db(db, readonly=True)
+    try:
+        shown = query.fault_chain(conn, fid)
+    finally:
+        conn.close()
+    assert shown is not None
+    assert [s["symbol"] for s in shown["stack"]] == syms
+    assert [s["method"] for s in shown["stack"]] == [r[6] for r in rows]
+    assert shown["stack_stop"] == rows[-1][7]
+    text = query.render_chain(shown)
+    assert "[cfi]" in text and "(ends: return address undefined" in text
+
+
+@pytest.mark.root
+def test_mapwatch_sees_an_exec_after_attach() -> None:
+    """Attached to a held shell that then execs: the new image's libraries
+    are known after the process has exited, with no /proc read."""
+    _need(NOFP_CC)
+    import os
+
+    r, w = os.pipe()
+    p = subprocess.Popen(["/bin/sh", "-c", f'read -r _ < /proc/self/fd/{r}; exec "$@"', "hold",
+                          str(NOFP_CC), "1"], pass_fds=(r,), stdout=subprocess.DEVNULL)  # fmt: skip
+    os.close(r)
+    try:
+        mw = MapWatch(p.pid)
+        os.write(w, b"go\n")
+    finally:
+        os.close(w)
+        p.wait(30)
+    try:
+        assert not Path(f"/proc/{p.pid}").exists()
+        names = {Path(m.path).name for m in mw.maps().maps if m.executable}
+        assert "gf_nofp_cc" in names and "libc.so.6" in names, names
+        assert "dash" not in names and "sh" not in names  # the exec started the list over
+    finally:
+        mw.close()
