@@ -3,10 +3,12 @@
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 # libc6-dbg: libc's local functions (start_thread) for the symbolizer's
-# known-answer tests, as a forensics user would install it.
+# known-answer tests, as a forensics user would install it. linux-perf:
+# perf record --call-graph dwarf, the peer tests/test_unwind.py checks
+# gpufault's unwound frames against.
 APT_PKGS=(clang llvm libbpf-dev libbpf1 bpftool libelf-dev zlib1g-dev make gcc gcc-12 g++ libc6-dbg gdb
 	binutils qemu-system-x86 busybox-static cpio xz-utils zstd kmod sqlite3 strace
-	util-linux iproute2 dwarves sparse bpftrace
+	util-linux iproute2 dwarves sparse bpftrace linux-perf
 	prometheus chromium)
 missing=()
 for p in "${APT_PKGS[@]}"; do
