@@ -1,86 +1,27 @@
 """`gpufault hooks ...`: the in-process faults (VRAM pressure, Tensor Core
 bit flips, the LD_PRELOAD shim).
 
-The hooks live in `pyctl.hooks` and run as child processes in isolated
-mode (pyctl.paths.module_argv: never from the working directory), so
-`gpufault --help` never needs torch. Their options are declared here too,
+The hooks live in `pyctl.hooks`, driven through pyctl/api/hooks.py, and run
+as child processes in isolated mode (pyctl.paths.module_argv: never from the
+working directory), so `gpufault --help` never needs torch. Their options are declared here too,
 so that `--help` lists them; the child parses them again.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
 import sys
-import tempfile
-import time
-from pathlib import Path
-from typing import Any
 
 import click
 
-from pyctl import paths
-from pyctl.cli.base import UserError, user_errors
+from pyctl.api import hooks as H
+from pyctl.api.errors import GpufaultError
+from pyctl.cli.base import user_errors
 from pyctl.cli.options import DURATION, db_option
-
-
-def _hooks_module(name: str, args: list[str]) -> int:
-    # A child process: vram_pressure must own its signals and its CUDA context.
-    # Isolated (-I): a ./pyctl or ./hooks in the working directory is never run.
-    return subprocess.call(paths.module_argv(f"pyctl.hooks.{name}", args))
 
 
 @click.group(name="hooks")
 def hooks_group() -> None:
     """In-process faults: VRAM pressure, Tensor Core bit flips, LD_PRELOAD shim."""
-
-
-def _forwarding_signals(child: subprocess.Popen[Any]) -> None:
-    """SIGTERM (and a SIGINT sent to us alone) goes to the child, which
-    releases and says so; we keep reading until it has."""
-
-    def forward(signo: int, _frame: object) -> None:
-        if child.poll() is None:
-            child.send_signal(signo)
-
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
-
-
-def _vram_child(args: list[str], db_path: str, spec: dict[str, Any]) -> int:
-    """Run vram_pressure, echo its JSON lines, store the hold as a fault
-    (pyctl/hooks/record.py); the store is opened only once it holds."""
-    from pyctl.hooks.record import VramRun
-
-    rec = VramRun(db_path, sys.argv, spec)
-    child = subprocess.Popen(
-        paths.module_argv("pyctl.hooks.vram_pressure", args), stdout=subprocess.PIPE, text=True
-    )
-    old = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
-    _forwarding_signals(child)
-    code = 1
-    try:
-        assert child.stdout is not None
-        for line in child.stdout:
-            click.echo(line, nl=False)
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            rec.event(event)
-        code = child.wait()
-    finally:
-        if child.poll() is None:  # we failed, not the child: it must not hold on
-            child.terminate()
-            code = child.wait()
-        signal.signal(signal.SIGTERM, old[0])
-        signal.signal(signal.SIGINT, old[1])
-        run_id = rec.end(code)
-    if run_id:
-        click.echo(f"run {run_id}: fault {run_id}-1 in {db_path}", err=True)
-    return code
 
 
 @hooks_group.command(name="vram-pressure")
@@ -106,23 +47,19 @@ def vram_pressure(share: float, duration: float, device: int, allocator: str, db
     Example:
         gpufault hooks vram-pressure --share 0.5 --duration 30
     """
-    spec = {"share": share, "duration": duration, "device": device, "allocator": allocator}
-    sys.exit(
-        _vram_child(
-            [
-                "--share",
-                str(share),
-                "--duration",
-                str(duration),
-                "--device",
-                str(device),
-                "--allocator",
-                allocator,
-            ],
-            db_path,
-            spec,
-        )
+    code, run_id = H.vram_pressure(
+        db_path,
+        share=share,
+        duration=duration,
+        device=device,
+        allocator=allocator,
+        argv=sys.argv,
+        on_line=lambda line: click.echo(line, nl=False),
+        forward_signals=True,
     )
+    if run_id:
+        click.echo(f"run {run_id}: fault {run_id}-1 in {db_path}", err=True)
+    sys.exit(code)
 
 
 # The options of pyctl/hooks/tc_measure.py's parser, for --help: only those
@@ -161,18 +98,12 @@ def tc_measure(args: tuple[str, ...], db_path: str, **given: object) -> None:
             continue
         flag = names.get(key, "--" + key.replace("_", "-"))
         argv += [flag] if value is True else [flag, str(value)]
-    # Per-layer flip counts come back in a private file; stored once it ran.
-    with tempfile.TemporaryDirectory(prefix="tc-measure-") as tmp:
-        events = Path(tmp) / "events.jsonl"
-        code = _hooks_module("tc_measure", [*argv, *args, "--gf-events", str(events)])
-        if code == 0 and events.exists():
-            from pyctl.hooks.record import record_tc
-
-            spec = {k: v for k, v in given.items() if k != "as_json"}
-            rows = [json.loads(x) for x in events.read_text().splitlines() if x]
-            run_id, n = record_tc(db_path, sys.argv, spec, rows)
-            click.echo(f"run {run_id}: {n} bit-flip faults (one per bit spec and layer)"
-                       f" in {db_path}", err=True)
+    spec = {k: v for k, v in given.items() if k != "as_json"}
+    code, run_id, n = H.tc_measure(db_path, [*argv, *args], spec, argv=sys.argv)
+    if run_id:
+        click.echo(
+            f"run {run_id}: {n} bit-flip faults (one per bit spec and layer) in {db_path}", err=True
+        )
     sys.exit(code)
 
 
@@ -188,7 +119,7 @@ def tc_measure(args: tuple[str, ...], db_path: str, **given: object) -> None:
 @click.option(
     "--so",
     "so",
-    default=str(paths.PRELOAD_SHIM),
+    default=str(H.PRELOAD_SHIM),
     show_default=True,
     help="The shim; make build puts it in pyctl/data/preload/.",
 )
@@ -199,27 +130,12 @@ def preload_env(rules: str, log: str, so: str) -> None:
     Example:
         eval "$(gpufault hooks preload-env 'cuMemAlloc_v2:nth=3:ret=2')" && ./app
     """
-    _check_rules(rules, so)
-    for k, v in (
-        ("LD_PRELOAD", so),
-        ("GPUFAULT_PRELOAD", rules),
-        ("GPUFAULT_PRELOAD_LOG", str(Path(log).absolute())),
-    ):
+    try:
+        env = H.preload_env(rules, log, so)
+    except GpufaultError as e:
+        raise click.ClickException(str(e)) from None
+    for k, v in env.items():
         click.echo(f"export {k}='{v}'")
-
-
-def _check_rules(rules: str, so: str) -> None:
-    if not Path(so).exists():
-        raise click.ClickException(f"{so} is missing: build it with make build")
-    # Let the shim itself validate the rules: one parser, one error text.
-    chk = subprocess.run(
-        ["/bin/true"],
-        env={"LD_PRELOAD": so, "GPUFAULT_PRELOAD": rules},
-        capture_output=True,
-        text=True,
-    )
-    if chk.returncode != 0:
-        raise click.ClickException(chk.stderr.strip())
 
 
 _SO_HELP = "The shim; make build puts it in pyctl/data/preload/."
@@ -228,7 +144,7 @@ _SO_HELP = "The shim; make build puts it in pyctl/data/preload/."
 @hooks_group.command(name="preload", context_settings={"ignore_unknown_options": True})
 @click.argument("rules")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-@click.option("--so", "so", default=str(paths.PRELOAD_SHIM), show_default=True, help=_SO_HELP)
+@click.option("--so", "so", default=str(H.PRELOAD_SHIM), show_default=True, help=_SO_HELP)
 @db_option()
 @user_errors
 def preload(rules: str, command: tuple[str, ...], so: str, db_path: str) -> None:
@@ -241,26 +157,11 @@ def preload(rules: str, command: tuple[str, ...], so: str, db_path: str) -> None
     Example:
         gpufault hooks preload 'cuMemAlloc_v2:nth=3:ret=2' -- python train.py
     """
-    from pyctl.hooks.record import import_preload
-
-    _check_rules(rules, so)
-    with tempfile.TemporaryDirectory(prefix="preload-log-") as tmp:
-        log = Path(tmp) / "fires.jsonl"
-        env = {**os.environ, "LD_PRELOAD": so, "GPUFAULT_PRELOAD": rules,
-               "GPUFAULT_PRELOAD_LOG": str(log)}
-        started = time.time()
-        try:
-            child = subprocess.Popen(list(command), env=env)
-        except OSError as e:
-            raise UserError(f"{command[0]}: {e.strerror}: pass a program that exists") from None
-        try:
-            code = child.wait()
-        except KeyboardInterrupt:
-            # The terminal's SIGINT reached the program too: wait for it,
-            # then import what it logged.
-            code = child.wait()
-        run_id, n = import_preload(db_path, sys.argv, log, rules, exit_code=code,
-                                   started=started)
+    try:
+        H.check_preload_rules(rules, so)
+    except GpufaultError as e:
+        raise click.ClickException(str(e)) from None
+    code, run_id, n = H.preload(db_path, rules, command, so=so, argv=sys.argv)
     click.echo(f"run {run_id}: {n} fault(s) from the shim in {db_path}", err=True)
     sys.exit(code if code >= 0 else 128 - code)
 
@@ -277,7 +178,5 @@ def preload_import(log: str, rules: str, db_path: str) -> None:
     Example:
         gpufault hooks preload-import gfpreload.jsonl --rules 'cuMemAlloc_v2:nth=3:ret=2'
     """
-    from pyctl.hooks.record import import_preload
-
-    run_id, n = import_preload(db_path, sys.argv, Path(log), rules)
+    run_id, n = H.preload_import(db_path, log, rules, argv=sys.argv)
     click.echo(f"run {run_id}: {n} fault(s) from {log} in {db_path}")
