@@ -19,12 +19,33 @@ DOUBLE = Path(__file__).resolve().parent.parent / "pyctl" / "data" / "doubles" /
 def test_the_order() -> None:
     g, w, loc = names.BIND_RANK[1], names.BIND_RANK[2], names.BIND_RANK[0]
     assert names.canonical([("cuMemAlloc", g), ("cuMemAlloc_v2", g)]) == "cuMemAlloc_v2"
+    assert names.canonical([("cuMemAllocAsync_ptsz", g), ("cuMemAllocAsync", g)]) == (
+        "cuMemAllocAsync"
+    )
+    assert names.canonical([("cuMemcpyHtoD_v2_ptds", g), ("cuMemcpyHtoD_v2", g)]) == (
+        "cuMemcpyHtoD_v2"
+    )
     assert names.canonical([("__libc_malloc", g), ("malloc", g)]) == "malloc"
     assert names.canonical([("__GI___libc_write", loc), ("write", w)]) == "write"
     assert names.canonical([("glob64@GLIBC_2.2.5", g), ("glob64", g)]) == "glob64"
     assert names.canonical([("b_local", loc), ("a_weak", w)]) == "a_weak"
     # Not the order they are listed in.
     assert names.ranked([("x", g), ("y", g)]) == names.ranked([("y", g), ("x", g)])
+
+
+def test_every_catalogued_cuda_name_is_its_sites_name() -> None:
+    """The double's aliases are the catalog's: the catalog's name wins."""
+    from pyctl import catalog
+
+    lib = _double()
+    _t, _l, _b, aliases = resolve._elf_symbols(lib.path)
+    wrong = [
+        (ranked[0], n)
+        for ranked in aliases.values()
+        for n in ranked[1:]
+        if (info := catalog.lookup(n)) is not None and info.name == n
+    ]
+    assert not wrong
 
 
 def _double() -> resolve.Library:

@@ -373,12 +373,12 @@ def _cached_read_elf(path: str) -> ElfInfo:
 
     bid = elf.build_id(path)
     if bid:
-        hit = diskcache.load_obj("symtab", f"{bid}-sites")
+        hit = diskcache.load_obj("symtab", f"{bid}-sites-{names.CACHE_TAG}")
         if isinstance(hit, tuple) and len(hit) == 4 and hit[2] == bid:
             return hit
     info = _read_elf(path)
     if bid and info[2] == bid:
-        diskcache.store_obj("symtab", f"{bid}-sites", info)
+        diskcache.store_obj("symtab", f"{bid}-sites-{names.CACHE_TAG}", info)
     return info
 
 

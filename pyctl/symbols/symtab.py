@@ -107,7 +107,7 @@ def cheap(path: str) -> bool:
     from pyctl import diskcache
 
     bid = elf_build_id(path)
-    return bool(bid) and diskcache.has("symtab", f"{bid}-names")
+    return bool(bid) and diskcache.has("symtab", f"{bid}-names-{names.CACHE_TAG}")
 
 
 def _funcs(elf: ElfFile) -> list[tuple[int, int, str, int]]:
@@ -173,7 +173,7 @@ def _from_disk(path: str, root: str, bid: str) -> Table | None:
     another path (or through another /proc/PID/root) are one entry."""
     from pyctl import diskcache
 
-    hit = diskcache.load_obj("symtab", f"{bid}-names") if bid else None
+    hit = diskcache.load_obj("symtab", f"{bid}-names-{names.CACHE_TAG}") if bid else None
     if not (isinstance(hit, tuple) and len(hit) == 3 and isinstance(hit[0], Table)):
         return None
     cached, link, debug = hit
@@ -241,7 +241,7 @@ def _parse(path: str, root: str, real: str, elf: ElfFile) -> Table:
         from pyctl import diskcache
 
         debug = _existing_debug(path, t.build_id, link, root)
-        diskcache.store_obj("symtab", f"{t.build_id}-names", (t, link, debug))
+        diskcache.store_obj("symtab", f"{t.build_id}-names-{names.CACHE_TAG}", (t, link, debug))
     return t
 
 
