@@ -346,6 +346,57 @@ def test_show_last_on_a_damaged_database_is_one_line(tmp_path: Path) -> None:
     assert digest(db) == before and not sidecars(db)
 
 
+def _every_reader(db: Path, run: str, out: Path) -> dict[str, list[str]]:
+    """Each command that reads the store, with what it reads: faults, the
+    chains, the timeline (a run, an experiment), the calls summary, the
+    experiments and their report."""
+    return {
+        "faults": ["faults"],
+        "show last": ["show", "last"],
+        "show RUN": ["show", run],
+        "timeline": ["timeline"],
+        "timeline EXP": ["timeline", "e1"],
+        "calls last": ["calls", "last"],
+        "calls RUN": ["calls", run],
+        "experiment results": ["experiment", "results"],
+        "experiment results EXP": ["experiment", "results", "e1"],
+        "experiment report": ["experiment", "report", "e1", "-o", str(out)],
+    }
+
+
+def test_every_reader_of_a_damaged_database_says_so_in_one_line(tmp_path: Path) -> None:
+    """Issue 25 item 8: a damaged page met while reading is the file's
+    fault. `show`/`faults` said so in one line (exit 2); timeline, calls,
+    experiment results and experiment report exited 70 with an internal
+    error. Each reader first runs on the sound file (it reads these
+    tables), then on the damaged one: the same line as `show`, the file
+    untouched, no report written."""
+    import observe_db
+
+    db = tmp_path / "gf.db"
+    run = evidence_rows.fill(db)["run"]
+    d = observe_db.make_db(db)
+    observe_db.add_experiment(d, "e1", name="tokenizer-stall", run_id="5e6f7a8b")
+    d.close()
+    out = tmp_path / "report.html"
+    readers = _every_reader(db, run, out)
+    for what, args in readers.items():
+        res = gf(*args, "--db", str(db))
+        assert res.returncode == 0, (what, res.stderr)
+    out.unlink()
+    con = sqlite3.connect(f"file:{db}?mode=ro&immutable=1", uri=True)
+    tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+    con.close()
+    damage(db, *tables)
+    before = digest(db)
+    line = refused(gf("show", "last", "--db", str(db)), str(db), "malformed")
+    for what, args in readers.items():
+        res = gf(*args, "--db", str(db))
+        assert res.returncode == 2 and res.stderr.strip() == line, (what, res.stderr)
+        assert res.stdout == "", (what, res.stdout)
+    assert digest(db) == before and not sidecars(db) and not out.exists()
+
+
 FOREIGN = {
     # An older version's number on someone else's runs table: migrating it
     # would drop their column (ensure_schema refused it only after chmod

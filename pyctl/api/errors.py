@@ -44,6 +44,8 @@ def translate(exc: BaseException) -> GpufaultError:
         return _with_cause(MissingPrerequisite(f"{text}: run as root"), exc)
     if isinstance(exc, (ValueError, TypeError)):
         return _with_cause(BadInput(text), exc)
+    if (damaged := damaged_store_line(exc)) is not None:
+        return _with_cause(BadInput(damaged), exc)  # the file's fault, not a bug
     return _with_cause(
         GpufaultError(f"internal error ({type(exc).__name__}: {text}): please report it"), exc
     )
@@ -58,6 +60,8 @@ def cli_line(exc: BaseException) -> tuple[int, str] | None:
     no catalog) gets its hint ("see `gpufault doctor`")."""
     if isinstance(exc, EvidenceWriteError):
         return EXIT_RUN_FAILED, str(exc)
+    if (damaged := damaged_store_line(exc)) is not None:
+        return EXIT_USER, damaged
     from pyctl.engine.errors import EngineError
 
     if isinstance(exc, (BadInput, EngineError, ValueError)):
@@ -65,6 +69,19 @@ def cli_line(exc: BaseException) -> tuple[int, str] | None:
     if isinstance(exc, GpufaultError):
         return EXIT_USER, one_line(exc)
     return None
+
+
+def damaged_store_line(exc: BaseException) -> str | None:
+    """A damaged store page's one line (pyctl.evidence.store.damaged_line),
+    without importing the store for an error that cannot be one."""
+    import sys
+
+    sqlite3 = sys.modules.get("sqlite3")
+    if sqlite3 is None or not isinstance(exc, sqlite3.DatabaseError):
+        return None
+    from pyctl.evidence.store import damaged_line
+
+    return damaged_line(exc)
 
 
 def _with_cause(new: GpufaultError, cause: BaseException) -> GpufaultError:
@@ -79,6 +96,7 @@ __all__ = [
     "EXIT_RUN_FAILED",
     "EXIT_USER",
     "cli_line",
+    "damaged_store_line",
     "one_line",
     "translate",
     "user_error_types",

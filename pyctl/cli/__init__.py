@@ -103,6 +103,12 @@ def main(argv: list[str] | None = None) -> None:
         click.echo(f"gpufault: {errors.one_line(e)}", err=True)
         sys.exit(errors.EXIT_USER)
     except Exception as e:  # noqa: BLE001 - the one place a bug becomes one line
+        from pyctl.api.errors import damaged_store_line
+
+        said = damaged_store_line(e)
+        if said is not None:  # a damaged page met by any reader: the file's fault
+            click.echo(f"gpufault: {said}", err=True)
+            sys.exit(errors.EXIT_USER)
         if _DEBUG:
             raise
         click.echo(

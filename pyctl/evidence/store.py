@@ -61,6 +61,25 @@ def damaged(e: sqlite3.Error) -> bool:
     return code & 0xFF in (11, 26)  # SQLITE_CORRUPT, SQLITE_NOTADB
 
 
+# The store this process opened last (open_db): a damaged page that a
+# query meets later (SQLITE_CORRUPT from any reader: timeline, calls,
+# experiment results/report) names that file in its one line.
+_last_opened: str | None = None
+
+
+def damaged_line(e: BaseException) -> str | None:
+    """The one line for a damaged page met while reading the store (the
+    line `show`/`faults` print), or None when e is not one: opening checks
+    the file's header, owner and schema, not every page (a full check
+    would cost a reader seconds on a large store), so a reader can still
+    meet one. The CLI's error contract, api.errors.cli_line and translate
+    turn it into exit 2 / BadInput."""
+    if not isinstance(e, sqlite3.DatabaseError) or not damaged(e):
+        return None
+    where = _last_opened or "the evidence database"
+    return f"{where}: {e}; restore it from a copy or pass another --db"
+
+
 def _is_default(p: Path) -> bool:
     try:
         return os.path.abspath(p) == os.path.abspath(DEFAULT_DB)
@@ -273,7 +292,9 @@ def open_db(path: str | os.PathLike[str] = DEFAULT_DB, *, readonly: bool = False
     with SQLite's mode=ro (and immutable=1 when no writer's WAL is there),
     so nothing is created, converted or chmodded.
     """
+    global _last_opened
     p = Path(path)
+    _last_opened = str(path)
     loc = _locate(p, writer=not readonly)
     try:
         if readonly:
