@@ -1,8 +1,9 @@
 """`gpufault tokenizer ...`: the tokenizer campaigns (classes 9-12).
 
 The lead registers the group with `cli.add_command(tokenizer)`. Every
-command is thin: it resolves the target, opens the store, calls the
-campaign module and prints a summary table (or JSON with --json).
+command is thin: it resolves the target, opens the campaign's run, runs
+the campaign (all through pyctl/api/tokenizer.py) and prints a summary
+table (or JSON with --json).
 """
 
 from __future__ import annotations
@@ -10,16 +11,15 @@ from __future__ import annotations
 import functools
 import json
 import sys
-import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import click
 
+from pyctl.api import tokenizer as T
+from pyctl.api.errors import BadInput, MissingPrerequisite
 from pyctl.cli.options import DURATION, db_option
-from pyctl.tokenizer.record import Recorder
 
 TARGET_HELP = (
     "hf | tiktoken (built in-process from generated data), module:callable, "
@@ -45,33 +45,12 @@ def common(f: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _resolve(spec: str, **kw: Any) -> Any:
-    from pyctl.tokenizer.targets import resolve_target
-
     try:
-        return resolve_target(spec, **kw)
+        return T.resolve_target(spec, **kw)
     except (ValueError, TypeError, ImportError) as e:
         raise click.BadParameter(str(e), param_hint="--target") from e
 
 
-def _entry(target: Any) -> str:
-    """The entry point the campaign's encode reaches: the library's own
-    method (through any weakened wrapper), the callable, or the endpoint."""
-    from pyctl.tokenizer import targets
-
-    base = target
-    while hasattr(base, "inner"):
-        base = base.inner
-    if isinstance(base, targets.HFTarget):
-        return "tokenizers.Tokenizer.encode"
-    if isinstance(base, targets.TiktokenTarget):
-        return "tiktoken.Encoding.encode"
-    if isinstance(base, targets.HttpTarget):
-        return f"POST {base.path}"
-    name = getattr(base, "name", "target")
-    return f"{name}.encode" if hasattr(getattr(base, "obj", None), "encode") else name
-
-
-@contextmanager
 def _run(
     campaign: str,
     db_path: Path | None,
@@ -79,44 +58,21 @@ def _run(
     keep_text: bool,
     target: Any = None,
     function: str = "encode",
-) -> Iterator[Recorder]:
-    """Open the store and a run, yield a Recorder, close the run. Findings
-    become faults rows of the run: `function` of `target` is what they name."""
-    library = getattr(target, "name", None)
-    if function == "encode" and target is not None:
-        function = _entry(target)
-    if no_db:
-        yield Recorder(None, "nodb0000", campaign, keep_text, function=function, library=library)
-        return
-    from pyctl.evidence import store
-
-    path = db_path or store.DEFAULT_DB
+) -> T.Campaign:
+    """The campaign's run (pyctl.api.tokenizer.Campaign): `with` it for
+    the Recorder; findings become faults rows of the run."""
     try:
-        db = store.open_db(path)
-    except OSError as e:
-        raise click.ClickException(
-            f"cannot open store {path}: {e} (use --db PATH or --no-db)"
-        ) from e
-    run_id = store.new_run(db, sys.argv, f"tokenizer:{campaign}")
-    from pyctl.evidence import layers
-
-    layers.add_spec(
-        db,
-        run_id,
-        0,
-        f"tokenizer {campaign} --target {library or '?'}: {function}",
-        {"campaign": campaign, "target": library, "function": function, "argv": sys.argv[1:]},
-    )
-    rec = Recorder(db, run_id, campaign, keep_text, function=function, library=library)
-    status, code = "done", 0
-    try:
-        yield rec
-    except BaseException:
-        status, code = "failed", 1
-        raise
-    finally:
-        rec.flush()
-        store.end_run(db, run_id, status, code, {"cases": rec.seq, "findings": rec.findings})
+        return T.campaign(
+            campaign,
+            db_path,
+            no_db=no_db,
+            keep_text=keep_text,
+            target=target,
+            function=function,
+            argv=sys.argv,
+        )
+    except MissingPrerequisite as e:
+        raise click.ClickException(str(e)) from e
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -182,24 +138,16 @@ def fuzz(
     Example:
       gpufault tokenizer fuzz --target tiktoken --max-len 20000
     """
-    from pyctl.tokenizer import unicode, weakened
-
     target = _resolve(target_spec)
     if weaken:
-        target = weakened.WeakLossyTokenizer(target)
+        target = T.weaken(target, "fuzz")
     try:
-        cases = list(
-            unicode.generate_cases(
-                list(target.specials) or ["<|endoftext|>"],
-                max_len=max_len,
-                categories=categories or None,
-            )
-        )
+        cases = T.fuzz_cases(target.specials, max_len=max_len, categories=categories or None)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--category") from e
     with _run("fuzz", db_path, no_db, keep_text, target) as rec:
         with click.progressbar(length=len(cases), label="fuzz", file=sys.stderr) as bar:
-            rep = unicode.run_fuzz(
+            rep = T.run_fuzz(
                 target, cases, recorder=rec, slow_factor=slow_factor, progress=bar.update
             )
     outcomes = sorted({o.outcome for o in rep.outcomes} | {"slow"})
@@ -263,17 +211,14 @@ def race(
     Example:
       gpufault tokenizer race --target tiktoken --weaken --stall-us 200
     """
-    from pyctl.tokenizer import race as race_mod
-    from pyctl.tokenizer import weakened
-
     if threads < 2:
         raise click.BadParameter("need at least 2 threads", param_hint="--threads")
     target = _resolve(target_spec)
     if weaken:
-        target = weakened.WeakUnsyncCacheTokenizer(target)
+        target = T.weaken(target, "race")
     with _run("race", db_path, no_db, keep_text, target) as rec:
         with click.progressbar(length=threads, label="race threads", file=sys.stderr) as bar:
-            rep = race_mod.run_race(
+            rep = T.run_race(
                 target,
                 threads=threads,
                 calls_per_thread=calls,
@@ -335,19 +280,16 @@ def cache(
     Example:
       gpufault tokenizer cache --target hf --cache-capacity 100
     """
-    from pyctl.tokenizer import cache as cache_mod
-    from pyctl.tokenizer import weakened
-
     if cache_capacity is not None and target_spec != "hf":
         raise click.BadParameter(
             "--cache-capacity applies to --target hf only", param_hint="--cache-capacity"
         )
     target = _resolve(target_spec, cache_capacity=cache_capacity)
     if weaken:
-        target = weakened.WeakLruCacheTokenizer(target, capacity=128, miss_cost_s=50e-6)
+        target = T.weaken(target, "cache")
     with _run("cache", db_path, no_db, keep_text, target) as rec:
         with click.progressbar(length=3 * requests, label="cache", file=sys.stderr) as bar:
-            rep = cache_mod.run_cache(
+            rep = T.run_cache(
                 target,
                 requests=requests,
                 flood_ratio=flood_ratio,
@@ -416,19 +358,16 @@ def truncation(
     Example:
       gpufault tokenizer truncation --target hf --max-length 64 --corrupt mask-flip
     """
-    from pyctl.tokenizer import truncation as trunc_mod
-    from pyctl.tokenizer import weakened
-
     if max_length < 2:
         raise click.BadParameter("must be >= 2", param_hint="--max-length")
     if not 0.0 <= rate <= 1.0:
         raise click.BadParameter("must be in [0, 1]", param_hint="--rate")
     target = _resolve(target_spec)
     if weaken:
-        target = weakened.WeakOffByOneCollator(target)
+        target = T.weaken(target, "truncation")
     with _run("truncation", db_path, no_db, keep_text, target, "collate") as rec:
         with click.progressbar(length=4, label="truncation", file=sys.stderr) as bar:
-            rep = trunc_mod.run_truncation(
+            rep = T.run_truncation(
                 target,
                 max_length=max_length,
                 corrupt=corrupt,
@@ -469,27 +408,9 @@ def probes(as_json: bool) -> None:
     Example:
       gpufault tokenizer probes
     """
-    from pyctl.symbols import tokenizers as symbols
-
-    reports = [symbols.report(lib) for lib in symbols.MODULES]
+    reports = T.entry_point_reports()
     if as_json:
-        click.echo(
-            json.dumps(
-                [
-                    {
-                        "library": r.library,
-                        "path": r.path,
-                        "symtab": r.symtab,
-                        "dynsym": r.dynsym,
-                        "found": {k: [e._asdict() for e in v] for k, v in r.found.items()},
-                        "missing": r.missing,
-                        "note": r.note,
-                    }
-                    for r in reports
-                ],
-                indent=2,
-            )
-        )
+        click.echo(json.dumps([T.report_json(r) for r in reports], indent=2))
         return
     for r in reports:
         click.echo(
@@ -508,11 +429,7 @@ def probes(as_json: bool) -> None:
             click.echo(f"  note: {r.note}")
 
 
-def _short(name: str, width: int = 40) -> str:
-    from pyctl.symbols.tokenizers import collapse_generics
-
-    name = collapse_generics(name)
-    return name if len(name) <= width else "..." + name[-(width - 3) :]
+_short = T.short_name
 
 
 @tokenizer.command()
@@ -541,31 +458,20 @@ def observe(pid: int, kinds: tuple[str, ...], seconds: float) -> None:
     Example:
       gpufault tokenizer observe --pid 1234 --duration 10s
     """
-    from pyctl.symbols import tokenizers as symbols
-    from pyctl.tokenizer.uprobe_count import UprobeCounter
-
     try:
-        libs = symbols.libraries_of_pid(pid)
-    except LookupError as e:
+        libs = T.libraries_of_pid(pid)
+    except BadInput as e:
         raise click.BadParameter(str(e), param_hint="--pid") from e
     if not libs:
         raise click.ClickException(f"process {pid} maps no tokenizers or tiktoken library")
-    points = []
-    for lib, path in libs.items():
-        for kind in kinds or [k for k in symbols.kinds_for(lib) if "encode" in k]:
-            if symbols.KINDS.get(kind) and symbols.KINDS[kind].library != lib:
-                continue
-            try:
-                points += symbols.find_entry_points(path, kind)
-            except (LookupError, KeyError) as e:
-                click.echo(f"skip {kind}: {e}", err=True)
+    points = T.entry_points(
+        libs, kinds, on_skip=lambda kind, e: click.echo(f"skip {kind}: {e}", err=True)
+    )
     if not points:
         raise click.ClickException("no entry points to probe (see gpufault tokenizer probes)")
     click.echo(f"Counting {len(points)} entry points in pid {pid} for {seconds:g} s ...", err=True)
     try:
-        with UprobeCounter(points) as c:
-            time.sleep(seconds)  # the observation window itself, not a synchronisation
-            hits = c.counts()
+        hits = T.count_calls(points, seconds)
     except PermissionError as e:
         raise click.ClickException(str(e)) from e
     click.echo(
