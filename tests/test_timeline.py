@@ -1,6 +1,7 @@
 """`gpufault timeline`: a run's faults, links, Xids and anchors in time
-order from the run's start, one line each in 80 columns, and --json. Rows
-built with the store's functions (tests/evidence_rows.py): no root, no BPF."""
+order from the run's start, one line each (80 columns on a terminal, whole
+elsewhere), and --json. Rows built with the store's functions
+(tests/evidence_rows.py): no root, no BPF."""
 
 from __future__ import annotations
 
@@ -16,8 +17,11 @@ from pyctl.evidence import timeline as tl
 def test_events_in_time_order_with_relative_times(evidence: dict) -> None:
     rc, out = gf("timeline", evidence["run"], "--db", evidence["db"])
     assert rc == 0, out
-    lines = out.splitlines()
-    assert all(len(ln) <= 80 for ln in lines), lines
+    lines = out.splitlines()  # not a terminal: every line whole
+    db = store.open_db(evidence["db"], readonly=True)
+    on_a_terminal = tl.render(tl.build(db, evidence["run"])).splitlines()
+    db.close()
+    assert len(on_a_terminal) == len(lines) and all(len(ln) <= 80 for ln in on_a_terminal)
     body = [ln.split(None, 3) for ln in lines[1:]]
     kinds = [b[2] for b in body]
     assert kinds == [
@@ -156,3 +160,30 @@ def test_a_layers_window_has_its_start_and_end(tmp_path: Path) -> None:
     assert got == [("fault", 1.0), ("end", 3.0)]
     fault = next(e for e in doc.events if e.kind == "fault")
     assert fault.text.startswith("vram #1 pressure via vram-hold: ") and "share=0.5" in fault.text
+
+
+def test_whole_lines_off_a_terminal_80_columns_on_one(tmp_path: Path) -> None:
+    """Issue 25 item 15, as `faults` and `show` do: into a pipe or a file
+    every line whole (the run's command line here is 150 characters), on a
+    terminal 80 columns, cut with a mark that says so."""
+    import subprocess
+    import sys
+
+    from test_cli_output_limits import _on_a_terminal
+
+    db = store.open_db(tmp_path / "gf.db")
+    argv = ["gpufault", "trace", "--fn", "x" * 120, "--lib", "libgftarget"]
+    run = store.new_run(db, argv, "trace", mechanism="bpf")
+    db.close()
+    args = ["timeline", run, "--db", str(tmp_path / "gf.db")]
+    piped = subprocess.run([sys.executable, "-m", "pyctl", *args], capture_output=True,
+                           text=True, timeout=60)  # fmt: skip
+    assert piped.returncode == 0, piped.stderr
+    started = [ln for ln in piped.stdout.splitlines() if " started: " in ln]
+    assert len(started) == 1 and started[0].endswith(" ".join(argv)), piped.stdout
+    with open(tmp_path / "out.txt", "w") as f:
+        subprocess.run([sys.executable, "-m", "pyctl", *args], stdout=f, timeout=60, check=True)
+    assert (tmp_path / "out.txt").read_text() == piped.stdout
+    tty = _on_a_terminal(*args).splitlines()
+    assert tty and all(len(ln) <= 80 for ln in tty), tty
+    assert any(" started: " in ln and ln.endswith("...") for ln in tty), tty

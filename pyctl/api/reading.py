@@ -26,6 +26,7 @@ ELLIPSIS = "\u2026"
 def open_readonly(db_path: str | os.PathLike[str]) -> Any:
     """The store at db_path, read-only; a file that is not gpufault's, or
     is missing, is BadInput (store.StoreError)."""
+    # lazy: pyctl.evidence.store (ctypes, +10 modules) only when this runs
     from pyctl.evidence import store
 
     return store.open_db(db_path, readonly=True)
@@ -37,6 +38,7 @@ def damaged_is_bad_input(db_path: str | os.PathLike[str]) -> Iterator[None]:
     header, owner and schema, not every page: a full check would cost a
     reader seconds on a large store) is the file's fault, not gpufault's:
     BadInput; a query's own error stays what it is (a bug)."""
+    # lazy: pyctl.evidence.store (ctypes, +10 modules) only when this runs
     from pyctl.evidence import store
 
     try:
@@ -57,6 +59,7 @@ def fault_list(
 ) -> tuple[list[dict[str, Any]], int]:
     """Fired faults, newest first, at most `limit` (function: a glob;
     since: epoch seconds), and how many more match."""
+    # lazy: pyctl.evidence.query (+25 modules, ~100 ms) only when this runs
     from pyctl.evidence import query
 
     rows = query.faults(db, run_id=run_id, limit=limit, function=function, since=since)
@@ -81,6 +84,7 @@ def render_faults(rows: list[dict[str, Any]], *, cut: bool) -> str:
     the function, the action, the return value, pid, links. cut: 80
     columns (a terminal), long names cut with an ellipsis; else every
     value in full, the columns as wide as their values."""
+    # lazy: pyctl.evidence.words (+24 modules, ~100 ms) only when this runs
     from pyctl.evidence import words
 
     table = []
@@ -136,6 +140,7 @@ class Shown:
 
     def render(self) -> str:
         """`show`'s text: each chain in words, then how many more."""
+        # lazy: pyctl.evidence.query (+25 modules, ~100 ms) only when this runs
         from pyctl.evidence import query
 
         text = "\n\n".join(query.render_chain(d) for d in self.docs)
@@ -153,6 +158,7 @@ def show(db: Any, what: str, *, limit: int | None = None, db_path: str = "") -> 
     """Everything known about `what`: a fault ID, `latest` (or `last`), or
     a run id (its first `limit` faults, in fire order). db_path only names
     the file in the errors."""
+    # lazy: pyctl.evidence.query (+25 modules, ~100 ms) only when this runs
     from pyctl.evidence import query
 
     ids: list[str] | None = None
@@ -186,6 +192,7 @@ def timeline(db: Any, run: str = "latest") -> Any:
     """A run's (or an experiment's) faults, links, Xids and anchors in time
     order: a pyctl.evidence.timeline document (.to_json(); render_timeline
     for the text). BadInput for a run or experiment that is not there."""
+    # lazy: keeps pyctl.evidence.timeline (+25 modules, ~100 ms) off `--help`
     from pyctl.evidence import timeline as tl
 
     try:
@@ -194,11 +201,13 @@ def timeline(db: Any, run: str = "latest") -> Any:
         raise BadInput(str(e)) from None
 
 
-def render_timeline(doc: Any) -> str:
-    """`gpufault timeline`'s text: one line an event, 80 columns."""
+def render_timeline(doc: Any, *, cut: bool = True) -> str:
+    """`gpufault timeline`'s text: one line an event; cut: 80 columns (a
+    terminal), else every line whole (a file or a pipe)."""
+    # lazy: keeps pyctl.evidence.timeline (+25 modules, ~100 ms) off `--help`
     from pyctl.evidence import timeline as tl
 
-    return tl.render(doc)
+    return tl.render(doc, tl.WIDTH if cut else None)
 
 
 __all__ = [

@@ -51,6 +51,17 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def on_terminal() -> bool:
+    """stdout is a terminal: readers cut to 80 columns there, and print
+    every value whole into a file or a pipe (faults, show, timeline)."""
+    import sys
+
+    try:
+        return sys.stdout.isatty()
+    except (OSError, ValueError):
+        return False
+
+
 def open_existing(db_path: str) -> Any:
     """Read-only (SQLite mode=ro): faults/show never create, convert, chmod
     or add tables to the file; a database that is not gpufault's is refused."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,7 +12,7 @@ import click
 
 from pyctl.api import reading
 from pyctl.api.errors import BadInput
-from pyctl.cli.base import UserError, open_existing, user_errors
+from pyctl.cli.base import UserError, on_terminal, open_existing, user_errors
 from pyctl.cli.completion import fault_ids
 from pyctl.cli.options import SINCE, db_option, json_option
 
@@ -77,11 +76,7 @@ def faults(
         click.echo(f"... {more} more (--limit {limit + more} lists them all)")
 
 
-def _on_terminal() -> bool:
-    try:
-        return sys.stdout.isatty()
-    except (OSError, ValueError):
-        return False
+_on_terminal = on_terminal  # the readers' one rule (pyctl/cli/base.py)
 
 
 def render_faults(rows: list[dict[str, Any]], *, cut: bool | None = None) -> str:

@@ -8,7 +8,7 @@ import json
 
 import click
 
-from pyctl.cli.base import open_existing, user_errors
+from pyctl.cli.base import on_terminal, open_existing, user_errors
 from pyctl.cli.options import db_option, json_option
 
 
@@ -23,7 +23,8 @@ def timeline(run: str, db_path: str, as_json: bool) -> None:
 
     RUN is a run id, `latest` (the default) or an experiment id (every
     step's run, timed from the experiment's start). One line an event,
-    80 columns; --json has every field.
+    80 columns on a terminal, whole into a file or a pipe; --json has
+    every field.
 
     \b
     Examples:
@@ -38,4 +39,4 @@ def timeline(run: str, db_path: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(doc.to_json(), indent=2))
     else:
-        click.echo(reading.render_timeline(doc))
+        click.echo(reading.render_timeline(doc, cut=on_terminal()))

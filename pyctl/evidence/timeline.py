@@ -217,12 +217,16 @@ def build(db: Any, ref: str) -> Timeline:
     return tl
 
 
-def _fit(line: str, width: int) -> str:
-    return line if len(line) <= width else line[: width - 3] + "..."
+def _fit(line: str, width: int | None) -> str:
+    if width is None or len(line) <= width:
+        return line
+    return line[: width - 3] + "..."
 
 
-def render(tl: Timeline, width: int = WIDTH) -> str:
-    """One line an event, `width` columns (the whole text in --json)."""
+def render(tl: Timeline, width: int | None = WIDTH) -> str:
+    """One line an event, `width` columns (a terminal); width None: every
+    line whole (a file or a pipe, as `faults` does). --json has the whole
+    text too."""
     head = f"timeline of {'experiment ' + tl.experiment if tl.experiment else 'run'} "
     head += ", ".join(tl.runs) if tl.runs else "(no runs)"
     if tl.started is not None:
