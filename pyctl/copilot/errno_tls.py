@@ -27,7 +27,6 @@ from pyctl.exceptions import GpufaultError
 
 R_X86_64_TPOFF64 = 18
 STT_TLS = 6
-SHT_RELA = 4
 # libc's static TLS block sits below the thread pointer (x86-64's TLS
 # variant II): a negative offset, far smaller than this.
 MAX_TPOFF = 1 << 24
@@ -95,12 +94,9 @@ def _slot(real: str) -> int:
             if index < 0:
                 raise ErrnoError(f"{real} has no errno TLS symbol: not glibc's libc")
             for sec in f.sections:
-                if sec.type != SHT_RELA or sec.entsize != 24:
-                    continue
-                for off, info, addend in struct.iter_unpack("<QQq", f.section_data(sec)):
-                    if info & 0xFFFFFFFF != R_X86_64_TPOFF64:
+                for off, sym_i, rtype, addend in f.relocations(sec):
+                    if rtype != R_X86_64_TPOFF64:
                         continue
-                    sym_i = info >> 32
                     # Against the symbol, or (libc's own, local) against
                     # none with errno's offset in the TLS block as addend.
                     if sym_i == index or (sym_i == 0 and addend == value):
