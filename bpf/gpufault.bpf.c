@@ -331,6 +331,8 @@ static __always_inline void emit_ustack(__u64 sp, __u64 fault_seq)
 	__u64 base = sp & ~(__u64)(GF_USTACK_PAGE - 1);
 	__u32 i;
 
+	if (!ustack_pages)	/* copies off at load: not even a header */
+		return;
 	u = bpf_ringbuf_reserve(&ustacks, sizeof(*u) + ustack_pages * GF_USTACK_PAGE, 0);
 	if (!u) {
 		stat_add(GF_STAT_USTACKS_LOST);

@@ -6,10 +6,11 @@
 - pyctl/symbols/unwind.py stops cleanly: a return address outside every
   executable mapping, or a copy that ends, ends the walk with a reason and
   never becomes a frame.
-- Root: C and C++ targets built -O2 -fomit-frame-pointer, unwound by
-  gpufault from the stack copy at the fire, equal perf record
-  --call-graph dwarf's frames on the same binary and function, frame by
-  frame (function names and modules).
+- Root: C and C++ targets built -O2 -fomit-frame-pointer, and HF
+  tokenizers' Rust wheel called from Python, unwound by gpufault from the
+  stack copy at the fire, equal perf record --call-graph dwarf's frames on
+  the same binary and function, frame by frame (function names and
+  modules).
 - Root: a C++ command killed by an injected SIGABRT right at its fault
   keeps start_thread and every frame's module and build-id (the mappings
   come from perf mmap records followed from attach on, not from
@@ -129,10 +130,12 @@ def test_plt_cfa_expression() -> None:
 # ---- root: gpufault's frames against perf's --------------------------------------
 
 
-def _inject_abort(db: Path, target: Path, n: int = 2) -> tuple[int, str]:
+def _inject_abort(db: Path, target: Path, n: int = 2, *, lib: Path | None = None,
+                  fn: str = "", cmd: list[str] | None = None) -> tuple[int, str]:  # fmt: skip
+    cmd = cmd or [str(target), str(n)]
     r = subprocess.run(
-        [*GF, "inject", "--lib", str(target), "--fn", LEAF[target], "--action", "signal",
-         "--signal", "SIGABRT", "--nth", "1", "--db", str(db), "--", str(target), str(n)],
+        [*GF, "inject", "--lib", str(lib or target), "--fn", fn or LEAF[target], "--action",
+         "signal", "--signal", "SIGABRT", "--nth", "1", "--db", str(db), "--", *cmd],
         capture_output=True, text=True, timeout=180,
     )  # fmt: skip
     with sqlite3.connect(db) as c:
@@ -161,33 +164,52 @@ def _bare(name: str) -> str:
     return name
 
 
+def _chain(db: Path, fid: str) -> dict:
+    """What `show` reads (pyctl/evidence/query.py): names a frame left as
+    lib+0xoff at ingest (a big library: libpython) from module and offset."""
+    from pyctl.evidence import query, store
+
+    conn = store.open_db(db, readonly=True)
+    try:
+        doc = query.fault_chain(conn, fid)
+    finally:
+        conn.close()
+    assert doc is not None
+    return doc
+
+
 def _ours(db: Path, fid: str) -> list[tuple[str, str]]:
     out = []
-    for _d, _a, sym, module, *_ in _rows(db, fid):
+    for s in _chain(db, fid)["stack"]:
+        sym = s["symbol"]
         name = sym.split("!", 1)[1] if "!" in sym else "[unknown]"
-        out.append((_bare(name), Path(module).name))
+        out.append((_bare(name), Path(s["module"]).name))
     return out
 
 
-def _perf(tmp: Path, target: Path, n: int = 2) -> list[tuple[str, str]]:
+def _perf(tmp: Path, lib: Path, symbol: str, cmd: list[str]) -> list[tuple[str, str]]:
     """perf's frames for the first hit of the same function (a uprobe via
-    perf probe, --call-graph dwarf with a 16 KiB copy, as ours)."""
+    perf probe, --call-graph dwarf with a 16 KiB copy, as ours); inlined
+    frames (perf reads DWARF line info) are left out: a return address
+    names the function it is in."""
     if shutil.which("perf") is None:
         pytest.skip("perf missing: tools/setup-deps.sh installs linux-perf")
     group = "gf_unwind_test"
     subprocess.run(["perf", "probe", "-q", "-d", f"{group}:*"], capture_output=True)
     from pyctl import elf
 
-    with elf.ElfFile.open(str(target)) as f:
-        (sym,) = [s for s in f.symbols(".symtab") if s.name == LEAF[target]]
-    add = ["perf", "probe", "-x", str(target), "-a", f"{group}:leaf={sym.value:#x}"]
+    with elf.ElfFile.open(str(lib)) as f:
+        (sym,) = [s for s in f.symbols(".symtab") if s.name == symbol]
+        at = f.vaddr_to_offset(sym.value)  # perf probe -x ADDR takes a file offset
+    assert at is not None
+    add = ["perf", "probe", "-x", str(lib), "-a", f"{group}:leaf={at:#x}"]
     r = subprocess.run(add, capture_output=True, text=True)
     if r.returncode != 0:
         pytest.skip(f"perf probe cannot add a uprobe here: {r.stderr.strip()[-200:]}")
     data = tmp / "perf.data"
     try:
         subprocess.run(["perf", "record", "-q", "-o", str(data), "-e", f"{group}:leaf",
-                        "--call-graph", "dwarf,16384", "--", str(target), str(n)],
+                        "--call-graph", "dwarf,16384", "--", *cmd],
                        capture_output=True, check=True, timeout=120)  # fmt: skip
         out = subprocess.run(["perf", "script", "-i", str(data), "-F", "ip,sym,dso"],
                              capture_output=True, text=True, check=True).stdout  # fmt: skip
@@ -198,7 +220,8 @@ def _perf(tmp: Path, target: Path, n: int = 2) -> list[tuple[str, str]]:
     for line in first.splitlines():
         m = re.match(r"\s*[0-9a-f]+ (.*) \((.*)\)$", line)
         assert m, line
-        frames.append((m.group(1), Path(m.group(2)).name))
+        if m.group(2) != "inlined":
+            frames.append((m.group(1), Path(m.group(2)).name))
     return frames
 
 
@@ -206,7 +229,7 @@ def _perf(tmp: Path, target: Path, n: int = 2) -> list[tuple[str, str]]:
 @pytest.mark.parametrize("target", [NOFP, NOFP_CC], ids=["c", "cxx"])
 def test_unwound_frames_equal_perfs(tmp_path: Path, target: Path) -> None:
     _need(target)
-    want = _perf(tmp_path, target)
+    want = _perf(tmp_path, target, LEAF[target], [str(target), "2"])
     rc, fid = _inject_abort(tmp_path / "gf.db", target)
     assert rc == 128 + signal.SIGABRT
     got = _ours(tmp_path / "gf.db", fid)
@@ -233,14 +256,9 @@ def test_cxx_killed_by_sigabrt_keeps_every_module(tmp_path: Path) -> None:
     assert any(Path(r[3]).name.startswith("libstdc++.so.6") for r in rows)
     assert not any(s.startswith("0x") for s in syms)
     # What `show` prints (pyctl/evidence/query.py), read as it reads it.
-    from pyctl.evidence import query, store
+    from pyctl.evidence import query
 
-    conn = store.open_db(db, readonly=True)
-    try:
-        shown = query.fault_chain(conn, fid)
-    finally:
-        conn.close()
-    assert shown is not None
+    shown = _chain(db, fid)
     assert [s["symbol"] for s in shown["stack"]] == syms
     assert [s["method"] for s in shown["stack"]] == [r[6] for r in rows]
     assert shown["stack_stop"] == rows[-1][7]
@@ -272,3 +290,33 @@ def test_mapwatch_sees_an_exec_after_attach() -> None:
         assert "dash" not in names and "sh" not in names  # the exec started the list over
     finally:
         mw.close()
+
+
+@pytest.mark.root
+def test_rust_wheel_frames_equal_perfs(tmp_path: Path) -> None:
+    """HF tokenizers' Rust extension (no frame pointers) called from
+    Python: the Rust frames, pyo3's trampolines, libpython's C frames and
+    libc's, as perf unwinds them, frame by frame."""
+    mod = pytest.importorskip("tokenizers.tokenizers")
+    from pyctl.symbols import tokenizers as tok_symbols
+
+    lib = Path(mod.__file__)
+    (entry,) = tok_symbols.find_entry_points(str(lib), "hf-encode")
+    cmd = [sys.executable, str(REPO / "tests" / "targets" / "tok_encode.py"), "2"]
+    want = _perf(tmp_path, lib, entry.mangled, cmd)
+    rc, fid = _inject_abort(tmp_path / "gf.db", lib, lib=lib, fn=entry.mangled, cmd=cmd)
+    assert rc == 128 + signal.SIGABRT
+    got = _ours(tmp_path / "gf.db", fid)
+    # The two demanglers spell a Rust closure differently ({closure:#0},
+    # {closure#0}): the same frame.
+    got = [(n.replace("{closure:#", "{closure#"), m) for n, m in got]
+    # Frame by frame through the Rust, pyo3 and interpreter frames, down to
+    # the first libc frame. Below it perf (6.1) goes from
+    # __libc_start_call_main straight to _start; libc's CFI puts
+    # __libc_start_main (its return address after the call) in between,
+    # which we show: perf's frames there are ours less that one.
+    k = next(i for i, f in enumerate(want) if f[1] == "libc.so.6")
+    assert k >= 10 and got[: k + 1] == want[: k + 1], f"\ngpufault: {got}\nperf:     {want}"
+    rest = iter(got[k + 1 :])
+    assert all(f in rest for f in want[k + 1 :]), f"\ngpufault: {got}\nperf:     {want}"
+    assert got[0][0].endswith("encode_char_offsets::<tokenizers::tokenizer::EncodeInput>")

@@ -26,7 +26,7 @@ import os
 import struct
 from pathlib import Path
 
-from pyctl.symbols.unwind import Mapping, Maps
+from pyctl.symbols.unwind import Mapping, Maps, segment_delta
 
 _NR_PERF_EVENT_OPEN = 298  # x86-64
 PERF_TYPE_SOFTWARE, PERF_COUNT_SW_DUMMY = 1, 9
@@ -101,6 +101,7 @@ class MapWatch:
         self.lost = 0  # records the ring dropped (then /proc is read, if it can be)
         self._maps: dict[int, Mapping] = {}  # lo -> mapping
         self._rings: list[mmap.mmap] = []
+        self._snapshot: Maps | None = None
         self._page = mmap.PAGESIZE
         # The events first, then the maps: a mapping made in between is in both.
         try:
@@ -148,6 +149,8 @@ class MapWatch:
         for r in self._rings:
             recs.extend(self._drain(r))
         recs.sort(key=lambda x: x[0])
+        if recs:
+            self._snapshot = None
         for _t, typ, misc, rec in recs:
             if typ == PERF_RECORD_MMAP2:
                 self._mmap2(rec, misc)
@@ -161,6 +164,7 @@ class MapWatch:
             fresh = read_proc_maps(self.pid)
             if fresh is not None:
                 self._maps = {m.lo: m for m in fresh}
+                self._snapshot = None
                 self.lost = 0
 
     def _drain(self, r: mmap.mmap) -> list[tuple[int, int, int, bytes]]:
@@ -200,12 +204,21 @@ class MapWatch:
         self._maps[new.lo] = new
 
     def maps(self) -> Maps:
+        """The mappings now; the same object while nothing changed (it
+        memoizes the modules' unwind tables and load bases)."""
         self.update()
-        return Maps(list(self._maps.values()))
+        if self._snapshot is None:
+            self._snapshot = Maps(list(self._maps.values()))
+        return self._snapshot
 
     def file_maps(self) -> list[tuple[int, int, int, str]]:
         """(lo, hi, offset, path) of the file mappings: what
-        pyctl/symbols/symbolize.py's Symbolizer takes (offer())."""
+        pyctl/symbols/symbolize.py's Symbolizer takes (offer()). The
+        offset is where the mapping's lo sits from the file's load base
+        (lo - offset is the base): a mapping perf reported is the
+        executable one alone, and its file offset is not its vaddr where
+        the file's segments differ (a wheel's .so), so it is corrected by
+        the segments' difference."""
         self.update()
-        return sorted((m.lo, m.hi, m.offset, m.path) for m in self._maps.values()
-                      if m.path.startswith("/"))  # fmt: skip
+        return sorted((m.lo, m.hi, m.offset + segment_delta(m.path, m.offset), m.path)
+                      for m in self._maps.values() if m.path.startswith("/"))  # fmt: skip

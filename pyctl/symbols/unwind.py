@@ -65,6 +65,8 @@ class Maps:
     def __init__(self, maps: Sequence[Mapping]) -> None:
         self.maps = sorted(maps, key=lambda m: m.lo)
         self._los = [m.lo for m in self.maps]
+        self.cfi_memo: dict[str, FileCfi | None] = {}
+        self._bases: dict[str, int] = {}
 
     def find(self, addr: int) -> Mapping | None:
         i = bisect.bisect_right(self._los, addr) - 1
@@ -77,9 +79,15 @@ class Maps:
         return m if m is not None and m.executable and m.path else None
 
     def load_base(self, path: str) -> int:
-        """lo - offset of the file's lowest mapping: what symtab's offsets
-        (and the stacks table's) are relative to."""
-        return min((m.lo - m.offset for m in self.maps if m.path == path), default=0)
+        """Where the file's offset 0 would be mapped: what symtab's offsets
+        (and the stacks table's) are relative to. From any one mapping
+        and the file's segments (perf reports only the executable one, at
+        a file offset that is not its vaddr in, e.g., a Rust wheel's .so)."""
+        if path not in self._bases:
+            self._bases[path] = min(
+                (m.lo - m.offset - segment_delta(m.path, m.offset) for m in self.maps
+                 if m.path == path), default=0)  # fmt: skip
+        return self._bases[path]
 
 
 @dataclass
@@ -110,6 +118,23 @@ class FileCfi:
             if off <= file_off < off + size:
                 return file_off - off + vaddr
         return None
+
+
+def segment_delta(path: str, file_off: int) -> int:
+    """(p_vaddr - p_offset) of the PT_LOAD holding file_off, less that of
+    the lowest PT_LOAD: how far a mapping's (lo - offset) is from the
+    file's load base. 0 where the file is unknown or its segments agree."""
+    fc = load(path) if path.startswith("/") else None
+    if fc is None or not fc.loads:
+        return 0
+    first = min(fc.loads, key=lambda x: x[1])
+    # A segment's mapping starts at its p_offset rounded down to a page,
+    # which the previous segment's last page may hold too: that one first.
+    exact = [x for x in fc.loads if x[0] & ~0xFFF == file_off]
+    for off, vaddr, size in exact or fc.loads:
+        if off & ~0xFFF <= file_off < off + max(size, 1):
+            return (vaddr - off) - (first[1] - first[0])
+    return 0
 
 
 _BY_BUILD_ID: dict[str, FileCfi] = {}
@@ -242,7 +267,16 @@ def unwind(
     max_frames: int = MAX_FRAMES,
 ) -> Walk:
     """Frames from the registers at a fire (pt_regs names) and the copy."""
-    loader = loader or load
+    if loader is None:
+        # One stat per module per Maps, not per frame: a Maps is one fire's
+        # (or one process's between changes).
+        memo = maps.cfi_memo
+
+        def loader(path: str) -> FileCfi | None:
+            if path not in memo:
+                memo[path] = load(path)
+            return memo[path]
+
     cur = {DWARF_OF[k]: v for k, v in regs.items() if k in DWARF_OF}
     walk = Walk()
     method = "ip"
