@@ -26,8 +26,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from pyctl.experiment import files as F  # noqa: E402
-from pyctl.experiment import runner  # noqa: E402
+from pyctl.experiment import load as F  # noqa: E402
+from pyctl.experiment import run as runner  # noqa: E402
 
 
 def one(tmp: Path, i: int) -> dict[str, float]:

@@ -34,7 +34,7 @@ _USER_ERRORS = (
     ("pyctl.xid", "XidError"),
     ("pyctl.tracefs", "TracefsError"),
     ("pyctl.templates", "TemplateError"),
-    ("pyctl.experiment.files", "ExperimentError"),
+    ("pyctl.experiment.model", "ExperimentError"),
     ("pyctl.experiment.probes", "ProbeError"),
     ("pyctl.experiment.loadgen", "LoadError"),
     ("pyctl.evidence.store", "StoreError"),
@@ -68,6 +68,7 @@ def user_error_types() -> tuple[type[BaseException], ...]:
 
 def hint_for(exc: BaseException) -> str:
     """What to do, for errors whose text does not say it already."""
+    # lazy: keeps pyctl.bpf.libbpf (+9 modules) off `trace --help` and `import gpufault`
     from pyctl.bpf.libbpf import BpfError
 
     if isinstance(exc, BpfError):

@@ -20,8 +20,10 @@ import pytest
 
 from pyctl import xid as X
 from pyctl.evidence import schema
-from pyctl.experiment import files as F
-from pyctl.experiment import runner as R
+from pyctl.experiment import load as F
+from pyctl.experiment import model as M
+from pyctl.experiment import run as R
+from pyctl.experiment import target as T
 from pyctl.experiment.probes import ProbeError, Tolerance
 
 # ---- Tolerance {differs_from = "first"} --------------------------------------------
@@ -88,14 +90,14 @@ PERTURB = 'perturb = { rules = ["blocks.*@exp:4@1e-2@fp16"], seed = 3 }'
 FAULT = 'fault = { lib = "libcuda", fn = "cuMemAlloc_v2", action = "fail", ret = 2 }'
 
 
-def load(tmp_path: Path, step: str = FAULT, extra: str = "") -> F.Experiment:
+def load(tmp_path: Path, step: str = FAULT, extra: str = "") -> M.Experiment:
     p = tmp_path / "c45.toml"
     p.write_text(BASE.replace("STEP", step).replace("EXTRA", extra))
     return F.load(str(p))
 
 
 def refused(tmp_path: Path, step: str, extra: str, key: str, what: str) -> str:
-    with pytest.raises(F.ExperimentError) as ei:
+    with pytest.raises(M.ExperimentError) as ei:
         load(tmp_path, step, extra)
     msg = str(ei.value)
     assert "\n" not in msg and msg.startswith(str(tmp_path / "c45.toml") + ": "), msg
@@ -107,11 +109,11 @@ def test_linked_is_read_deduplicated_and_empty_by_default(tmp_path: Path) -> Non
     assert load(tmp_path).expect.linked == ()
     e = load(tmp_path, extra='[expect]\nlinked = ["xid", "anchor", "xid"]')
     assert e.expect.linked == ("xid", "anchor")
-    assert set(F.LINKABLE) == {"xid", "anchor"}
-    assert F.LINKABLE["xid"] == "xids"
+    assert set(M.LINKABLE) == {"xid", "anchor"}
+    assert M.LINKABLE["xid"] == "xids"
     # Every word names a real evidence table: _linked queries it by that name.
     tables = {t.name for t in schema.TABLES}
-    assert set(F.LINKABLE.values()) <= tables
+    assert set(M.LINKABLE.values()) <= tables
 
 
 @pytest.mark.parametrize("value", ['["nope"]', "[]", '"xid"', '["xid", 1]', "true", '["XID"]'])
@@ -387,7 +389,7 @@ def died_of(code: str) -> str:
     reader.start()
     proc.wait(60)
     # Not joined here: _died itself must wait for the last lines.
-    out = R._died(SimpleNamespace(proc=proc, _reader=reader, lines=lines))  # type: ignore[arg-type]
+    out = T.died(SimpleNamespace(proc=proc, _reader=reader, lines=lines))  # type: ignore[arg-type]
     reader.join(10)
     assert proc.stderr is not None
     proc.stderr.close()
@@ -548,7 +550,7 @@ def test_cuda_oom_under_load_is_another_name_for_cuda_oom_degrade(
     e = F.load("cuda-oom-under-load")
     assert e.name == "cuda-oom-degrade" and e.version == 1
     assert F.load("cuda-oom-under-load@v1").name == "cuda-oom-degrade"
-    with pytest.raises(F.ExperimentError, match="version: is 1, not 2"):
+    with pytest.raises(M.ExperimentError, match="version: is 1, not 2"):
         F.load("cuda-oom-under-load@v2")
     # A user's file of that name comes first: an alias never hides one.
     src = (

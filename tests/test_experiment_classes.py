@@ -109,7 +109,7 @@ def test_class12_cache_skew_measures_throughput_and_p99(tmp_path: Path) -> None:
 def test_a_traffic_step_that_gets_5xx_fails_and_names_the_cases(tmp_path: Path) -> None:
     """A traffic step's answers outside ok_status fail the experiment (not
     error): with ok_status [200, 299] the class-9 corpus's refusals count."""
-    from pyctl.experiment import files as F
+    from pyctl.experiment import load as F
 
     text = F.find("unicode-adversarial").read_text()
     text = text.replace("ok_status = [200, 499]", "ok_status = [200, 299]")

@@ -16,8 +16,9 @@ from click.testing import CliRunner
 from pyctl.api.faults import spec_from_json
 from pyctl.cli.experiment import experiment
 from pyctl.experiment import evidence as E
-from pyctl.experiment import files as F
-from pyctl.experiment.host import LocalFaultHost, StepRequest
+from pyctl.experiment import load as F
+from pyctl.experiment import model as M
+from pyctl.experiment.steps.fault import LocalFaultHost, StepRequest
 from pyctl.experiment.verdict import Findings, Verdict, decide
 from pyctl.spec import FaultSpec
 
@@ -105,7 +106,7 @@ def test_bad_files_are_one_line_naming_file_and_key(
 ) -> None:
     assert edit[0] in GOOD
     p = write(tmp_path, GOOD.replace(edit[0], edit[1], 1))
-    with pytest.raises(F.ExperimentError) as ei:
+    with pytest.raises(M.ExperimentError) as ei:
         F.load(str(p))
     msg = str(ei.value)
     assert "\n" not in msg and msg.startswith(f"{p}: ") and key in msg and what in msg, msg
@@ -113,15 +114,15 @@ def test_bad_files_are_one_line_naming_file_and_key(
 
 def test_unknown_knob_in_set_and_wrong_type(tmp_path: Path) -> None:
     p = write(tmp_path, GOOD)
-    with pytest.raises(F.ExperimentError, match=r"--set nope: no such knob"):
+    with pytest.raises(M.ExperimentError, match=r"--set nope: no such knob"):
         F.load(str(p), {"nope": "1"})
-    with pytest.raises(F.ExperimentError, match=r"stall"):
+    with pytest.raises(M.ExperimentError, match=r"stall"):
         F.load(str(p), {"stall": "0ms"})  # the fault refuses a zero stall
 
 
 def test_probe_errors_name_the_key(tmp_path: Path) -> None:
     text = GOOD + '\n[probes.h]\nkind = "http"\nurl = "{url}/health"\ncolour = 1\n'
-    with pytest.raises(F.ExperimentError) as ei:
+    with pytest.raises(M.ExperimentError) as ei:
         F.load(str(write(tmp_path, text)))
     assert "probes.h" in str(ei.value) and "colour" in str(ei.value)
     # An abort guard must be sampled while the faults run.
@@ -129,7 +130,7 @@ def test_probe_errors_name_the_key(tmp_path: Path) -> None:
         GOOD + '\n[probes.h]\nkind = "http"\nmode = "sot"\nurl = "{url}/health"\n'
         '[[abort]]\nprobe = "h"\n'
     )
-    with pytest.raises(F.ExperimentError, match=r"abort\[1\]\.probe: .*continuous"):
+    with pytest.raises(M.ExperimentError, match=r"abort\[1\]\.probe: .*continuous"):
         F.load(str(write(tmp_path, text)))
 
 
@@ -139,9 +140,9 @@ def test_name_lookup_and_env_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     (d / "control.toml").write_text(GOOD.replace('name = "mine"', 'name = "control"'))
     monkeypatch.setenv("GPUFAULT_EXPERIMENTS", str(d))
     assert F.load("control").path == d / "control.toml"  # the env dir wins
-    with pytest.raises(F.ExperimentError, match="version: is 2, not 1"):
+    with pytest.raises(M.ExperimentError, match="version: is 2, not 1"):
         F.load("control@v1")
-    with pytest.raises(F.ExperimentError, match="no experiment 'nope'"):
+    with pytest.raises(M.ExperimentError, match="no experiment 'nope'"):
         F.load("nope")
 
 
@@ -350,7 +351,7 @@ def test_gpufault_main_exits_2_for_an_experiment_error(tmp_path: Path) -> None:
     """ExperimentError is one of the user errors of the one error contract."""
     from pyctl import errors
 
-    assert F.ExperimentError in errors.user_error_types()
+    assert M.ExperimentError in errors.user_error_types()
 
 
 def test_shipped_files_are_package_data() -> None:
@@ -382,7 +383,7 @@ def test_cli_refused_db_is_checked_before_the_target_starts(tmp_path: Path) -> N
 def test_runner_reports_phase_faults_active_and_verdict_to_metrics(tmp_path: Path) -> None:
     """The --metrics-addr wiring (docs/observability.md): set_phase at each
     phase, set_faults_active as steps arm and end."""
-    from pyctl.experiment.runner import Run
+    from pyctl.experiment.run import Run
 
     calls: list[tuple[str, object]] = []
 
@@ -484,15 +485,15 @@ EXTRA
 """
 
 
-def _steps(tmp_path: Path, extra: str) -> F.Experiment:
+def _steps(tmp_path: Path, extra: str) -> M.Experiment:
     return F.load(str(write(tmp_path, STEP.replace("EXTRA", extra))))
 
 
 def _one_line_refusal(
-    load: Callable[[Path, str], F.Experiment], tmp_path: Path, text: str, key: str, what: str
+    load: Callable[[Path, str], M.Experiment], tmp_path: Path, text: str, key: str, what: str
 ) -> None:
     """load(tmp_path, text) is refused in one line that names key and says what."""
-    with pytest.raises(F.ExperimentError) as ei:
+    with pytest.raises(M.ExperimentError) as ei:
         load(tmp_path, text)
     msg = str(ei.value)
     assert "\n" not in msg and key in msg and what in msg, msg
@@ -540,7 +541,7 @@ duration = "2s"
 """
 
 
-def _traffic(tmp_path: Path, table: str) -> F.Experiment:
+def _traffic(tmp_path: Path, table: str) -> M.Experiment:
     return F.load(str(write(tmp_path, TRAFFIC.replace("TABLE", table))))
 
 
@@ -573,29 +574,29 @@ def test_traffic_steps_take_no_process(tmp_path: Path) -> None:
     text = TRAFFIC.replace("TABLE", 'corpus = "hot"').replace(
         'duration = "2s"', 'duration = "2s"\npid = "{rank1_pid}"'
     )
-    with pytest.raises(F.ExperimentError, match=r"method\[1\]\.pid: a traffic step"):
+    with pytest.raises(M.ExperimentError, match=r"method\[1\]\.pid: a traffic step"):
         F.load(str(write(tmp_path, text)))
 
 
 def test_rank_facts_and_step_targets(tmp_path: Path) -> None:
     import os
 
-    from pyctl.experiment import runner as R
+    from pyctl.experiment import target as T
 
     info = {"ranks": [{"rank": 0, "pid": 10, "worker_tid": 11}, {"rank": 1, "pid": 20}]}
-    assert R.rank_facts(info) == {"rank0_pid": 10, "rank0_tid": 11, "rank1_pid": 20}
-    assert R.rank_facts({"ranks": "no"}) == {}
+    assert T.rank_facts(info) == {"rank0_pid": 10, "rank0_tid": 11, "rank1_pid": 20}
+    assert T.rank_facts({"ranks": "no"}) == {}
     e = _steps(tmp_path, 'pid = "{rank1_pid}"')
     me = os.getpid()
-    assert R.step_target(e, e.steps[0], {"pid": 1, "rank1_pid": me}) == (me, None)
-    with pytest.raises(F.ExperimentError, match=r"method\[1\]\.pid: the target has no fact"):
-        R.step_target(e, e.steps[0], {"pid": me})
+    assert T.step_target(e, e.steps[0], {"pid": 1, "rank1_pid": me}) == (me, None)
+    with pytest.raises(M.ExperimentError, match=r"method\[1\]\.pid: the target has no fact"):
+        T.step_target(e, e.steps[0], {"pid": me})
     # a tid gives its process; a tid of another process than the pid is refused
     e = _steps(tmp_path, "tid = " + str(me))
-    assert R.step_target(e, e.steps[0], {"pid": 1}) == (me, me)
+    assert T.step_target(e, e.steps[0], {"pid": 1}) == (me, me)
     e = _steps(tmp_path, f"tid = {me}\npid = 1")
-    with pytest.raises(F.ExperimentError, match=r"belongs to pid"):
-        R.step_target(e, e.steps[0], {"pid": 1})
+    with pytest.raises(M.ExperimentError, match=r"belongs to pid"):
+        T.step_target(e, e.steps[0], {"pid": 1})
 
 
 def test_the_arm_timeout_reaches_the_host(tmp_path: Path) -> None:
@@ -620,8 +621,8 @@ def test_corpora_are_exact_where_the_class_needs_it() -> None:
 
     tok = ServiceTokenizer(1000)
 
-    def load(corpus: str) -> F.Load:
-        return F.Load(10, "x", 2, 2.0, "/v1/completions", 4, corpus=corpus, max_len=500)
+    def load(corpus: str) -> M.Load:
+        return M.Load(10, "x", 2, 2.0, "/v1/completions", 4, corpus=corpus, max_len=500)
 
     over = C.cases(load("over-limit"), 10)
     assert over is not None

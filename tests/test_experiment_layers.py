@@ -66,8 +66,8 @@ def test_loading_and_running_an_experiment_module_loads_no_service() -> None:
     (the service shortcut included) imports nothing of pyctl.service."""
     code = (
         "import sys\n"
-        "from pyctl.experiment import files, runner, corpora\n"
-        "for n in files.all_names(): files.load(n)\n"
+        "from pyctl.experiment import load, run, corpora\n"
+        "for n in load.all_names(): load.load(n)\n"
         "bad = sorted(m for m in sys.modules if m.startswith(('pyctl.service', 'pyctl.cli')))\n"
         "print(bad)\n"
     )
@@ -81,7 +81,7 @@ def test_the_service_reads_the_admin_token_variable_experiments_set() -> None:
     """Not imported by the experiment layer, so checked here: the name the
     service shortcut gives the token is the one the service reads (the
     corpora's token counts: test_corpora_are_exact_where_the_class_needs_it)."""
-    from pyctl.experiment import files
+    from pyctl.experiment import model
     from pyctl.service.perturb import TOKEN_ENV
 
-    assert files.ADMIN_TOKEN_ENV == TOKEN_ENV
+    assert model.ADMIN_TOKEN_ENV == TOKEN_ENV

@@ -1,5 +1,5 @@
 """The pressure step (class 2, pressure mode): a second process holds GPU
-memory for the step's duration (pyctl/experiment/pressure_step.py).
+memory for the step's duration (pyctl/experiment/steps/pressure.py).
 
 Here there is no GPU, so the child runs with `allocator = "host-double"`
 (pyctl/hooks/vram_pressure.py's HostMemoryDouble: host memory and a
@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 from test_experiment_run import run_exp
 
-from pyctl.experiment import files as F
+from pyctl.experiment import load as F
+from pyctl.experiment import model as M
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -115,7 +116,7 @@ def test_bad_pressure_tables_are_one_line(tmp_path: Path, table: str, needle: st
     f = tmp_path / "p.toml"
     f.write_text(EXP.format(allocator="host-double").replace(
         '{ share = 0.5, allocator = "host-double" }', table))  # fmt: skip
-    with pytest.raises(F.ExperimentError) as ei:
+    with pytest.raises(M.ExperimentError) as ei:
         F.load(str(f))
     msg = str(ei.value)
     assert "\n" not in msg and f"method[1].{needle}" in msg, msg
@@ -125,5 +126,5 @@ def test_a_pressure_step_takes_no_thread(tmp_path: Path) -> None:
     f = tmp_path / "p.toml"
     f.write_text(EXP.format(allocator="host-double").replace('duration = "2s"',
                  'duration = "2s"\nthread = "gf-worker"'))  # fmt: skip
-    with pytest.raises(F.ExperimentError, match=r"method\[1\]\.thread: a pressure step"):
+    with pytest.raises(M.ExperimentError, match=r"method\[1\]\.thread: a pressure step"):
         F.load(str(f))

@@ -713,9 +713,9 @@ command = ["kill", "-0", "{pid}"]
 def test_a_probe_is_parsed_once_at_load_and_the_run_fills_in_facts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pyctl.experiment import files as F
-    from pyctl.experiment import runner as R
+    from pyctl.experiment import load as F
     from pyctl.experiment.probes import base
+    from pyctl.experiment.probes import state as S
 
     path = tmp_path / "once.toml"
     path.write_text(ONCE)
@@ -729,7 +729,7 @@ def test_a_probe_is_parsed_once_at_load_and_the_run_fills_in_facts(
     monkeypatch.setattr(base._Table, "__init__", no_parse)
     me = os.getpid()
     facts = {"url": "http://127.0.0.1:9", "host": "127.0.0.1", "port": 9, "pid": me}
-    states = R.build_probes(exp, facts)
+    states = S.build_probes(exp, facts)
     got = states["health"].probe
     assert (got.url, got.headers) == ("http://127.0.0.1:9/health", {"X-Port": "port 9"})
     assert states["me"].probe.pid == me and states["me"].probe.sample().ok
@@ -739,15 +739,16 @@ def test_a_probe_is_parsed_once_at_load_and_the_run_fills_in_facts(
     # same_as's reference of one run is not the next run's.
     assert health.url == "{url}/health" and health.tolerance is not None
     assert got.tolerance is not None and got.tolerance.check("a")
-    again = R.build_probes(exp, facts)["health"].probe
+    again = S.build_probes(exp, facts)["health"].probe
     assert again.tolerance is not None and again.tolerance.check("b")
     assert not got.tolerance.check("b")
 
 
 def test_a_fact_in_a_probe_is_checked_with_a_stand_in_at_load(tmp_path: Path) -> None:
-    from pyctl.experiment import files as F
+    from pyctl.experiment import load as F
+    from pyctl.experiment import model as M
 
     path = tmp_path / "once.toml"
     path.write_text(ONCE.replace('url = "{url}/health"', 'url = "{url}:x/health"'))
-    with pytest.raises(F.ExperimentError, match=r"steady_state\.probes\.health\.url: .*bad port"):
+    with pytest.raises(M.ExperimentError, match=r"steady_state\.probes\.health\.url: .*bad port"):
         F.load(str(path))

@@ -28,7 +28,7 @@ from conftest import bpf_prog_holders
 from procio import finish, lines_until
 
 from pyctl import paths
-from pyctl.experiment import files as F
+from pyctl.experiment import load as F
 
 pytestmark = [
     pytest.mark.root,

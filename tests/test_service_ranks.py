@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from procio import finish, start_controller
+from procio import finish, start_ready
 from service_proc import ServiceProc
 
 from pyctl.service.model import build_model
@@ -98,7 +98,7 @@ def test_tp_shards_compute_the_one_rank_model() -> None:
 def test_two_rank_experiment_files_validate(name: str) -> None:
     """The class-3 experiment files (issue 16) load through the experiment
     format's own checks (running them: gloo here, nccl on two GPUs)."""
-    from pyctl.experiment import files
+    from pyctl.experiment import load as files
 
     e = files.load(name)
     assert "--ranks" in e.target.service["args"]
@@ -344,7 +344,7 @@ def test_stall_in_gloo_allreduce_on_rank1_makes_the_service_slower(tmp_path: Pat
         load.start()
         time.sleep(8)  # baseline window
         t_base = time.time()
-        ctl, _ = start_controller(
+        ctl, _ = start_ready(
             [sys.executable, "-m", "pyctl", "inject", "--pid", str(r1), "--db",
              str(tmp_path / "gf.db"), "-q", "--lib", _libtorch_cpu(), "--fn", GLOO_ALLREDUCE,
              "--action", "stall", "--stall", "20ms", "--prob", "5%", "--duration", "60s"],

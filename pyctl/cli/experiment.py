@@ -14,20 +14,22 @@ from typing import Any
 
 import click
 
+from pyctl.api.errors import BadInput
 from pyctl.cli.base import UserError
 from pyctl.cli.options import Duration, db_option, metrics_addr_option, set_option
 from pyctl.experiment import corpora
-from pyctl.experiment import files as F
+from pyctl.experiment import load as F
+from pyctl.experiment import model as M
 
 
 def _user_error(msg: str) -> click.ClickException:
     return UserError(msg)
 
 
-def _load(name: str, sets: dict[str, str]) -> F.Experiment:
+def _load(name: str, sets: dict[str, str]) -> M.Experiment:
     try:
         return F.load(name, sets)
-    except F.ExperimentError as e:
+    except M.ExperimentError as e:
         raise _user_error(str(e)) from None
 
 
@@ -58,11 +60,11 @@ def list_() -> None:
             also = [a for a, n in F.ALIASES.items() if n == name]
             alias = f"  (also: {', '.join(also)})" if also else ""
             click.echo(f"{name:24} v{e.version:<3} {len(e.steps)} step(s)  {e.title}{alias}")
-        except F.ExperimentError as err:
+        except M.ExperimentError as err:
             click.echo(f"{name:24} INVALID  {err}")
 
 
-def describe(e: F.Experiment) -> list[str]:
+def describe(e: M.Experiment) -> list[str]:
     """The file's meaning in words."""
     out = [f"{e.ident}  {e.path}", e.title]
     if e.description:
@@ -75,7 +77,7 @@ def describe(e: F.Experiment) -> list[str]:
             mark = "" if e.values[k.name] == k.default else f"  (default {k.default!r})"
             out.append(f"  {k.name:16} {e.values[k.name]!r:16} {k.help}{mark}")
     t = e.target
-    if t.command[:4] == [F.GPUFAULT, "service", "--port", "0"] and t.ready == F.SERVICE_READY:
+    if t.command[:4] == [M.GPUFAULT, "service", "--port", "0"] and t.ready == M.SERVICE_READY:
         # The service shortcut's command (target.service = {device, args}).
         who = f"starts `gpufault service {' '.join(t.command[4:])}`"
     elif t.command:
@@ -117,10 +119,10 @@ def describe(e: F.Experiment) -> list[str]:
             f"{st.judge.min_effect:g} Cliff's delta)"
         )
     for n in st.probes:
-        out.append(f"  probe {n}: {_probe_words(e.probes[n])}")
+        out.append(f"  probe {n}: {_probe_words(e.probes[n].table)}")
     others = [n for n in e.probes if n not in st.probes]
     for n in others:
-        out.append(f"probe {n}: {_probe_words(e.probes[n])}")
+        out.append(f"probe {n}: {_probe_words(e.probes[n].table)}")
     out.append("\nmethod:" if e.steps else "\nmethod: no fault (a control experiment)")
     for s in e.steps:
         who = f" thread {s.thread}" if s.thread else ""
@@ -188,7 +190,7 @@ def describe(e: F.Experiment) -> list[str]:
             f"{ex.recovery_hold:g}s from then on"
         )
     for what in ex.linked:
-        table = F.LINKABLE[what]
+        table = M.LINKABLE[what]
         out.append(f"expect linked {what}: a row of {table} names a fault ID of this experiment")
     for rb in e.rollbacks:
         out.append(f"rollback (always): {' '.join(rb.command)}")
@@ -258,8 +260,7 @@ def run(
       gpufault experiment run control --db /tmp/exp.db
       gpufault experiment run tokenizer-stall --set stall=80ms
     """
-    from pyctl.evidence import store
-    from pyctl.experiment import runner
+    from pyctl.experiment import run as runner
 
     e = _load(name, sets)
     db = str(db_path)
@@ -278,7 +279,7 @@ def run(
         echo(f"metrics: {metrics.url}")
     try:
         out = runner.run(e, db, echo=echo, metrics=metrics)
-    except (F.ExperimentError, store.StoreError) as err:
+    except (M.ExperimentError, BadInput) as err:  # a store that is not gpufault's: BadInput
         raise _user_error(str(err)) from None
     finally:
         if metrics is not None:
@@ -333,13 +334,14 @@ def results(experiment_id: str | None, db_path: str | None, as_json: bool) -> No
       gpufault experiment results --db /tmp/exp.db
       gpufault experiment results x1a2b3c4d --db /tmp/exp.db
     """
-    from pyctl.evidence import store
+    from pyctl.api.reading import open_readonly
+    from pyctl.api.values import DEFAULT_DB
     from pyctl.experiment import evidence as E
 
-    db_file = db_path or str(store.DEFAULT_DB)
+    db_file = db_path or str(DEFAULT_DB)
     try:
-        db = store.open_db(db_file, readonly=True)
-    except store.StoreError as err:
+        db = open_readonly(db_file)
+    except BadInput as err:
         raise _user_error(str(err)) from None
     if experiment_id is None:
         rows = E.experiments(db)

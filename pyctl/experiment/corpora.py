@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pyctl.experiment.files import Load
+from pyctl.experiment.model import Load
 
 # Past the room the context leaves (context - max_tokens), in tokens.
 OVER_BY = (1, 2, 8, 64)

@@ -38,11 +38,12 @@ class ExperimentVerdict:
 
 def load_experiment(file_or_name: str | os.PathLike[str], **sets: Any) -> Any:
     """A shipped experiment by name, or a file, knobs set by keyword."""
-    from pyctl.experiment import files as F
+    from pyctl.experiment import load as F
+    from pyctl.experiment import model as M
 
     try:
         return F.load(str(file_or_name), {k: str(v) for k, v in sets.items()})
-    except F.ExperimentError as e:
+    except M.ExperimentError as e:
         raise BadInput(str(e)) from e
 
 
@@ -58,15 +59,15 @@ def run_experiment(
     object): baseline, method, recovery, verdict. A pass or a fail is the
     returned verdict; an error or an abort raises ExperimentFailed (with
     raise_on_error=False they are returned too)."""
-    from pyctl.experiment import files as F
-    from pyctl.experiment import runner
+    from pyctl.experiment import model as M
+    from pyctl.experiment import run as runner
 
     exp = experiment
     if isinstance(experiment, (str, os.PathLike)):
         exp = load_experiment(experiment, **sets)
     elif sets:
         raise BadInput("run_experiment: knobs go with a name or file, not a loaded experiment")
-    if not isinstance(exp, F.Experiment):
+    if not isinstance(exp, M.Experiment):
         raise BadInput(f"run_experiment: {experiment!r} is not an experiment name, file or object")
     try:
         out = runner.run(exp, str(db), echo=echo or (lambda _s: None))

@@ -107,7 +107,7 @@ class ExperimentData:
             knobs = json.loads(self.exp.get("settings") or "{}").get("knobs") or {}
         except (ValueError, AttributeError):
             return {}
-        from pyctl.experiment import files
+        from pyctl.experiment import load as files
 
         try:
             e = files.load(f"{self.name}@v{self.exp.get('version')}")

@@ -144,6 +144,7 @@ _TYPE_NAMES = {
 class Probe(Protocol):
     name: str
     mode: str  # "sot" | "eot" | "edge" | "continuous" | "onchaos"
+    table: dict[str, Any]  # as written (knobs in, facts once with_facts filled them)
 
     def sample(self) -> ProbeResult: ...
 

@@ -1,4 +1,5 @@
-"""Where a fault runs: the FaultHost interface, and this host's implementation.
+"""Fault steps (a template or an inline fault), and where a fault runs:
+the FaultHost interface and this host's implementation.
 
 The runner never arms a fault itself. It hands a step (specs + target +
 duration) to a FaultHost and gets back a RunningFault it can stop, wait
@@ -23,17 +24,27 @@ from __future__ import annotations
 import os
 import sqlite3
 import sys
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pyctl import paths
-from pyctl.spec import FaultSpec
+from pyctl import templates as T
+from pyctl.experiment.steps.base import (
+    EndsOnItsOwn,
+    FaultHostError,
+    RunningFault,
+    StepKind,
+    register,
+)
+from pyctl.spec import FaultSpec, SpecError
 
 if TYPE_CHECKING:
     from pyctl.api.session import IsolatedSession
+    from pyctl.experiment.model import Step
+    from pyctl.experiment.reader import Reader
+    from pyctl.experiment.run import Run, StepRun
 
 STOP_GRACE_S = 5.0  # SIGTERM, then SIGKILL (the kernel detaches what is left)
 
@@ -73,49 +84,6 @@ class StepRequest:
     # step: attaching to a large library (libtorch_cpu.so, 606k symbols)
     # takes far longer than a libcuda step.
     arm_timeout: float | None = None
-
-
-class EndsOnItsOwn:
-    """wait(), ended_at and rc of a step that ends on a thread of its own
-    (a traffic or a perturb step): it sets `_ended_at`, then `_done`."""
-
-    _done: threading.Event
-    _ended_at: float | None
-
-    def wait(self, timeout: float | None = None) -> bool:
-        return self._done.wait(timeout)
-
-    @property
-    def ended_at(self) -> float | None:
-        return self._ended_at
-
-    @property
-    def rc(self) -> int | None:
-        return 0 if self._done.is_set() else None
-
-
-class FaultHostError(RuntimeError):
-    """A step could not be armed (the child said why, in one line)."""
-
-
-class RunningFault(Protocol):
-    @property
-    def run_id(self) -> str: ...
-
-    @property
-    def started_at(self) -> float: ...  # when it was armed (time.time())
-
-    def stop(self) -> None: ...  # every fault of the step stops firing within 1 s
-
-    def wait(self, timeout: float | None = None) -> bool: ...  # True once ended
-
-    def fires(self) -> list[tuple[str, float]]: ...  # (fault_id, wall) of each fire
-
-    @property
-    def ended_at(self) -> float | None: ...
-
-    @property
-    def rc(self) -> int | None: ...
 
 
 class FaultHost(Protocol):
@@ -290,7 +258,102 @@ class LocalFaultHost:
         return self.armed(self.launch(step))
 
 
+class FaultKind(StepKind):
+    """A step of BPF faults: a template with its --set values, or one
+    inline fault table; armed by the FaultHost in the step's process."""
+
+    name = "fault"
+    words = ("template", "fault")
+
+    def parse(self, r: Reader, key: str, m: dict[str, Any], step: Step) -> Step:
+        sets: dict[str, str] = {}
+        fault = None
+        template = None
+        if "template" in m:
+            tname = r.str_(m, key, "template")
+            s = m.get("set", {})
+            if not isinstance(s, dict):
+                raise r.err(f"{key}.set", "expected a table {knob = value, ...}")
+            sets = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in s.items()}
+            try:
+                tpl = T.get(tname)
+                specs = tpl.specs(sets)
+            except T.TemplateError as e:
+                raise r.err(f"{key}.template", f"{e}") from None
+            template = tpl.ident
+        else:
+            if "set" in m:
+                raise r.err(f"{key}.set", "set is for template steps: put the values in fault")
+            f = m["fault"]
+            if not isinstance(f, dict):
+                raise r.err(f"{key}.fault", "expected a table {lib=..., fn=..., action=...}")
+            for k in f:
+                if k not in T.FAULT_FIELDS:
+                    fields = ", ".join(sorted(T.FAULT_FIELDS))
+                    raise r.err(
+                        f"{key}.fault.{k}",
+                        f"unknown field: use the [[fault]] fields of a template ({fields})",
+                    )
+            if f.get("entry_only"):
+                raise r.err(f"{key}.fault.entry_only", "not for an injected fault: remove it")
+            try:
+                specs = [T.build_spec(dict(f))]
+            except (SpecError, ValueError, KeyError) as e:
+                raise r.err(f"{key}.fault", f"{e}") from None
+            fault = dict(f)
+        step.name = r.str_(
+            m,
+            key,
+            "name",
+            template.split("@")[0] if template else f"{specs[0].action} {specs[0].fn_text}",
+        )
+        step.template, step.sets, step.fault, step.specs = template, sets, fault, specs
+        return step
+
+    def request(self, run: Run, step: Step, facts: dict[str, Any]) -> StepRequest:
+        from pyctl.experiment.target import thread_by_name
+
+        pid, tid = run.who.get(step.idx, (int(facts["pid"]), None))
+        if step.thread:
+            tid = thread_by_name(pid, step.thread)
+        return StepRequest(
+            idx=step.idx,
+            name=step.name,
+            template=step.template,
+            sets=step.sets,
+            fault=step.fault,
+            specs=step.specs,
+            duration=step.duration,
+            pid=pid,
+            tid=tid,
+            arm_timeout=step.arm_timeout,
+        )
+
+    def launch(self, run: Run, sr: StepRun, facts: dict[str, Any]) -> Any:
+        req = self.request(run, sr.step, facts)
+        launch = getattr(run.host, "launch", None)
+        if launch is None:
+            return req  # a host that only starts: armed in arm()
+        with run.lock:
+            child = launch(req)
+            run.launching.append(child)  # an abort stops it too, armed or not
+        return child
+
+    def arm(self, run: Run, sr: StepRun, pending: Any, facts: dict[str, Any]) -> Any:
+        if isinstance(pending, StepRequest):
+            return run.host.start(pending)
+        return run.host.armed(pending)  # type: ignore[attr-defined]
+
+    def armed_line(self, f: Any) -> str:
+        return f"armed (run {f.run_id}"
+
+
+register(FaultKind())
+
+
 __all__ = [
+    "EndsOnItsOwn",
+    "FaultKind",
     "FaultHost",
     "RunningFault",
     "LocalFaultHost",

@@ -27,10 +27,15 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyctl import paths
-from pyctl.experiment.host import FaultHostError
+from pyctl.experiment.steps.base import FaultHostError, StepKind, register
+
+if TYPE_CHECKING:
+    from pyctl.experiment.model import Step
+    from pyctl.experiment.reader import Reader
+    from pyctl.experiment.run import Run, StepRun
 
 
 class PressureRun:
@@ -125,4 +130,53 @@ class PressureRun:
         return f"holding {gib:.1f} GiB of GPU {self.spec['device']} (run {self.run_id}"
 
 
-__all__ = ["PressureRun"]
+def parse_pressure(r: Reader, key: str, v: Any) -> dict[str, Any]:
+    """A pressure step's table: what pyctl/hooks/vram_pressure.py takes."""
+    if not isinstance(v, dict):
+        raise r.err(key, 'expected {share = 0.9, device = 0, allocator = "auto"}')
+    r.keys(v, key, {"share", "device", "allocator", "reserve_mib", "fill"})
+    share = r.num(v, key, "share", what="the share of free memory (0.9)")
+    if not 0 < share <= 1:
+        raise r.err(f"{key}.share", f"{share:g}: the share of FREE memory, 0 < share <= 1")
+    allocator = r.str_(v, key, "allocator", "auto")
+    if allocator not in ("auto", "cupy", "torch", "host-double"):
+        raise r.err(f"{key}.allocator", f"{allocator!r}: use auto, cupy or torch")
+    return {
+        "share": share,
+        "device": r.int_(v, key, "device", 0),
+        "allocator": allocator,
+        "reserve_mib": r.int_(v, key, "reserve_mib", 0),
+        "fill": r.bool_(v, key, "fill", False),
+    }
+
+
+class PressureKind(StepKind):
+    name = "pressure"
+    words = ("pressure",)
+    # It waits for its child to hold: it may have arm_timeout.
+    refused = ("thread", "pid", "tid", "set")
+    why = "a pressure step is a process of its own: remove it"
+
+    def parse(self, r: Reader, key: str, m: dict[str, Any], step: Step) -> Step:
+        table = parse_pressure(r, f"{key}.pressure", m["pressure"])
+        step.name = r.str_(m, key, "name", f"vram pressure {table['share']:g}")
+        step.thread, step.pressure = None, table
+        return step
+
+    def arm(self, run: Run, sr: StepRun, pending: Any, facts: dict[str, Any]) -> Any:
+        s = sr.step
+        assert s.pressure is not None
+        return PressureRun(
+            s.pressure,
+            s.duration,
+            run.db_path,
+            s.arm_timeout or float(getattr(run.host, "arm_timeout", 60.0)),
+        )
+
+    def spec(self, step: Step) -> dict[str, Any]:
+        return {"pressure": step.pressure}
+
+
+register(PressureKind())
+
+__all__ = ["PressureKind", "PressureRun", "parse_pressure"]

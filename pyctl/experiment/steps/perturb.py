@@ -27,9 +27,15 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pyctl.experiment.host import EndsOnItsOwn, FaultHostError
+from pyctl.experiment.facts import render_facts
+from pyctl.experiment.steps.base import EndsOnItsOwn, FaultHostError, StepKind, register
+
+if TYPE_CHECKING:
+    from pyctl.experiment.model import Step
+    from pyctl.experiment.reader import Reader
+    from pyctl.experiment.run import Run, StepRun
 
 
 def _call(
@@ -150,4 +156,59 @@ class PerturbRun(EndsOnItsOwn):
         return f"perturbing ({', '.join(self.rules)}, seed {self.seed}, id {self.report.get('id')}"
 
 
-__all__ = ["PerturbRun"]
+def parse_perturb(r: Reader, key: str, v: Any) -> dict[str, Any]:
+    """A perturb step's table: rules checked here with the hooks' own
+    parser, so a bad bit name is refused before anything starts."""
+    from pyctl.hooks.bitflip import BitSpecError
+    from pyctl.hooks.tc_perturb import parse_rule
+
+    if not isinstance(v, dict):
+        raise r.err(key, 'expected {rules = ["PATTERN@BITS@RATE[@DTYPE]", ...], seed = 0}')
+    r.keys(v, key, {"rules", "seed", "url"})
+    rules = v.get("rules")
+    if not isinstance(rules, list) or not rules or not all(isinstance(x, str) for x in rules):
+        raise r.err(
+            f"{key}.rules", 'a list of PATTERN@BITS@RATE[@DTYPE], e.g. ["blocks.*@sign@1e-3"]'
+        )
+    for x in rules:
+        try:
+            parse_rule(x)
+        except BitSpecError as e:
+            raise r.err(f"{key}.rules", str(e)) from None
+    seed = r.int_(v, key, "seed", 0)
+    url = r.str_(v, key, "url", "{url}/admin/perturb")
+    return {"rules": list(rules), "seed": seed, "url": url}
+
+
+class PerturbKind(StepKind):
+    name = "perturb"
+    words = ("perturb",)
+    refused = ("thread", "pid", "tid", "set", "arm_timeout")
+    why = "a perturb step is armed by the service: remove it"
+
+    def parse(self, r: Reader, key: str, m: dict[str, Any], step: Step) -> Step:
+        table = parse_perturb(r, f"{key}.perturb", m["perturb"])
+        step.name = r.str_(m, key, "name", "perturb " + " ".join(table["rules"]))
+        step.thread, step.perturb = None, table
+        return step
+
+    def arm(self, run: Run, sr: StepRun, pending: Any, facts: dict[str, Any]) -> Any:
+        s = sr.step
+        assert s.perturb is not None
+        return PerturbRun(
+            str(render_facts(s.perturb["url"], facts)),
+            s.perturb["rules"],
+            s.perturb["seed"],
+            s.duration,
+            run.db_path,
+            (facts.get("pid"), facts.get("worker_tid")),
+            token=run.admin_token,
+        )
+
+    def spec(self, step: Step) -> dict[str, Any]:
+        return {"perturb": step.perturb}
+
+
+register(PerturbKind())
+
+__all__ = ["PerturbKind", "PerturbRun", "parse_perturb"]

@@ -1,0 +1,503 @@
+"""The verdict's evidence: what the run recorded, judged against the
+hypothesis (before, during, after), the expectations (alert fired,
+degradation worked, recovered within, linked evidence) and the judge
+(stats.judge on per-request latencies, baseline vs the fault window).
+
+Evaluation is a part of the Run (pyctl/experiment/run.py): it reads the
+run's samples, steps and phase times and writes the evidence rows.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import time
+from typing import TYPE_CHECKING, Any
+
+from pyctl.experiment.model import WINDOW_S
+from pyctl.experiment.steps import kind_of
+from pyctl.experiment.verdict import Findings, Verdict, decide
+
+if TYPE_CHECKING:
+    import threading
+
+    from pyctl.experiment import evidence as E
+    from pyctl.experiment.model import Experiment
+    from pyctl.experiment.probes.state import ProbeState
+    from pyctl.experiment.run import StepRun
+    from pyctl.experiment.target import PidWatch
+
+
+class Evaluation:
+    """The Run's evaluation methods (a mixin: the Run has the state)."""
+
+    # What it reads of the Run (pyctl/experiment/run.py sets them).
+    exp: Experiment
+    db_path: str
+    rec: E.Record
+    phase: str
+    phase_at: dict[str, float]
+    steps: list[StepRun]
+    stop_event: threading.Event
+    abort_at: float | None
+    abort_reason: str | None
+    abort_probe: str
+    interrupted: str | None
+    target_died: str  # set only when the target died during the run
+
+    def _before(self, probes: dict[str, ProbeState], load: Any) -> bool:
+        exp = self.exp
+        ok_all = True
+        for name in exp.steady.probes:
+            ps = probes[name]
+            if not ps.sot:
+                continue
+            res = next((r for ph, r in reversed(ps.samples) if ph == "baseline"), None)
+            ok = bool(res is not None and res.ok)
+            ok_all &= ok
+            self.rec.hypotheses.append(
+                ("before", name, ok, _v(res), _tol(ps.probe), res.detail if res else "no sample")
+            )
+        if load is not None:
+            t0 = self.phase_at["baseline"]
+            ok_all &= self._load_hypothesis("before", load, t0, t0 + exp.baseline)
+        return ok_all
+
+    def _load_hypothesis(self, phase: str, load: Any, start: float, end: float) -> bool:
+        """Each bound holds in at least `quorum` of the phase's 1 s windows.
+        Why windows and a quorum, not one p99 over the phase: on a shared
+        machine one noisy second (another process's burst) decides the p99
+        of a whole phase; a fault (a stall on 20 % of calls) shows in every
+        window it is armed in. The phase's own p99 is recorded beside."""
+        from pyctl.experiment.loadgen import window_stats
+        from pyctl.experiment.loadgen import windows as mkwin
+
+        st = self.exp.steady
+        agg = window_stats(load.samples(start, end), start, end)
+        wins = [
+            w
+            for w in mkwin(load.samples(start, end), start, end, WINDOW_S)
+            if w.end - w.start >= WINDOW_S / 2
+        ]
+        rel0 = self.phase_at["baseline"]
+        ok_all = True
+        for name, b in (
+            ("p50", st.p50),
+            ("p95", st.p95),
+            ("p99", st.p99),
+            ("error_rate", st.error_rate),
+            ("throughput", st.min_throughput),
+        ):
+            if b is None:
+                continue
+            vals = [getattr(w, name) for w in wins if w.count]
+            good = sum(1 for v in vals if not math.isnan(v) and b.check(v))
+            ok = bool(vals) and good >= st.quorum * len(vals)
+            ok_all &= ok
+            self.rec.hypotheses.append(
+                (
+                    phase,
+                    f"load.{name}",
+                    ok,
+                    _fmt(name, getattr(agg, name)),
+                    str(b),
+                    f"{good}/{len(vals)} 1 s windows within (quorum {st.quorum:.0%}); "
+                    f"{agg.count} requests due in [{start - rel0:.1f}s, {end - rel0:.1f}s)",
+                )
+            )
+        return ok_all
+
+    def _evaluate(self, probes: dict[str, ProbeState], load: Any) -> Verdict:
+        from pyctl.experiment import stats
+
+        exp = self.exp
+        f = Findings()
+        t0 = self.phase_at["baseline"]
+        tm = self.phase_at.get("fault")
+        fault_end = getattr(self, "fault_end", None)
+        if self.interrupted:
+            f.abort = f"interrupted by {self.interrupted}: every fault stopped, rollbacks ran"
+        elif self.abort_reason:
+            f.abort = f"{self.abort_reason}; every fault stopped"
+            # The moment of the abort, in the evidence (docs/experiments.md).
+            self.rec.probe_samples.append(
+                (
+                    f"abort:{self.abort_probe}",
+                    "fault",
+                    self.abort_at or 0.0,
+                    False,
+                    None,
+                    self.abort_reason,
+                )
+            )
+        if getattr(self, "target_died", None):
+            # The first thing a user must hear: every later breach follows from it.
+            f.died = self.target_died
+        if not getattr(self, "before_ok", True):
+            bad = [h for h in self.rec.hypotheses if h[0] == "before" and not h[2]]
+            what = ", ".join(f"{h[1]} {h[3]} (want {h[4]})" for h in bad[:3])
+            f.errors.append(f"steady state not met before the method: {what}")
+        # Steps: armed, fired, stopped.
+        for s in self.steps:
+            st = s.step
+            self.rec.steps.append(
+                {
+                    "idx": st.idx,
+                    "name": st.name,
+                    "template": st.template,
+                    "spec": {
+                        "fault": st.fault,
+                        "set": st.sets,
+                        "thread": st.thread,
+                        **kind_of(st).spec(st),
+                        **({"pid": s.fault_pid} if s.fault_pid else {}),
+                        **({"tid": s.fault_tid} if s.fault_tid else {}),
+                        "specs": [sp.to_json() for sp in st.specs],
+                        "describe": [sp.describe() for sp in st.specs],
+                        **({"error": s.error} if s.error else {}),
+                    },
+                    "run_id": s.fault.run_id if s.fault else None,
+                    "planned_start": s.planned_start,
+                    "planned_duration": st.duration,
+                    "started_at": s.fault.started_at if s.fault else None,
+                    "ended_at": s.ended_at,
+                    "fires": len(s.fires),
+                    "status": s.status,
+                }
+            )
+            checked = kind_of(st).check(s.fault) if s.status in ("done", "stopped") else None
+            if checked is not None:
+                ok, counts, detail = checked
+                spec = self.rec.steps[-1]["spec"]
+                spec["answers"], spec["bad_cases"] = counts["answers"], counts["bad_cases"]
+                spec["check"] = detail
+                if not ok:
+                    f.failures.append(f"step {st.idx + 1} ({st.name}): {detail}")
+            if s.status == "failed":
+                f.errors.append(f"step {st.idx + 1} ({st.name}) failed: {s.error}")
+            elif s.status == "not-fired":
+                f.errors.append(
+                    f"step {st.idx + 1} ({st.name}) never fired: the fault did not "
+                    "happen, so the experiment proves nothing"
+                )
+        # Samples.
+        for ps in probes.values():
+            for phase, r in ps.samples:
+                self.rec.probe_samples.append(
+                    (
+                        ps.name,
+                        phase,
+                        r.at,
+                        r.ok,
+                        r.value if isinstance(r.value, (int, float)) else None,
+                        _detail(r),
+                    )
+                )
+        windows: list[tuple[Any, str]] = []
+        end_all = self.phase_at.get("after", time.time())
+        if load is not None:
+            from pyctl.experiment.loadgen import windows as mkwin
+
+            for w in mkwin(load.samples(t0, end_all), t0, end_all, WINDOW_S):
+                if w.end - w.start < WINDOW_S / 2:
+                    continue  # the stub at the end: too few requests to say anything
+                windows.append((w, self._phase_of((w.start + w.end) / 2)))
+            self.rec.load_windows = windows
+        # During: continuous / onchaos hypothesis probes, the load over the fault window.
+        if tm is not None:
+            armed = [s.fault.started_at for s in self.steps if s.fault is not None]
+            fw_start = min(armed) if armed else tm
+            fw_end = fault_end if fault_end is not None else (self.abort_at or time.time())
+            for name in exp.steady.probes:
+                ps = probes[name]
+                if not (ps.continuous or ps.onchaos):
+                    continue
+                during = [r for ph, r in ps.samples if ph == "fault"]
+                failed = [r for r in during if not r.ok]
+                ok = bool(during) and not failed
+                why = failed[0].detail if failed else ("" if during else "no sample")
+                self.rec.hypotheses.append(
+                    (
+                        "during",
+                        name,
+                        ok,
+                        f"{len(during) - len(failed)}/{len(during)} ok",
+                        _tol(ps.probe),
+                        why,
+                    )
+                )
+                if not ok and not f.abort:
+                    f.failures.append(f"hypothesis {name} breached during the method: {why}")
+            if load is not None:
+                if not self._load_hypothesis("during", load, fw_start, fw_end) and not f.abort:
+                    bad = [
+                        h
+                        for h in self.rec.hypotheses
+                        if h[0] == "during" and not h[2] and h[1].startswith("load.")
+                    ]
+                    h = bad[0]
+                    f.failures.append(
+                        f"{h[1]} {h[4]} breached during the fault window "
+                        f"({h[5].split(';')[0]}; {h[1]} {h[3]} over the window)"
+                    )
+                if exp.steady.judge is not None:
+                    base = [x.latency for x in load.samples(t0, t0 + exp.baseline)]
+                    win = [x.latency for x in load.samples(fw_start, fw_end)]
+                    j = stats.judge(
+                        base,
+                        win,
+                        higher_is_worse=True,
+                        alpha=exp.steady.judge.alpha,
+                        min_effect=exp.steady.judge.min_effect,
+                        min_tail_effect=exp.steady.judge.min_tail_effect,
+                    )
+                    self.rec.judgements.append(("latency", j))
+                    if j.worse and not f.abort:
+                        f.failures.append(
+                            f"latency worse in the fault window than the baseline: {j.reason}"
+                        )
+            # Expectations.
+            if not f.abort:
+                self._expectations(probes, windows, fault_end or fw_end, f)
+            # After: end-of-test probes, and the load over the last hold of recovery.
+            if self.phase == "after" and not self.stop_event.is_set():
+                for name in exp.steady.probes:
+                    ps = probes[name]
+                    if not ps.eot:
+                        continue
+                    res = next((r for ph, r in reversed(ps.samples) if ph == "after"), None)
+                    ok = bool(res is not None and res.ok)
+                    self.rec.hypotheses.append(
+                        (
+                            "after",
+                            name,
+                            ok,
+                            _v(res),
+                            _tol(ps.probe),
+                            res.detail if res else "no sample",
+                        )
+                    )
+                    if not ok:
+                        f.failures.append(
+                            f"hypothesis {name} not met after recovery: "
+                            f"{res.detail if res else 'no sample'}"
+                        )
+                if load is not None:
+                    a = self.phase_at["after"]
+                    hold = exp.expect.recovery_hold
+                    if not self._load_hypothesis("after", load, a - hold, a):
+                        f.failures.append(
+                            f"load hypothesis not met in the last {hold:g}s of recovery"
+                        )
+        return decide(f)
+
+    def _pid_died(self, w: PidWatch) -> str:
+        """One line on a target given by pid that ended during the run: when
+        (relative to the method), and how when a fault step's engine saw
+        its exit (an `exit` row of the evidence's links table)."""
+        assert w.died_at is not None
+        how = self._exit_seen(w.pid)
+        at = w.died_at
+        tm = self.phase_at.get("fault")
+        fault_end = getattr(self, "fault_end", None)
+        if tm is not None and at >= tm and (fault_end is None or at <= fault_end):
+            when = f"at +{at - tm:.1f}s, during the fault window"
+        else:
+            t0 = self.phase_at.get("baseline", at)
+            when = f"at +{at - t0:.1f}s, in the {self._phase_of(at)} phase"
+        return f"the target (pid {w.pid}) died during the experiment ({how}) {when}"
+
+    def _exit_seen(self, pid: int) -> str:
+        """ "killed by SIGABRT" / "exit status 3" from the evidence, else why
+        it is unknown (only a parent can read the exit status of a process)."""
+        import sqlite3
+
+        runs = sorted(
+            {s.fault.run_id for s in self.steps if s.fault is not None and s.fault.run_id}
+        )
+        unknown = "exit status unknown: gpufault did not start it and no fault step traced it"
+        if not runs:
+            return unknown
+        try:
+            c = sqlite3.connect(f"file:{self.db_path}?mode=ro", uri=True)
+            try:
+                row = c.execute(
+                    "SELECT detail FROM links WHERE kind = 'exit' AND pid = ? AND run_id IN "
+                    f"({','.join('?' * len(runs))}) ORDER BY ts_ns DESC LIMIT 1",
+                    [pid, *runs],
+                ).fetchone()
+            finally:
+                c.close()
+        except sqlite3.Error:
+            return unknown
+        if row is None:
+            return unknown
+        try:
+            d = json.loads(row[0] or "{}")
+        except ValueError:
+            return unknown
+        sig = d.get("term_signal") if isinstance(d, dict) else None
+        if isinstance(sig, int) and sig > 0:
+            try:
+                name = signal.Signals(sig).name
+            except ValueError:
+                name = f"signal {sig}"
+            return f"killed by {name}" + (", core dumped" if d.get("core") else "")
+        return f"exit status {d.get('exit_status')}"
+
+    def _phase_of(self, t: float) -> str:
+        ph = "baseline"
+        for name in ("fault", "recovery", "after"):
+            if name in self.phase_at and t >= self.phase_at[name]:
+                ph = name
+        return ph
+
+    def _expectations(
+        self,
+        probes: dict[str, ProbeState],
+        windows: list[tuple[Any, str]],
+        fault_end: float,
+        f: Findings,
+    ) -> None:
+        from pyctl.experiment import stats
+
+        ex = self.exp.expect
+        fires = sorted(w for s in self.steps for _fid, w in s.fires)
+        if ex.alert_probe is not None:
+            ps = probes[ex.alert_probe]
+            first = fires[0] if fires else None
+            hit = None
+            if first is not None:
+                hit = next(
+                    (
+                        r.at
+                        for _ph, r in ps.samples
+                        if r.ok and first <= r.at <= first + ex.alert_within
+                    ),
+                    None,
+                )
+            ok = hit is not None and first is not None
+            after = hit - first if hit is not None and first is not None else None
+            d = (
+                "no fault fired"
+                if first is None
+                else f"{ex.alert_probe} ok {after:.2f}s after the first fire"
+                if after is not None
+                else f"{ex.alert_probe} not ok within {ex.alert_within:g}s of the first fire"
+            )
+            self.rec.expectations.append(("alert_fired", ok, after, d))
+            if not ok:
+                f.failures.append(f"alert_fired: {d}")
+        if ex.degradation_probe is not None:
+            ps = probes[ex.degradation_probe]
+            during = [r for ph, r in ps.samples if ph == "fault"]
+            good = [r for r in during if r.ok]
+            ok = bool(good)
+            share = len(good) / len(during) if during else None
+            d = (
+                f"{ex.degradation_probe} ok in {len(good)} of {len(during)} samples during "
+                "the method"
+            )
+            self.rec.expectations.append(("degradation_worked", ok, share, d))
+            if not ok:
+                f.failures.append(f"degradation_worked: {d}")
+        if ex.recovered_within is not None:
+            if ex.recovery_probe is not None:
+                ps = probes[ex.recovery_probe]
+                smp = sorted(r.at for _ph, r in ps.samples)
+                oks = {r.at: r.ok for _ph, r in ps.samples}
+                wins = (
+                    [(a, b, oks[b]) for a, b in zip([smp[0], *smp[:-1]], smp, strict=True)]
+                    if smp
+                    else []
+                )
+                what = f"probe {ex.recovery_probe}"
+            else:
+                wins = [(w.start, w.end, self.exp.steady.window_ok(w)[0]) for w, _ph in windows]
+                what = "the load hypothesis per 1 s window"
+            rt = stats.recovery_time(wins, fault_end, ex.recovery_hold)
+            ok = rt is not None and rt <= ex.recovered_within
+            d = (
+                f"{what} held for {ex.recovery_hold:g}s from {rt:.2f}s after the faults ended"
+                if rt is not None
+                else f"{what} never held for {ex.recovery_hold:g}s after the faults ended"
+            )
+            self.rec.expectations.append(
+                ("recovered_within", ok, rt, d + f" (want <= {ex.recovered_within:g}s)")
+            )
+            if not ok:
+                f.failures.append(f"recovered_within {ex.recovered_within:g}s: {d}")
+        for what in ex.linked:
+            ok, count, d = self._linked(what)
+            self.rec.expectations.append((f"linked:{what}", ok, count, d))
+            if not ok:
+                f.failures.append(f"linked {what}: {d}")
+
+    def _linked(self, what: str) -> tuple[bool, float, str]:
+        """Whether a row of the evidence table `what` names (links to) one of
+        this experiment's fault IDs; the Xid monitor and the anchor reader of
+        each step's controller wrote them into the same database."""
+        import sqlite3
+
+        from pyctl.experiment.model import LINKABLE
+
+        table = LINKABLE[what]
+        fids = sorted({fid for s in self.steps for fid, _w in s.fires if fid})
+        if not fids:
+            return False, 0.0, "no fault fired, so nothing can be linked"
+        runs = sorted(
+            {s.fault.run_id for s in self.steps if s.fault is not None and s.fault.run_id}
+        )
+        lo, hi = int(self.phase_at["baseline"] * 1e9), time.time_ns()
+        # Rows of the window that name no fault of ours (another process's
+        # Xid, an anchor of the module's own): said, not counted.
+        near = (
+            (f"run_id IN ({','.join('?' * len(runs))})", runs)
+            if table == "xids"
+            else ("wall_ns BETWEEN ? AND ?", [lo, hi])
+        )
+        try:
+            c = sqlite3.connect(f"file:{self.db_path}?mode=ro", uri=True)
+            try:
+                marks = ",".join("?" * len(fids))
+                (linked,) = c.execute(
+                    f"SELECT count(*) FROM {table} WHERE fault_id IN ({marks})", fids
+                ).fetchone()
+                (seen,) = c.execute(
+                    f"SELECT count(*) FROM {table} WHERE {near[0]}", near[1]
+                ).fetchone()
+            finally:
+                c.close()
+        except sqlite3.Error as e:
+            return False, 0.0, f"the {table} table could not be read ({e})"
+        d = (
+            f"{linked} {table} row(s) name a fault of this experiment ({len(fids)} fault IDs)"
+            if linked
+            else f"no {table} row names one of its {len(fids)} fault IDs"
+            + (f" ({seen} unlinked row(s) in the window)" if seen else " (none recorded)")
+        )
+        return bool(linked), float(linked), d
+
+
+def _fmt(name: str, v: float) -> str:
+    """Latencies in ms, shares and rates as numbers."""
+    return f"{v * 1000:.1f}ms" if name.split(".")[-1] in ("p50", "p95", "p99") else f"{v:.4g}"
+
+
+def _v(res: Any) -> str:
+    return "" if res is None or res.value is None else str(res.value)
+
+
+def _tol(probe: Any) -> str:
+    t = getattr(probe, "tolerance", None)
+    return "" if t is None else str(t)
+
+
+def _detail(r: Any) -> str:
+    if r.value is not None and not isinstance(r.value, (int, float)):
+        return f"{r.detail} [{r.value}]" if r.detail else str(r.value)
+    return r.detail
+
+
+__all__ = ["Evaluation"]

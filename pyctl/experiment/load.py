@@ -1,0 +1,484 @@
+"""Experiment files: named, versioned TOML that say what to break, what to
+watch, and what "the service coped" means (docs/experiments.md).
+
+A file is checked whole before anything runs: every key is known, every
+value has its type, every template exists, every fault builds through the
+templates' own builder (pyctl.templates.build_spec, the one spec parser),
+every duration parses. A problem is one ExperimentError line naming the
+file, the key and what to do.
+
+The words are Chaos Toolkit's and Litmus's: steady_state (hypothesis),
+method (fault steps), abort (guards), rollback, probes with a mode
+(sot/eot/edge/continuous/onchaos) and a tolerance.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser as a package
+    import tomli as tomllib
+
+from pyctl import templates as T
+from pyctl.experiment.facts import TARGET_FACTS, is_fact, placeholders, render
+from pyctl.experiment.method import parse_method
+from pyctl.experiment.model import (
+    LINKABLE,
+    Abort,
+    Expect,
+    Experiment,
+    ExperimentError,
+    Judge,
+    Load,
+    Remediation,
+    Rollback,
+    SteadyState,
+)
+from pyctl.experiment.probes import Probe, ProbeError, Tolerance, probe_from_toml
+from pyctl.experiment.reader import LOAD_KEYS, Reader, kind_name, load_fields, parse_bound
+from pyctl.experiment.target import parse_target
+
+SHIPPED = Path(__file__).resolve().parent.parent / "experiments"
+ENV_DIRS = "GPUFAULT_EXPERIMENTS"
+
+_NAME = re.compile(r"[a-z0-9][a-z0-9-]*")
+
+TOP_KEYS = {
+    "name",
+    "version",
+    "title",
+    "description",
+    "slo_id",
+    "knobs",
+    "target",
+    "load",
+    "phases",
+    "steady_state",
+    "probes",
+    "method",
+    "abort",
+    "expect",
+    "rollback",
+    "remediation",
+}
+
+
+# ---- loading -----------------------------------------------------------------------------
+
+
+def search_dirs() -> list[Path]:
+    extra = [Path(p) for p in os.environ.get(ENV_DIRS, "").split(os.pathsep) if p]
+    return [*extra, SHIPPED]
+
+
+def find(name_or_file: str) -> Path:
+    """A path (has a slash or ends in .toml and exists), else a name
+    (NAME or NAME@vN) in GPUFAULT_EXPERIMENTS dirs, then the shipped ones."""
+    p = Path(name_or_file)
+    if "/" in name_or_file or name_or_file.endswith(".toml"):
+        if not p.is_file():
+            raise ExperimentError(f"{name_or_file}: no such experiment file: check the path")
+        return p
+    base = name_or_file.split("@v", 1)[0]
+    for name in (base, ALIASES.get(base)):
+        for d in search_dirs() if name else ():
+            if (d / f"{name}.toml").is_file():
+                return d / f"{name}.toml"
+    names = ", ".join(sorted(all_names())) or "none"
+    raise ExperimentError(
+        f"no experiment {name_or_file!r}: see `gpufault experiment list` ({names})"
+    )
+
+
+# Other names users know a shipped experiment by (a file of that name in a
+# search dir comes first): the observability issue's walk-through runs
+# `gpufault experiment run cuda-oom-under-load`.
+ALIASES = {"cuda-oom-under-load": "cuda-oom-degrade"}
+
+
+def all_names() -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    for d in search_dirs():
+        for p in sorted(d.glob("*.toml")) if d.is_dir() else ():
+            out.setdefault(p.stem, p)
+    return out
+
+
+def load(name_or_file: str, sets: dict[str, str] | None = None) -> Experiment:
+    path = find(name_or_file)
+    exp = load_file(path, sets)
+    if "@v" in name_or_file and "/" not in name_or_file:
+        want = name_or_file.split("@v", 1)[1]
+        if str(exp.version) != want:
+            raise ExperimentError(
+                f"{path}: version: is {exp.version}, not {want}: "
+                f"drop @v{want} or use the file of that version"
+            )
+    return exp
+
+
+def load_file(path: Path, sets: dict[str, str] | None = None) -> Experiment:
+    try:
+        doc = tomllib.loads(path.read_text())
+    except OSError as e:
+        raise ExperimentError(f"{path}: cannot read it ({e.strerror}): check the path") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ExperimentError(f"{path}: not valid TOML ({e}): fix the syntax") from None
+    r = Reader(str(path))
+    r.keys(doc, "", TOP_KEYS)
+    name = r.str_(doc, "", "name")
+    if not _NAME.fullmatch(name):
+        raise r.err("name", f"{name!r}: use lower-case letters, digits and dashes")
+    if path.parent.resolve() in {d.resolve() for d in search_dirs()} and name != path.stem:
+        raise r.err("name", f"{name!r} must equal the file name ({path.stem}): rename one")
+    version = r.int_(doc, "", "version", lo=1)
+    title = r.str_(doc, "", "title")
+    description = r.str_(doc, "", "description", "").strip()
+    slo_id = r.str_(doc, "", "slo_id", "")
+
+    knobs: dict[str, T.Knob] = {}
+    for k, spec in r.table(doc, "knobs", set(doc.get("knobs") or {})).items():
+        kk = f"knobs.{k}"
+        if not isinstance(spec, dict):
+            raise r.err(kk, "expected a table with default and help")
+        r.keys(spec, kk, {"default", "help"})
+        if "default" not in spec or not isinstance(spec.get("help"), str) or not spec["help"]:
+            raise r.err(kk, "needs a default and a help line")
+        if isinstance(spec["default"], (dict, list)):
+            raise r.err(f"{kk}.default", "expected a string, number or boolean")
+        knobs[k] = T.Knob(k, spec["default"], spec["help"])
+    values = {k: kn.default for k, kn in knobs.items()}
+    for k, text in (sets or {}).items():
+        if k not in knobs:
+            raise ExperimentError(
+                f"{path}: --set {k}: no such knob (knobs: "
+                f"{', '.join(knobs) or 'none'}): use one of them"
+            )
+        try:
+            values[k] = knobs[k].coerce(text)
+        except T.TemplateError as e:
+            raise ExperimentError(f"{path}: {e}") from None
+
+    # Every {name} must be a knob or a target fact, wherever it is.
+    for k in doc:
+        if k == "knobs":
+            continue
+        for ph in placeholders(doc[k]):
+            if ph not in knobs and not is_fact(ph):
+                raise r.err(
+                    k,
+                    f"{{{ph}}} is neither a knob nor a target fact "
+                    f"({', '.join(TARGET_FACTS)}, rankN_pid, rankN_tid): add [knobs.{ph}]",
+                )
+    rendered = {k: render(v, values) for k, v in doc.items() if k != "knobs"}
+
+    target = parse_target(r, rendered)
+    load_ = _load(r, rendered)
+    probes, probe_where = _probes(r, rendered)
+    steady = _steady(r, rendered, probes, probe_where)
+    if (
+        load_ is None
+        and any(
+            b is not None
+            for b in (steady.p50, steady.p95, steady.p99, steady.error_rate, steady.min_throughput)
+        )
+        or load_ is None
+        and steady.judge is not None
+    ):
+        raise r.err("steady_state", "latency or error hypotheses need a [load] table: add one")
+    steps = parse_method(r, rendered)
+    phases = r.table(rendered, "phases", {"warmup", "baseline", "method", "recovery"})
+    warmup = r.duration(phases, "phases", "warmup", "1s", allow_zero=True)
+    baseline = r.duration(phases, "phases", "baseline", "5s")
+    steps_end = max((s.start + s.duration for s in steps), default=0.0)
+    method_window = r.duration(phases, "phases", "method", steps_end or "5s")
+    if method_window < steps_end:
+        raise r.err(
+            "phases.method",
+            f"{method_window:g}s is shorter than the steps "
+            f"({steps_end:g}s): lengthen it or drop it",
+        )
+    aborts = _aborts(r, rendered, probes)
+    expect = _expect(r, rendered, probes, load_ is not None)
+    need = (expect.recovered_within or 0) + (
+        expect.recovery_hold if expect.recovered_within is not None else 0
+    )
+    recovery = r.duration(phases, "phases", "recovery", max(need, 1.0), allow_zero=True)
+    if recovery < need:
+        raise r.err(
+            "phases.recovery",
+            f"{recovery:g}s cannot show recovered_within + hold ({need:g}s): lengthen it",
+        )
+    rollbacks = _rollbacks(r, rendered)
+    remediation = _remediation(r, rendered)
+
+    expanded = dict(rendered)
+    expanded["knobs"] = values
+    return Experiment(
+        name=name,
+        version=version,
+        title=title,
+        description=description,
+        slo_id=slo_id,
+        path=path,
+        knobs=knobs,
+        values=values,
+        warmup=warmup,
+        baseline=baseline,
+        method_window=method_window,
+        recovery=recovery,
+        target=target,
+        load=load_,
+        steady=steady,
+        probes=probes,
+        probe_where=probe_where,
+        steps=steps,
+        aborts=aborts,
+        expect=expect,
+        rollbacks=rollbacks,
+        remediation=remediation,
+        expanded=expanded,
+    )
+
+
+def _load(r: Reader, doc: dict[str, Any]) -> Load | None:
+    if "load" not in doc:
+        return None
+    t = r.table(doc, "load", LOAD_KEYS)
+    return Load(**load_fields(r, t, "load"))
+
+
+def _probe(r: Reader, key: str, v: Any) -> Probe:
+    """The probe, parsed once, here: the probe package owns its keys and
+    checks them with stand-ins for the target's facts."""
+    if not isinstance(v, dict):
+        raise r.err(key, 'expected a table (kind = "http" | "prometheus" | ...)')
+    try:
+        return probe_from_toml(key.rsplit(".", 1)[-1], v, f"{r.where}: {key}")
+    except ProbeError as e:
+        msg = str(e)
+        raise ExperimentError(msg if r.where in msg else f"{r.where}: {key}: {msg}") from None
+
+
+def _probes(r: Reader, doc: dict[str, Any]) -> tuple[dict[str, Probe], dict[str, str]]:
+    probes: dict[str, Probe] = {}
+    where: dict[str, str] = {}
+    modes = r.modes
+    ss_doc = doc.get("steady_state")
+    ss: dict[str, Any] = ss_doc if isinstance(ss_doc, dict) else {}
+    for section, tables in (
+        ("steady_state.probes", ss.get("probes") or {}),
+        ("probes", doc.get("probes") or {}),
+    ):
+        if not isinstance(tables, dict):
+            raise r.err(section, "expected tables [" + section + ".NAME]")
+        for name, v in tables.items():
+            key = f"{section}.{name}"
+            if name in probes:
+                raise r.err(key, f"a probe {name!r} exists already ({where[name]}): rename one")
+            probes[name] = _probe(r, key, v)
+            modes[name] = str(probes[name].mode)
+            where[name] = key
+    return probes, where
+
+
+def _steady(
+    r: Reader, doc: dict[str, Any], probes: dict[str, Any], where: dict[str, str]
+) -> SteadyState:
+    t = r.table(
+        doc,
+        "steady_state",
+        {"p50", "p95", "p99", "error_rate", "min_throughput", "judge", "probes", "quorum"},
+    )
+    b: dict[str, Tolerance | None] = {}
+    for k, unit in (
+        ("p50", "duration"),
+        ("p95", "duration"),
+        ("p99", "duration"),
+        ("error_rate", "share"),
+        ("min_throughput", "number"),
+    ):
+        b[k] = parse_bound(t[k], r, f"steady_state.{k}", unit) if k in t else None
+    judge = None
+    if "judge" in t:
+        j = t["judge"]
+        if j is True:
+            j = {}
+        if not isinstance(j, dict):
+            want = "expected true or a table {alpha, min_effect, min_tail_effect}"
+            raise r.err("steady_state.judge", want)
+        r.keys(j, "steady_state.judge", {"alpha", "min_effect", "min_tail_effect"})
+        alpha = r.num(j, "steady_state.judge", "alpha", 0.01)
+        if not 0 < alpha < 1:
+            raise r.err("steady_state.judge.alpha", f"{alpha:g}: give 0 < alpha < 1")
+        judge = Judge(
+            alpha=alpha,
+            min_effect=r.num(j, "steady_state.judge", "min_effect", 0.2),
+            min_tail_effect=r.num(j, "steady_state.judge", "min_tail_effect", 0.05),
+        )
+    hyp = [n for n, w in where.items() if w.startswith("steady_state.")]
+    quorum = 0.8
+    if "quorum" in t:
+        q = t["quorum"]
+        if isinstance(q, str) and q.strip().endswith("%"):
+            try:
+                q = float(q.strip()[:-1]) / 100
+            except ValueError:
+                pass
+        if isinstance(q, bool) or not isinstance(q, (int, float)) or not 0 < q <= 1:
+            raise r.err(
+                "steady_state.quorum",
+                f'{t["quorum"]!r}: give a share such as "80%" or 0.8 (0 < quorum <= 1)',
+            )
+        quorum = float(q)
+    return SteadyState(
+        p50=b["p50"],
+        p95=b["p95"],
+        p99=b["p99"],
+        error_rate=b["error_rate"],
+        min_throughput=b["min_throughput"],
+        judge=judge,
+        probes=hyp,
+        quorum=quorum,
+    )
+
+
+def _known_probe(
+    r: Reader, key: str, name: Any, probes: dict[str, Any], sampled: bool = True
+) -> str:
+    """A probe name that exists; sampled: it must be sampled while faults
+    run (continuous or onchaos), else the check could never see anything."""
+    if not isinstance(name, str):
+        raise r.err(key, f"expected a probe name, got {kind_name(name)}")
+    if name not in probes:
+        raise r.err(
+            key,
+            f"no probe {name!r}: define [probes.{name}] (probes: {', '.join(probes) or 'none'})",
+        )
+    mode = r.modes.get(name, "continuous")
+    if sampled and mode not in ("continuous", "onchaos"):
+        raise r.err(
+            key,
+            f"probe {name!r} has mode {mode!r}, so it is not sampled while the "
+            'faults run: give it mode = "continuous" (or "onchaos")',
+        )
+    return name
+
+
+def _aborts(r: Reader, doc: dict[str, Any], probes: dict[str, Any]) -> list[Abort]:
+    raw = doc.get("abort", [])
+    if not isinstance(raw, list) or not all(isinstance(x, dict) for x in raw):
+        raise r.err("abort", "expected [[abort]] tables {probe, after_failures}")
+    out = []
+    for i, a in enumerate(raw):
+        key = f"abort[{i + 1}]"
+        r.keys(a, key, {"probe", "after_failures"})
+        out.append(
+            Abort(
+                probe=_known_probe(r, f"{key}.probe", a.get("probe"), probes),
+                after_failures=r.int_(a, key, "after_failures", 1, lo=1),
+            )
+        )
+    return out
+
+
+def _expect(r: Reader, doc: dict[str, Any], probes: dict[str, Any], has_load: bool) -> Expect:
+    t = r.table(doc, "expect", {"alert_fired", "degradation_worked", "recovered_within", "linked"})
+    e = Expect()
+    if "linked" in t:
+        lk = t["linked"]
+        if (
+            not isinstance(lk, list)
+            or not lk
+            or not all(isinstance(x, str) and x in LINKABLE for x in lk)
+        ):
+            raise r.err(
+                "expect.linked",
+                f"expected a list of {' / '.join(repr(k) for k in LINKABLE)} "
+                '(e.g. linked = ["xid"]: an Xid row must name a fault of this experiment)',
+            )
+        e.linked = tuple(dict.fromkeys(lk))
+    if "alert_fired" in t:
+        a = t["alert_fired"]
+        if not isinstance(a, dict):
+            raise r.err("expect.alert_fired", 'expected {probe = "NAME", within = "5s"}')
+        r.keys(a, "expect.alert_fired", {"probe", "within"})
+        e.alert_probe = _known_probe(r, "expect.alert_fired.probe", a.get("probe"), probes)
+        e.alert_within = r.duration(a, "expect.alert_fired", "within")
+    if "degradation_worked" in t:
+        d = t["degradation_worked"]
+        if isinstance(d, dict):
+            r.keys(d, "expect.degradation_worked", {"probe"})
+            d = d.get("probe")
+        e.degradation_probe = _known_probe(r, "expect.degradation_worked", d, probes)
+    if "recovered_within" in t:
+        rw = t["recovered_within"]
+        if isinstance(rw, dict):
+            r.keys(rw, "expect.recovered_within", {"within", "probe", "hold"})
+            e.recovered_within = r.duration(
+                rw, "expect.recovered_within", "within", allow_zero=True
+            )
+            if "probe" in rw:
+                e.recovery_probe = _known_probe(
+                    r, "expect.recovered_within.probe", rw["probe"], probes
+                )
+            e.recovery_hold = r.duration(rw, "expect.recovered_within", "hold", "3s")
+        else:
+            e.recovered_within = r.duration(t, "expect", "recovered_within", allow_zero=True)
+        if e.recovery_probe is None and not has_load:
+            raise r.err(
+                "expect.recovered_within",
+                'needs [load] or a probe: add {within = "10s", probe = "NAME"}',
+            )
+    return e
+
+
+def _rollbacks(r: Reader, doc: dict[str, Any]) -> list[Rollback]:
+    raw = doc.get("rollback", [])
+    if not isinstance(raw, list) or not all(isinstance(x, dict) for x in raw):
+        raise r.err("rollback", "expected [[rollback]] tables {command, timeout}")
+    out = []
+    for i, rb in enumerate(raw):
+        key = f"rollback[{i + 1}]"
+        r.keys(rb, key, {"name", "command", "timeout"})
+        cmd = r.command(rb, key, "command")
+        out.append(
+            Rollback(
+                name=r.str_(rb, key, "name", cmd[0]),
+                command=cmd,
+                timeout=r.duration(rb, key, "timeout", "30s"),
+            )
+        )
+    return out
+
+
+def _remediation(r: Reader, doc: dict[str, Any]) -> Remediation | None:
+    if "remediation" not in doc:
+        return None
+    t = r.table(doc, "remediation", {"command", "on", "timeout"})
+    on = r.str_(t, "remediation", "on", "breach")
+    if on != "breach":
+        raise r.err("remediation.on", f'{on!r}: the only trigger is "breach"')
+    return Remediation(
+        command=r.command(t, "remediation", "command"),
+        on=on,
+        timeout=r.duration(t, "remediation", "timeout", "30s"),
+    )
+
+
+__all__ = [
+    "ALIASES",
+    "ENV_DIRS",
+    "SHIPPED",
+    "all_names",
+    "find",
+    "load",
+    "load_file",
+    "search_dirs",
+]

@@ -1,0 +1,234 @@
+"""The parsed experiment: what load.py makes of a file, as dataclasses.
+
+Nothing here reads a file or runs anything; every value is already
+checked (pyctl/experiment/load.py) and has its type. Result rows of a run
+are in pyctl/experiment/evidence.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pyctl import templates as T
+from pyctl.exceptions import BadInput
+from pyctl.experiment.probes import Probe, Tolerance
+from pyctl.spec import FaultSpec
+
+WINDOW_S = 1.0  # load windows: the SLO's resolution (hypothesis, breach, recovery)
+# Prompt sources of [load] and of traffic steps (pyctl/experiment/corpora.py).
+CORPORA = ("prompt", "prompts", "unicode", "over-limit", "at-limit", "hot", "cold")
+
+
+class ExperimentError(BadInput):
+    """One line for the user: which file, which key, what is wrong, what to do."""
+
+
+@dataclass
+class Step:
+    """One step of the method: its timing and aim, and its kind's table."""
+
+    idx: int
+    name: str
+    template: str | None  # "name@vN" for a template step, None for an inline fault
+    sets: dict[str, str]  # --set values of a template step
+    fault: dict[str, Any] | None  # an inline [[fault]] table (knobs rendered)
+    start: float  # offset from the method's start, seconds
+    duration: float
+    thread: str | None  # only this thread of the target (its comm), e.g. gf-worker
+    specs: list[FaultSpec] = field(default_factory=list)
+    # Another process or thread of the target than the served one: a number
+    # or one fact ("{rank1_pid}"), filled in once the target runs.
+    pid: str | None = None
+    tid: str | None = None
+    arm_timeout: float | None = None  # None: the FaultHost's own (60 s)
+    # Its kind's name in the steps registry (pyctl/experiment/steps/):
+    # "fault" (a template or an inline fault), "traffic", "perturb", "pressure".
+    kind: str = "fault"
+    traffic: Traffic | None = None  # a traffic step: requests, not a fault
+    # A perturb step: {"rules": [...], "seed": N, "url": ...}, bit flips the
+    # service arms in its own model (pyctl/experiment/steps/perturb.py).
+    perturb: dict[str, Any] | None = None
+    # A pressure step: {"share", "device", "allocator", "reserve_mib"}, a
+    # second process holding VRAM (pyctl/experiment/steps/pressure.py).
+    pressure: dict[str, Any] | None = None
+
+    @property
+    def label(self) -> str:
+        return self.template or ("inline" if self.kind == "fault" else self.kind)
+
+
+# The first word of a target command that means "this gpufault": started
+# isolated (`python -I -m pyctl ...`, pyctl.paths), never one found on PATH.
+GPUFAULT = "gpufault"
+# gpufault's admin token variable (the reference service reads it, and so
+# may any server): what a perturb step sends when the file names none.
+ADMIN_TOKEN_ENV = "GPUFAULT_ADMIN_TOKEN"
+# The default ready line: the reference service's "serving on http://..."
+# (any server may print the same; target.ready gives another regex).
+SERVICE_READY = r"serving on (?P<url>https?://\S+)"
+
+
+@dataclass
+class Target:
+    url: str | None
+    pid: int | None
+    command: list[str]  # gpufault starts it ({ready_file} is a private path)
+    ready: str  # a regex over its stderr lines; a (?P<url>) group gives the url
+    start_timeout: float
+    env: dict[str, str] = field(default_factory=dict)  # added to the command's environment
+    # A fresh secret gpufault puts into this variable of the command it
+    # starts; its perturb steps send it (the service's --perturb-control).
+    admin_token_env: str | None = None
+
+
+@dataclass
+class Load:
+    rate: float
+    prompt: str
+    max_tokens: int
+    timeout: float
+    path: str
+    concurrency: int
+    # The prompt mix (corpora.bodies): "prompt" (the one above), "prompts"
+    # (the list, in turn), or a generated corpus.
+    corpus: str = "prompt"
+    prompts: list[str] = field(default_factory=list)
+    context: int = 256  # the service's --max-context (over-limit, at-limit)
+    vocab_size: int = 1000  # the service's --vocab-size (its tokenizer, rebuilt here)
+    max_len: int = 20000  # cap of the unicode corpus's long cases (characters)
+
+
+@dataclass
+class Traffic(Load):
+    """A traffic step: a second open-loop load while the step lasts (the
+    adversarial input is the fault). Every answer must have a status in
+    ok_status: a refusal (4xx) is fine, a 5xx, a dropped connection or a
+    timeout is not; `max_bad` is the share allowed outside."""
+
+    ok_status: tuple[int, int] = (200, 499)
+    max_bad: float = 0.0
+
+
+@dataclass
+class Judge:
+    alpha: float
+    min_effect: float  # Cliff's delta of the shift test
+    min_tail_effect: float = 0.05  # the tail test's share difference (pyctl/experiment/stats.py)
+
+
+@dataclass
+class SteadyState:
+    p50: Tolerance | None
+    p95: Tolerance | None
+    p99: Tolerance | None
+    error_rate: Tolerance | None
+    min_throughput: Tolerance | None
+    judge: Judge | None
+    probes: list[str]  # names of the hypothesis probes (tables in Experiment.probes)
+    quorum: float = 0.8  # share of a phase's 1 s windows that must meet the bounds
+
+    def window_ok(self, w: Any) -> tuple[bool, str]:
+        """Does one load window meet the per-window hypothesis?"""
+        if w.count == 0:
+            return False, "no request due in this window"
+        for name, b in (
+            ("p50", self.p50),
+            ("p95", self.p95),
+            ("p99", self.p99),
+            ("error_rate", self.error_rate),
+            ("throughput", self.min_throughput),
+        ):
+            if b is not None and not b.check(getattr(w, name)):
+                return False, f"{name} {getattr(w, name):.4g} not {b}"
+        return True, ""
+
+
+@dataclass
+class Abort:
+    probe: str
+    after_failures: int
+
+
+@dataclass
+class Expect:
+    alert_probe: str | None = None
+    alert_within: float = 0.0
+    degradation_probe: str | None = None
+    recovered_within: float | None = None
+    recovery_probe: str | None = None
+    recovery_hold: float = 3.0
+    # Evidence rows that must name one of the experiment's fault IDs: "xid"
+    # (the NVIDIA driver's Xid tracepoint), "anchor" (gpufa.ko's anchors).
+    linked: tuple[str, ...] = ()
+
+
+LINKABLE = {"xid": "xids", "anchor": "anchors"}  # expectation word -> evidence table
+
+
+@dataclass
+class Rollback:
+    name: str
+    command: list[str]
+    timeout: float
+
+
+@dataclass
+class Remediation:
+    command: list[str]
+    on: str
+    timeout: float
+
+
+@dataclass
+class Experiment:
+    name: str
+    version: int
+    title: str
+    description: str
+    slo_id: str
+    path: Path
+    knobs: dict[str, T.Knob]
+    values: dict[str, Any]
+    warmup: float  # load runs, nothing is counted (a fresh service's first requests)
+    baseline: float
+    method_window: float  # the method phase's length (steps' end, or [phases] method)
+    recovery: float
+    target: Target
+    load: Load | None
+    steady: SteadyState
+    probes: dict[str, Probe]  # name -> probe, parsed once (target facts: with_facts)
+    probe_where: dict[str, str]  # name -> "steady_state.probes.X" / "probes.X"
+    steps: list[Step]
+    aborts: list[Abort]
+    expect: Expect
+    rollbacks: list[Rollback]
+    remediation: Remediation | None
+    expanded: dict[str, Any]  # the file's content with the knobs filled in
+
+    @property
+    def ident(self) -> str:
+        return f"{self.name}@v{self.version}"
+
+
+__all__ = [
+    "ADMIN_TOKEN_ENV",
+    "CORPORA",
+    "GPUFAULT",
+    "LINKABLE",
+    "SERVICE_READY",
+    "WINDOW_S",
+    "Abort",
+    "Expect",
+    "Experiment",
+    "ExperimentError",
+    "Judge",
+    "Load",
+    "Remediation",
+    "Rollback",
+    "SteadyState",
+    "Step",
+    "Target",
+    "Traffic",
+]

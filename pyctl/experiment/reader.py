@@ -1,0 +1,209 @@
+"""Typed readers of an experiment file's values: every message names the
+file and the key, says what is wrong and what to do (one ExperimentError
+line). Shared by load.py, method.py, target.py and the step kinds.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from pyctl.experiment.model import CORPORA, ExperimentError
+from pyctl.experiment.probes import ProbeError, Tolerance
+from pyctl.spec import SpecError, parse_duration
+
+
+class Reader:
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self.modes: dict[str, str] = {}  # probe name -> its mode (sot, continuous, ...)
+
+    def err(self, key: str, what: str) -> ExperimentError:
+        return ExperimentError(f"{self.where}: {key}: {what}")
+
+    def table(
+        self, doc: dict[str, Any], key: str, allowed: set[str], *, required: bool = False
+    ) -> dict[str, Any]:
+        v = doc.get(key.rsplit(".", 1)[-1])
+        if v is None:
+            if required:
+                raise self.err(key, f"missing: add a [{key}] table")
+            return {}
+        if not isinstance(v, dict):
+            raise self.err(key, f"expected a table, got {kind_name(v)}: write [{key}] or {{...}}")
+        self.keys(v, key, allowed)
+        return v
+
+    def keys(self, d: dict[str, Any], key: str, allowed: set[str]) -> None:
+        for k in d:
+            if k not in allowed:
+                raise self.err(
+                    f"{key}.{k}" if key else k,
+                    f"unknown key: remove it or use one of {', '.join(sorted(allowed))}",
+                )
+
+    def str_(self, d: dict[str, Any], key: str, name: str, default: str | None = None) -> str:
+        v = d.get(name, default)
+        if v is None:
+            raise self.err(_join(key, name), "missing: give a string")
+        if not isinstance(v, str):
+            raise self.err(_join(key, name), f"expected a string, got {kind_name(v)} {v!r}")
+        return v
+
+    def int_(
+        self, d: dict[str, Any], key: str, name: str, default: int | None = None, lo: int = 0
+    ) -> int:
+        v = d.get(name, default)
+        if v is None:
+            raise self.err(_join(key, name), "missing: give an integer")
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise self.err(_join(key, name), f"expected an integer, got {kind_name(v)} {v!r}")
+        if v < lo:
+            raise self.err(_join(key, name), f"{v} is below {lo}: give at least {lo}")
+        return v
+
+    def num(
+        self,
+        d: dict[str, Any],
+        key: str,
+        name: str,
+        default: float | None = None,
+        what: str = "a number",
+    ) -> float:
+        v = d.get(name, default)
+        if v is None:
+            raise self.err(_join(key, name), f"missing: give {what}")
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
+            raise self.err(_join(key, name), f"expected {what}, got {kind_name(v)} {v!r}")
+        return float(v)
+
+    def bool_(self, d: dict[str, Any], key: str, name: str, default: bool) -> bool:
+        v = d.get(name, default)
+        if not isinstance(v, bool):
+            raise self.err(_join(key, name), f"expected true or false, got {kind_name(v)} {v!r}")
+        return v
+
+    def duration(
+        self,
+        d: dict[str, Any],
+        key: str,
+        name: str,
+        default: Any = None,
+        *,
+        allow_zero: bool = False,
+    ) -> float:
+        v = d.get(name, default)
+        k = _join(key, name)
+        if v is None:
+            raise self.err(k, 'missing: give a duration such as "5s" or "500ms"')
+        if isinstance(v, bool) or not isinstance(v, (str, int, float)):
+            raise self.err(k, f'expected a duration such as "5s", got {kind_name(v)} {v!r}')
+        try:
+            return parse_duration(str(v), k, allow_zero=allow_zero)
+        except SpecError as e:
+            raise self.err(k, str(e).split(": ", 1)[-1]) from None
+
+    def env(self, d: dict[str, Any], key: str, name: str) -> dict[str, str]:
+        v = d.get(name, {})
+        if not isinstance(v, dict) or not all(isinstance(x, str) for x in v.values()):
+            raise self.err(
+                _join(key, name), 'expected a table of strings, e.g. {GF_DOUBLE_MEM_MIB = "24"}'
+            )
+        return dict(v)
+
+    def command(self, d: dict[str, Any], key: str, name: str) -> list[str]:
+        """A command as a list of words, or one string split like a shell
+        would (no shell runs it: no expansion, no pipes)."""
+        v = d.get(name)
+        k = _join(key, name)
+        if isinstance(v, str):
+            try:
+                words = shlex.split(v)
+            except ValueError as e:
+                raise self.err(k, f"cannot split {v!r} ({e}): fix the quoting") from None
+        elif isinstance(v, list) and all(isinstance(w, str) for w in v):
+            words = list(v)
+        else:
+            raise self.err(
+                k, f"expected a command (a string or a list of strings), got {kind_name(v)}"
+            )
+        if not words:
+            raise self.err(k, "empty command: give the program and its arguments")
+        return words
+
+
+def _join(key: str, name: str) -> str:
+    return f"{key}.{name}" if key else name
+
+
+def kind_name(v: Any) -> str:
+    return {
+        bool: "boolean",
+        int: "integer",
+        float: "float",
+        str: "string",
+        list: "array",
+        dict: "table",
+    }.get(type(v), type(v).__name__)
+
+
+# ---- bounds for the load generator's numbers (latency, error share, rate) ----------------
+
+
+def parse_bound(text: Any, r: Reader, key: str, unit: str) -> Tolerance:
+    """A load bound (`<= 200ms`, `< 1%`): the probes' one tolerance type."""
+    try:
+        return Tolerance.bound(text, unit)
+    except ProbeError as e:
+        raise r.err(key, str(e)) from None
+
+
+LOAD_KEYS = {
+    "rate",
+    "prompt",
+    "max_tokens",
+    "timeout",
+    "path",
+    "concurrency",
+    "corpus",
+    "prompts",
+    "context",
+    "vocab_size",
+    "max_len",
+}
+
+
+def load_fields(r: Reader, t: dict[str, Any], key: str) -> dict[str, Any]:
+    """The keys [load] and a traffic step share."""
+    rate = r.num(t, key, "rate", 10, "a number of requests per second")
+    if not 0 < rate <= 10000:
+        raise r.err(f"{key}.rate", f"{rate:g}: give 0 < rate <= 10000 requests per second")
+    path = r.str_(t, key, "path", "/v1/completions")
+    if not path.startswith("/"):
+        raise r.err(f"{key}.path", f"{path!r}: give a path starting with /")
+    prompts = t.get("prompts", [])
+    if not isinstance(prompts, list) or not all(isinstance(x, str) for x in prompts):
+        raise r.err(f"{key}.prompts", "expected a list of strings (sent in turn)")
+    corpus = r.str_(t, key, "corpus", "prompts" if prompts else "prompt")
+    if corpus not in CORPORA:
+        raise r.err(f"{key}.corpus", f"{corpus!r}: use one of {', '.join(CORPORA)}")
+    if corpus == "prompts" and not prompts:
+        raise r.err(f"{key}.prompts", 'corpus "prompts" needs prompts = ["...", ...]')
+    if prompts and corpus != "prompts":
+        raise r.err(f"{key}.prompts", f'prompts are for corpus = "prompts", not {corpus!r}')
+    return {
+        "rate": rate,
+        "prompt": r.str_(t, key, "prompt", "hello world"),
+        "max_tokens": r.int_(t, key, "max_tokens", 4, lo=1),
+        "timeout": r.duration(t, key, "timeout", "5s"),
+        "path": path,
+        "concurrency": r.int_(t, key, "concurrency", 64, lo=1),
+        "corpus": corpus,
+        "prompts": list(prompts),
+        "context": r.int_(t, key, "context", 256, lo=8),
+        "vocab_size": r.int_(t, key, "vocab_size", 1000, lo=256),
+        "max_len": r.int_(t, key, "max_len", 20000, lo=1),
+    }
+
+
+__all__ = ["LOAD_KEYS", "Reader", "kind_name", "load_fields", "parse_bound"]
