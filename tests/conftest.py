@@ -385,6 +385,38 @@ def tracefs_mounted() -> object:
         marker.unlink()
 
 
+@pytest.fixture(scope="session")
+def vm_guest(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], object]]:
+    """vm_guest(kernel): the session's booted guest of that kernel
+    (vm/guest.py: edu device, 2 GiB), booted on first use and shared by the
+    vm tests' jobs; each job gets a cleaned guest (fresh /tmp, its
+    processes, trace events and modules gone), sees the session's pytest
+    base directory read-write (a test's tmp_path), and a job that hangs or
+    crashes the guest takes it down (the next one boots anew). Tests that
+    need another machine (a bare init, other devices, a timeout of the
+    runner itself) call vmrun.run_in_vm."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "vm"))
+    import vmrun
+    from guest import Guest
+
+    shares = vmrun._share_hidden_checkout(REPO, [str(tmp_path_factory.getbasetemp())])
+    guests: dict[str, Guest] = {}
+
+    def get(kernel: str) -> Guest:
+        why = vmrun.kernel_available(kernel)
+        if why:
+            pytest.skip(why)
+        if kernel not in guests:
+            guests[kernel] = Guest(kernel, edu=True, rw=shares)
+        return guests[kernel]
+
+    yield get
+    for g in guests.values():
+        g.close()
+
+
 @pytest.fixture
 def evidence(tmp_path: Path) -> dict:
     """A database filled by tests/evidence_rows.py (no root): its ids, and
@@ -398,16 +430,18 @@ def evidence(tmp_path: Path) -> dict:
 
 
 # ---- in parallel (pytest-xdist: `make test` runs -n 2 --dist loadgroup) ------
-# Each test file runs whole on one worker, so a module's fixtures (a VM boot,
-# a built target) are made once; these groups of files run on one worker one
-# after the other, because two at once would not bear each other:
+# Tests go to whichever worker is free, one at a time (a file's tests may run
+# on both: a module fixture is then made once per worker), except these
+# groups, each run whole on one worker, one test after the other:
+#  vm       every vm test: the session's shared guests (vm_guest) live in
+#           one worker, and qemu/TCG takes a core per guest;
 #  netns    /run/netns is mounted by the first namespace and unmounted only
-#           by the process that mounted it, when its last goes: two workers'
-#           links at once can leave it mounted;
+#           by the process that mounted it, when its last goes: two
+#           workers' links at once can leave it mounted;
 #  tracefs  tracefs_mounted unmounts what it mounted, under the other
-#           worker's test that found it mounted;
-#  vm       qemu/TCG takes a core per guest: one boot at a time keeps the
-#           guests' timeouts what they are on a quiet machine.
+#           worker's test that found it mounted.
+# (A whole file per worker was tried first: test_experiment_classes.py
+# alone then took 22 minutes of one worker on the loaded machine.)
 _NETNS_FILES = {
     "test_netchaos.py",
     "test_service_ranks.py",
@@ -415,31 +449,80 @@ _NETNS_FILES = {
     "test_hooks_cli.py",
     "test_suite_isolation.py",
 }
-# Longest first (measured, --durations): the scheduler hands out groups in
-# this order, so no long one starts last while the other worker idles.
-_FIRST = ("vm", "netns")
+# Longest first (measured, GF_TEST_TIMES): the scheduler hands out work in
+# this order, so no long test starts last while the other worker idles.
+_FIRST = (
+    "vm",
+    "netns",
+    "test_experiment_classes.py",
+    "test_chaostoolkit.py",
+    "test_experiment_run.py",
+    "test_experiment_class4_5.py",
+)
 
 
-def _group(item: pytest.Item) -> str:
-    name = item.path.name
-    if name in _NETNS_FILES:
+def _group(item: pytest.Item) -> str | None:
+    if item.path.name in _NETNS_FILES:
         return "netns"
     if item.get_closest_marker("vm") is not None:
         return "vm"
     if "tracefs_mounted" in getattr(item, "fixturenames", ()):
         return "tracefs"
-    return name
+    return None
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if config.getoption("dist", "no") != "loadgroup":
+    # A worker sees dist "no" and xdist's own loadgroup flag instead.
+    if config.getoption("dist", "no") != "loadgroup" and not getattr(
+        config.option, "loadgroup", False
+    ):
         return
     for item in items:
-        item.add_marker(pytest.mark.xdist_group(_group(item)))
+        g = _group(item)
+        if g is not None:
+            item.add_marker(pytest.mark.xdist_group(g))
 
     def rank(item: pytest.Item) -> int:
-        g = _group(item)
+        g = _group(item) or item.path.name
         return _FIRST.index(g) if g in _FIRST else len(_FIRST)
 
     items.sort(key=rank)  # stable: a file's tests keep their order
+
+
+# ---- where the time goes (GF_TEST_TIMES=FILE) --------------------------------
+# One JSON line per test: its wall time (setup + call + teardown), the CPU
+# seconds of this process and of the children it reaped meanwhile (qemu, a
+# CLI, a service), and the worker. CPU well below wall is waiting (a VM's
+# guest under another's load, a sleep, a --duration window); near or above
+# wall (two cores) is CPU-bound. docs/tests.md shows how to sum it.
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    path = os.environ.get("GF_TEST_TIMES")
+    if not path:
+        yield
+        return
+    import json
+    import resource
+    import time
+
+    def cpu() -> tuple[float, float]:
+        s, c = (
+            resource.getrusage(resource.RUSAGE_SELF),
+            resource.getrusage(resource.RUSAGE_CHILDREN),
+        )
+        return s.ru_utime + s.ru_stime, c.ru_utime + c.ru_stime
+
+    t0, (s0, c0) = time.monotonic(), cpu()
+    yield
+    wall, (s1, c1) = time.monotonic() - t0, cpu()
+    row = {
+        "id": item.nodeid,
+        "worker": os.environ.get("PYTEST_XDIST_WORKER", ""),
+        "wall": round(wall, 2),
+        "cpu": round(s1 - s0, 2),
+        "child_cpu": round(c1 - c0, 2),
+        "vm": item.get_closest_marker("vm") is not None,
+    }
+    with open(path, "a") as f:  # one short write per line: workers append safely
+        f.write(json.dumps(row) + "\n")

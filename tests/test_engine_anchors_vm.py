@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,7 +21,7 @@ import vmrun  # noqa: E402
 pytestmark = [pytest.mark.vm, pytest.mark.root]
 
 
-def test_anchor_carries_the_fault_id(tmp_path: Path) -> None:
+def test_anchor_carries_the_fault_id(tmp_path: Path, vm_guest: Any) -> None:
     why = vmrun.kernel_available("bookworm")
     if why:
         pytest.skip(why)
@@ -34,12 +35,11 @@ def test_anchor_carries_the_fault_id(tmp_path: Path) -> None:
         text=True,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    res = vmrun.run_in_vm(
-        "bookworm",
+    # The session's bookworm guest (conftest.vm_guest), edu included.
+    res = vm_guest("bookworm").run(
         ["python3", "tests/guest_engine_anchor.py", str(out / "gpufa.ko"), str(tmp_path)],
         cwd=REPO,
         rw=[tmp_path],
-        edu=True,
         timeout=300,
     )
     r = json.loads((tmp_path / "result.json").read_text())

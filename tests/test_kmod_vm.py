@@ -43,7 +43,9 @@ GUEST_CHECKS = (
 
 
 @pytest.fixture(scope="module", params=[k for k in KERNELS if KERNELS[k].vm])
-def vm(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def vm(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, vm_guest: Any
+) -> dict[str, Any]:
     k = KERNELS[request.param]
     if vmrun is None:
         pytest.skip("vm/vmrun.py not importable")
@@ -67,9 +69,9 @@ def vm(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory)
         "--fire-test-ko", str(out / "tests" / "gpufa_fire_test.ko"),
         "--unplug-marker", UNPLUG,
     ]  # fmt: skip
-    res = vmrun.run_in_vm(
-        k.vm, argv, cwd=REPO, rw=[share], edu=True,
-        qmp_on=[(UNPLUG, "device_del edu0")], timeout=420,
+    # The session's guest of that kernel (conftest.vm_guest), edu included.
+    res = vm_guest(k.vm).run(
+        argv, cwd=REPO, rw=[share], qmp_on=[(UNPLUG, "device_del edu0")], timeout=420,
     )  # fmt: skip
     result_file = share / "result.json"
     assert result_file.exists(), (

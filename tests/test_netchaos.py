@@ -726,7 +726,7 @@ print("GFRESULT " + json.dumps(res), flush=True)
 
 @pytest.mark.vm
 @pytest.mark.slow
-def test_netem_delay_loss_partition_in_vm() -> None:
+def test_netem_delay_loss_partition_in_vm(vm_guest: Any) -> None:
     import pathlib
 
     repo = pathlib.Path(__file__).resolve().parent.parent
@@ -742,8 +742,9 @@ def test_netem_delay_loss_partition_in_vm() -> None:
     moddir = repo / "build/vm/sid/root/usr/lib/modules" / release
     if not list(moddir.rglob("sch_netem.ko*")):
         pytest.skip(f"sch_netem module not in {moddir} (make vm-kernels)")
-    r = vmrun.run_in_vm(
-        "sid", [sys.executable, "-c", GUEST, str(repo), str(moddir)], cwd=str(repo), timeout=280
+    # The session's sid guest (conftest.vm_guest).
+    r = vm_guest("sid").run(
+        [sys.executable, "-c", GUEST, str(repo), str(moddir)], cwd=str(repo), timeout=280
     )
     lines = [x for x in r.output.splitlines() if x.startswith("GFRESULT ")]
     assert r.rc == 0 and lines, (r.error, r.output[-2000:])

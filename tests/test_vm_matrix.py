@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,12 +22,12 @@ pytestmark = [pytest.mark.vm, pytest.mark.root]
 @pytest.mark.parametrize(
     "kernel, expect, multi", [("sid", "regs", "1"), ("bookworm", "copilot", "0")]
 )
-def test_fail_matrix_in_vm(kernel: str, expect: str, multi: str) -> None:
+def test_fail_matrix_in_vm(kernel: str, expect: str, multi: str, vm_guest: Any) -> None:
     why = vmrun.kernel_available(kernel)
     if why:
         pytest.skip(why)
-    res = vmrun.run_in_vm(
-        kernel,
+    # The session's guest of that kernel (conftest.vm_guest, 2 GiB).
+    res = vm_guest(kernel).run(
         [
             sys.executable,
             "-m",
@@ -44,7 +45,6 @@ def test_fail_matrix_in_vm(kernel: str, expect: str, multi: str) -> None:
         cwd=REPO,
         env={"GF_EXPECT_MECH": expect, "GF_EXPECT_MULTI": multi},
         timeout=600,
-        mem="2G",
     )
     assert res.rc == 0, res.output[-4000:]
     assert "passed" in res.output and "failed" not in res.output

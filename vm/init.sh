@@ -63,6 +63,19 @@ gf_mount_rw() {
 }
 gf_rw_mounts
 
+# GF_SERVE=1 (vm/guest.py): a guest shared by several jobs. The shares
+# were mounted under /gfshare by gf_rw_mounts; each job is
+# /gfjob/jobs/N.sh (its GF_NONCE, gf_rw_mounts binding what it needs of
+# the shares, gf_run), started by "N" on the console, run with fresh /tmp,
+# /run, /dev/shm and bpffs, and followed by a clean-up that kills what it
+# left running, removes its trace events and the modules it loaded (named
+# in N.left), and unmounts its mounts; its kernel log goes to N.dmesg.
+if [ "$GF_SERVE" = 1 ]; then
+	. /serve.sh
+	gf_serve
+	exit 0
+fi
+
 echo "===GF-$GF_NONCE-START==="
 (gf_run) </dev/null 2>&1
 rc=$?

@@ -63,6 +63,7 @@ class VMResult:
     timed_out: bool = False
     error: str | None = None  # why there is no command status, if there is none
     fired: list[str] = field(default_factory=list)  # --qmp-on markers acted on
+    left: list[str] = field(default_factory=list)  # what a shared guest cleaned up after it
 
 
 # --- kernels ----------------------------------------------------------------
@@ -119,6 +120,7 @@ def base_initramfs(kernel: str) -> bytes:
         initramfs.chardev("dev/console", 5, 1),
         initramfs.file("bin/busybox", _busybox(), 0o755),
         initramfs.file("init", (HERE / "init.sh").read_bytes(), 0o755),
+        initramfs.file("serve.sh", (HERE / "serve.sh").read_bytes(), 0o644),
         initramfs.file("modules/order", (kdir / "modules" / "order").read_bytes()),
     ]
     ents += [initramfs.file(f"modules/{m}", (kdir / "modules" / m).read_bytes()) for m in mods]
