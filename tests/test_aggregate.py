@@ -162,7 +162,9 @@ def test_error_codes_named(baseline: int) -> None:
             p.stdin.flush()  # type: ignore[union-attr]
             assert p.stdout.readline().strip() == "done"  # type: ignore[union-attr]
 
-        with Aggregator(p.pid, lib, ["cuMemAlloc_v2", "cuInit"]) as agg:
+        # By its alias: the summary still names the site cuMemAlloc_v2, as
+        # faults, show and metrics do (pyctl/symbols/names.py).
+        with Aggregator(p.pid, lib, ["cuMemAlloc", "cuInit"]) as agg:
             do("alloc 5")  # before cuInit: CUDA_ERROR_NOT_INITIALIZED
             do("init 1")
             do("alloc 3")  # no context: CUDA_ERROR_INVALID_CONTEXT
@@ -172,6 +174,8 @@ def test_error_codes_named(baseline: int) -> None:
         p.wait(timeout=10)
     by = {f.function: f for f in s.functions}
     a = by["cuMemAlloc_v2"]
+    assert a.aliases == ["cuMemAlloc"] and "cuMemAlloc" not in by
+    assert "cuMemAlloc_v2 (alias cuMemAlloc)  (libcuda.so.1)" in s.render().splitlines()
     assert (a.calls, a.errors) == (8, 8)
     assert a.errors_by_code == {"CUDA_ERROR_NOT_INITIALIZED": 5, "CUDA_ERROR_INVALID_CONTEXT": 3}
     assert (by["cuInit"].calls, by["cuInit"].errors) == (1, 0)

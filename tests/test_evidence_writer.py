@@ -156,7 +156,9 @@ def test_fire_and_its_return_in_one_drain_make_one_row_written_once(fail_run: Ru
     assert r.w.stats.fires == 1 and r.w.stats.events == 1
     text = r.show(1)
     assert text.startswith(f"fault {r.fid(1)}  (libc:getpid fail ret=-5 mode=skip)")
-    assert "  call      getpid #3 in " in text
+    # One name, the canonical one, with the site's other names noted.
+    assert "  call      getpid (alias __getpid) #3 in " in text
+    assert r.rows("SELECT symbol, aliases FROM funcs") == [("getpid", '["__getpid"]')]
     assert f"pid {PID} tid {TID} (gf-test)" in text
     returned = next(ln for ln in text.splitlines() if ln.startswith("  returned"))
     assert "-5" in returned and "(no return seen)" not in returned

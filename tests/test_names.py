@@ -29,6 +29,9 @@ def test_the_order() -> None:
     assert names.canonical([("__GI___libc_write", loc), ("write", w)]) == "write"
     assert names.canonical([("glob64@GLIBC_2.2.5", g), ("glob64", g)]) == "glob64"
     assert names.canonical([("b_local", loc), ("a_weak", w)]) == "a_weak"
+    assert names.canonical([("b_weak", w), ("a_local", loc)]) == "b_weak"
+    # glibc's weak public name over the global one it aliases.
+    assert names.canonical([("__getpid", g), ("getpid", w)]) == "getpid"
     # Not the order they are listed in.
     assert names.ranked([("x", g), ("y", g)]) == names.ranked([("y", g), ("x", g)])
 

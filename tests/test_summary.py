@@ -35,7 +35,13 @@ def run_db(tmp_path: Path) -> tuple[Path, str, dict[str, list[int]]]:
     with db.conn:
         db["funcs"].insert_all(
             [
-                {"run_id": rid, "func": 0, "library": CUDA, "symbol": "cuMemAlloc_v2"},
+                {
+                    "run_id": rid,
+                    "func": 0,
+                    "library": CUDA,
+                    "symbol": "cuMemAlloc_v2",
+                    "aliases": '["cuMemAlloc"]',
+                },
                 {"run_id": rid, "func": 1, "library": OTHER, "symbol": "foo"},
                 {"run_id": rid, "func": 2, "library": OTHER, "symbol": "never_called"},
             ]
@@ -159,6 +165,7 @@ def test_json_shape(run_db) -> None:
     assert doc["run_id"] == rid and doc["source"] == "calls" and doc["calls"] == 1305
     f = doc["functions"][0]
     assert f["function"] == "cuMemAlloc_v2" and f["error_rule"] == "nonzero32"
+    assert f["aliases"] == ["cuMemAlloc"] and doc["functions"][1]["aliases"] == []
     assert f["errors_by_code"]["CUDA_ERROR_OUT_OF_MEMORY"] == 7
     assert set(f["latency_ns"]) == {"count", "p50", "p90", "p99", "max", "mean", "exact"}
     assert sum(b["count"] for b in f["hist_log2_ns"]) == 1000
@@ -256,3 +263,11 @@ def test_in_kernel_counts_only_know_no_errors() -> None:
     assert g.errors_by_code == {"CUDA_ERROR_NOT_INITIALIZED": 1, "other": 1}
     assert g.latency is not None and not g.latency.exact
     assert (g.latency.p50, g.latency.max) == (1500, 1500)  # bucket top 2047, capped at max
+
+
+def test_a_function_with_several_names_is_shown_by_one_with_its_aliases(run_db) -> None:
+    p, rid, _ = run_db
+    text = summary.from_calls(_open(p), rid).render()
+    # The name show, faults and metrics use, the alias beside it.
+    assert "cuMemAlloc_v2 (alias cuMemAlloc)  (libcuda.so.1)" in text.splitlines()
+    assert "\nfoo  (libfoo.so)" in text

@@ -287,7 +287,14 @@ class Aggregator:
         out = []
         for site, tid, vals in rows:
             hist = [sum(v.hist[i] for v in vals) for i in range(abi.SLOTS)]
-            f = FuncSummary(site.func, site.sym.name, site.lib.display, tid, rule=site.rule)
+            f = FuncSummary(
+                site.func,
+                site.sym.name,
+                site.lib.display,
+                tid,
+                rule=site.rule,
+                aliases=list(site.sym.aliases),
+            )
             out.append(
                 from_counts(
                     f,

@@ -22,6 +22,7 @@ A library with no click: pyctl/cli/calls.py is the command line.
 from __future__ import annotations
 
 import bisect
+import json
 import math
 import textwrap
 from collections.abc import Iterable, Sequence
@@ -30,6 +31,7 @@ from typing import Any
 
 from pyctl.bpf.aggregate_abi import ERR_NONE, SLOTS
 from pyctl.catalog.rules import ErrorRule, error_rule
+from pyctl.evidence.words import alias_note
 from pyctl.exceptions import BadInput
 
 # The per-call rows' kinds (bpf/gpufault.h enum gf_event_kind): a completed
@@ -122,6 +124,9 @@ class FuncSummary:
     errors_by_code: dict[str, int] = field(default_factory=dict)
     latency: Latency | None = None
     hist: list[int] = field(default_factory=lambda: [0] * SLOTS)
+    # The function's other names at its address (function is the canonical
+    # one: pyctl/symbols/names.py), e.g. cuMemAlloc beside cuMemAlloc_v2.
+    aliases: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         # Errors are known only for a classified function whose returns were
@@ -130,6 +135,7 @@ class FuncSummary:
         return {
             "func": self.func,
             "function": self.function,
+            "aliases": list(self.aliases),
             "library": self.library,
             "tid": self.tid,
             "calls": self.calls,
@@ -244,6 +250,17 @@ def resolve_run(db: Any, run: str) -> str:
     return str(row[0])
 
 
+def _aliases(text: Any) -> list[str]:
+    """funcs.aliases (JSON, NULL in files older than schema 4) as a list."""
+    if not text:
+        return []
+    try:
+        got = json.loads(text)
+    except ValueError:
+        return []
+    return [str(a) for a in got] if isinstance(got, list) else []
+
+
 def from_calls(db: Any, run_id: str, *, per_thread: bool = False) -> Summary:
     """The summary of one recorded run from its per-call rows: exact
     latencies (completed calls: entry + return rows), errors from every
@@ -251,9 +268,10 @@ def from_calls(db: Any, run_id: str, *, per_thread: bool = False) -> Summary:
     fault failed, whose value is the injected one)."""
     run_id = resolve_run(db, run_id)
     funcs = {
-        int(r[0]): (str(r[1] or ""), str(r[2] or ""))
+        int(r[0]): (str(r[1] or ""), str(r[2] or ""), r[3])
         for r in db.conn.execute(
-            "SELECT func, symbol, library FROM funcs WHERE run_id = ? ORDER BY func", (run_id,)
+            "SELECT func, symbol, library, aliases FROM funcs WHERE run_id = ? ORDER BY func",
+            (run_id,),
         )
     }
     rules: dict[int, ErrorRule] = {}
@@ -263,10 +281,12 @@ def from_calls(db: Any, run_id: str, *, per_thread: bool = False) -> Summary:
         key = (func, tid)
         f = out.get(key)
         if f is None:
-            sym, lib = funcs.get(func, (f"func#{func}", ""))
+            sym, lib, aliases = funcs.get(func, (f"func#{func}", "", None))
             if func not in rules:
                 rules[func] = error_rule(sym, lib)
-            f = out[key] = FuncSummary(func, sym, lib, tid, rule=rules[func])
+            f = out[key] = FuncSummary(
+                func, sym, lib, tid, rule=rules[func], aliases=_aliases(aliases)
+            )
         return f
 
     if not per_thread:  # every probed function, called or not (funccount shows zeros)
@@ -389,7 +409,7 @@ def render(s: Summary, width: int = WIDTH) -> str:
         out.append("")
         lib = f.library.rsplit("/", 1)[-1]
         who = f"  tid {f.tid}" if f.tid is not None else ""
-        head_line = f"{f.function}  ({lib}){who}"
+        head_line = f"{f.function}{alias_note(f.aliases)}  ({lib}){who}"
         # Cut, it says so (a demangled C++ name is often longer than a line).
         out.append(head_line if len(head_line) <= width else head_line[: width - 1] + "\u2026")
         out.extend(_errors_lines(f, width))

@@ -285,6 +285,9 @@ class EvidenceWriter:
                     "offset": a.sym.offset,
                     "address": a.sym.address,
                     "first_insn": a.sym.first_insn,
+                    # The site's other names; symbol is the one every reader
+                    # shows (pyctl/symbols/names.py).
+                    "aliases": json.dumps(a.sym.aliases) if a.sym.aliases else None,
                 }
                 for a in self.atts
             )

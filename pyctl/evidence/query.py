@@ -109,6 +109,18 @@ def fault_chain(db: Any, fault_id: str) -> dict[str, Any] | None:
         f["function"] = demangle(f["function"])
     if f.get("outcome"):
         f["outcome"] = json.loads(f["outcome"])
+    # The site's other names (funcs.aliases; none before schema 4).
+    f["aliases"] = next(
+        (
+            json.loads(r["aliases"])
+            for r in _rows(
+                db,
+                "SELECT aliases FROM funcs WHERE run_id=? AND func=? AND aliases IS NOT NULL",
+                (f["run_id"], f.get("func")),
+            )
+        ),
+        [],
+    )
     spec = _rows(
         db, "SELECT text, json FROM specs WHERE run_id=? AND spec=?", (f["run_id"], f["spec"])
     )
@@ -216,7 +228,8 @@ def render_chain(doc: dict[str, Any]) -> str:
         return layers.render(doc)
     out = [
         f"fault {f['fault_id']}  ({doc['spec']})",
-        f"  call      {f['function']} #{f['call_seq']} in {f['library']}",
+        f"  call      {f['function']}{words.alias_note(f.get('aliases'))} #{f['call_seq']} "
+        f"in {f['library']}",
         f"  build-id  {f['build_id'] or '-'}",
         f"  thread    pid {f['pid']} tid {f['tid']} ({f['comm']})",
         f"  time      {words.wall_time(f.get('wall'), '%Y-%m-%d %H:%M:%S.%f')[:23]}",

@@ -37,7 +37,8 @@ from pyctl.bpf import abi
 #    tables, calls' columns in the call record's order.
 # 3: stacks' build_id, method (ip, cfi, fp, caller: how the frame was
 #    found) and stop (on a fault's last frame: why the walk ended).
-SCHEMA_VERSION = 3
+# 4: funcs' aliases (a probe site's other names; symbol is the canonical one).
+SCHEMA_VERSION = 4
 
 
 class SchemaError(Exception):
@@ -186,6 +187,7 @@ TABLES: tuple[Table, ...] = (
             "offset INTEGER",
             "address INTEGER",
             "first_insn TEXT",
+            "aliases TEXT",
         ),
         pk=("run_id", "func"),
         fks=(_run(),),
@@ -752,10 +754,16 @@ def _from_2(conn: sqlite3.Connection, ref: sqlite3.Connection) -> None:
     _conform(conn, ref)
 
 
+def _from_3(conn: sqlite3.Connection, ref: sqlite3.Connection) -> None:
+    """3 -> 4: funcs gain aliases (NULL in older rows: not recorded)."""
+    _conform(conn, ref)
+
+
 MIGRATIONS: dict[int, Callable[[sqlite3.Connection, sqlite3.Connection], None]] = {
     0: _from_0,
     1: _from_1,
     2: _from_2,
+    3: _from_3,
 }
 assert sorted(MIGRATIONS) == list(range(SCHEMA_VERSION)), "a migration per earlier version"
 

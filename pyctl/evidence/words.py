@@ -124,6 +124,14 @@ def _copilot_words(f: dict[str, Any], cop: dict[str, Any]) -> str:
     return "copilot: " + ", ".join(bits)
 
 
+def alias_note(aliases: Any) -> str:
+    """' (alias cuMemAlloc)' after a function that has other names at its
+    address (funcs.aliases), else ''."""
+    if not isinstance(aliases, list) or not aliases:
+        return ""
+    return f" (alias{'es' if len(aliases) > 1 else ''} {', '.join(map(str, aliases))})"
+
+
 def returned_line(f: dict[str, Any]) -> str:
     """`show`'s "returned" line: the value by name and the call's latency;
     a stall's held time (latency_ns is how long the thread was held); "did

@@ -8,11 +8,13 @@ funcs and faults rows, the summaries and the metrics) and where a stack
 frame is named (pyctl/symbols/symtab.py: `show`'s frames), the same name
 wins, by canonical(); the others are the site's aliases.
 
-The order: a global over a weak over a local symbol; a public name over
-glibc's `__GI_` alias and over a versioned duplicate (`glob64@GLIBC_2.2.5`);
-then a plain name over its CUDA per-thread-stream twin (`cuMemAllocAsync`
-over `cuMemAllocAsync_ptsz`); then fewer leading underscores (`malloc` over
-`__libc_malloc`); then the longer (`cuMemAlloc_v2` over `cuMemAlloc`: the
+The order: a public name over glibc's `__GI_` alias and over a versioned
+duplicate (`glob64@GLIBC_2.2.5`); then fewer leading underscores (`malloc`
+over `__libc_malloc`, the weak `getpid` over the global `__getpid` it
+aliases: the name a program calls and `--fn` is given); then a global over
+a weak over a local symbol; then a plain name over its CUDA per-thread-
+stream twin (`cuMemAllocAsync` over `cuMemAllocAsync_ptsz`, as the catalog
+names them); then the longer (`cuMemAlloc_v2` over `cuMemAlloc`: the
 versioned CUDA entry point is the one `cuda.h`'s macros call); then by
 spelling, so the choice never depends on the order a table lists them in.
 """
@@ -32,25 +34,26 @@ UNKNOWN_BIND = 3
 # Part of the disk cache's keys for tables that hold chosen names (symtab's
 # "-names", resolve's "-sites"): bumped with any change of the order, so a
 # table cached under an older order is read anew.
-CACHE_TAG = "n2"
+CACHE_TAG = "n3"
 
 # CUDA's per-thread default stream twins of an entry point (cuMemcpyAsync_ptsz
 # beside cuMemcpyAsync): the API's name is the plain one, as the catalog has it.
 STREAM_TWINS = ("_ptsz", "_ptds")
 
 
-def rank(name: str, bind: int = 0) -> tuple[int, bool, bool, int, int, str]:
+def rank(name: str, bind: int = 0) -> tuple[bool, int, int, bool, int, str]:
     """The sort key of one name (lower is preferred); bind is a BIND_RANK value."""
     hidden = name.startswith("__GI_")  # glibc's internal alias of a public name
     versioned = "@" in name
     twin = name.endswith(STREAM_TWINS)
-    return (bind, hidden or versioned, twin, len(name) - len(name.lstrip("_")), -len(name), name)
+    under = len(name) - len(name.lstrip("_"))
+    return (hidden or versioned, under, bind, twin, -len(name), name)
 
 
 def ranked(names: Iterable[tuple[str, int]]) -> list[str]:
     """(name, bind rank) pairs of one address, best first, each name once
     (at its best rank)."""
-    best: dict[str, tuple[int, bool, bool, int, int, str]] = {}
+    best: dict[str, tuple[bool, int, int, bool, int, str]] = {}
     for name, bind in names:
         key = rank(name, bind)
         if name not in best or key < best[name]:
