@@ -106,6 +106,17 @@ def elf_kind(path: str) -> str:
     return elf.kind(path)
 
 
+def canonical_path(path: str, root: str = "") -> str:
+    """path with every link and ./.. resolved, absolute, as a process whose
+    root is `root` (its /proc/PID/root; "" for ours) sees it."""
+    real = os.path.realpath(path)
+    if root:
+        top = os.path.realpath(root)
+        if top != "/" and (real == top or real.startswith(top + "/")):
+            return "/" + os.path.relpath(real, top).removeprefix(".")
+    return real
+
+
 def _is_lib(path: str) -> bool:
     return os.path.isfile(path) and elf_kind(path) == "x86-64"
 
@@ -292,7 +303,9 @@ def find_library(want: str, pid: int | None = None) -> Library:
     dirs, ldconfig), then a Python package of that name on disk."""
     root = f"{_proc(pid)}/root" if pid else ""
     if "/" in want:
-        for cand in ([root + want] if root else []) + [want]:
+        # An absolute path is the target's (through its root); a relative
+        # one is the caller's, from where gpufault runs.
+        for cand in ([root + want] if root and want.startswith("/") else []) + [want]:
             if os.path.isfile(cand):
                 kind = elf_kind(cand)
                 if kind != "x86-64":
@@ -300,8 +313,11 @@ def find_library(want: str, pid: int | None = None) -> Library:
                     raise ResolveError(
                         f"{want} is not {what}: give the path of a shared library (.so)"
                     )
-                mapped = pid is not None and want in mapped_files(pid)
-                return _lib_from(cand, want, mapped)
+                # Stored and compared canonical, as the kernel's maps name
+                # it: ./build/x or a symlink typed is the file it resolves to.
+                real = canonical_path(cand, root if cand.startswith(root + "/") else "")
+                mapped = pid is not None and real in mapped_files(pid)
+                return _lib_from(cand, real, mapped)
         raise ResolveError(f"library {want} not found: give an existing path or a soname")
     if pid is not None:
         for path in mapped_files(pid):
