@@ -361,3 +361,23 @@ def test_a_signal_that_kills_stores_that_the_call_did_not_return(
     ((ret, outcome),) = q(tmp_db, "SELECT ret, outcome FROM faults")
     o = json.loads(outcome)
     assert ret is None and o["returned"] is False and "SIGABRT" in o["no_return"]
+
+
+def test_a_hang_stores_its_held_time_where_it_ends(target: Target, tmp_db: Path) -> None:
+    import json
+    import threading
+
+    s = spec(action="stall", nth=1, capture_stack=False)  # a hang: until released
+    with armed(tmp_db, target.pid, s) as eng:
+        th = threading.Thread(target=target.victim, args=(1,))
+        th.start()
+        assert eng.copilot.wait_stalled(1, timeout=20)
+        eng.drain()
+        # Held now: no end yet, so no latency (never the entry record's 0).
+        assert q(tmp_db, "SELECT latency_ns FROM faults") == [(None,)]
+        assert eng.copilot.release() == 1
+        th.join(timeout=20)
+        eng.drain()
+    ((lat, outcome),) = q(tmp_db, "SELECT latency_ns, outcome FROM faults")
+    cop = json.loads(outcome)["copilot"]
+    assert lat == cop["resume_ns"] - cop["stop_ns"] > 0
