@@ -86,3 +86,78 @@ def test_sites_and_frames_agree_on_every_address_with_several_names(which: str) 
             differ.append((hex(addr), hit[0], ranked[0]))
     assert not differ
     assert len(aliases) >= (2 if which == "double" else 50)
+
+
+CUDA_CHILD = """
+import ctypes, sys
+cu = ctypes.CDLL(sys.argv[1])
+p = ctypes.c_uint64()
+print("ready", flush=True)
+for line in sys.stdin:
+    for _ in range(int(line)):
+        cu.cuMemAlloc_v2(ctypes.byref(p), 16)
+    print("done", flush=True)
+"""
+
+
+@pytest.mark.root
+def test_every_reader_says_the_one_name(tmp_path: Path) -> None:
+    """Asked for by its alias, a fault on the double's cuMemAlloc_v2 is
+    cuMemAlloc_v2 in funcs, faults, the trace summary, the metrics label,
+    show (with the alias noted) and the stack frame it fired in."""
+    import subprocess
+    import sys
+
+    from pyctl.calls import summary
+    from pyctl.engine import Engine
+    from pyctl.evidence import query, store
+    from pyctl.observe.metrics import Metrics
+
+    _double()
+    p = subprocess.Popen(
+        [sys.executable, "-c", CUDA_CHILD, str(DOUBLE)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert p.stdin and p.stdout and p.stdout.readline().strip() == "ready"
+    db = tmp_path / "gf.db"
+    s = FaultSpec(
+        lib=str(DOUBLE), fn="cuMemAlloc", action="fail", ret=2, nth=2, trace=True, tgid=p.pid
+    )
+    eng = Engine([s], db_path=db, pid=p.pid, argv=["test"])
+    with Metrics.start("127.0.0.1:0") as m:
+        eng.on_fire = m.on_fire
+        eng.start()
+        try:
+            p.stdin.write("3\n")
+            p.stdin.flush()
+            assert p.stdout.readline().strip() == "done"
+            eng.drain()
+        finally:
+            eng.close()
+            p.stdin.close()
+            p.wait(timeout=10)
+        labels = {"function": "cuMemAlloc_v2", "code": "CUDA_ERROR_OUT_OF_MEMORY"}
+        assert (
+            m.registry.get_sample_value(
+                "gpufault_faults_fired_total", {**labels, "experiment": "", "slo_id": ""}
+            )
+            == 1.0
+        )
+    d = store.open_db(db, readonly=True)
+    try:
+        assert d.conn.execute("SELECT symbol, aliases FROM funcs").fetchall() == [
+            ("cuMemAlloc_v2", '["cuMemAlloc"]')
+        ]
+        assert d.conn.execute("SELECT function FROM faults").fetchall() == [("cuMemAlloc_v2",)]
+        (f,) = summary.from_calls(d, "last").functions
+        assert (f.function, f.aliases, f.calls) == ("cuMemAlloc_v2", ["cuMemAlloc"], 3)
+        doc = query.fault_chain(d, query.latest_fault(d))
+        assert doc is not None
+        text = query.render_chain(doc)
+        assert "  call      cuMemAlloc_v2 (alias cuMemAlloc) #2 in " in text
+        assert "!cuMemAlloc_v2+0x" in doc["stack"][0]["symbol"]
+        assert "!cuMemAlloc+" not in text
+    finally:
+        d.close()
