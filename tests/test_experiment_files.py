@@ -241,18 +241,29 @@ def test_evidence_rows_in_one_transaction(tmp_path: Path) -> None:
     assert c.execute("SELECT verdict FROM experiments").fetchall() == [("running",)]
     rec = E.Record()
     rec.load_windows.append(
-        (
+        E.LoadWindow(
             WindowStats(1.0, 2.0, 0, float("nan"), float("nan"), float("nan"), float("nan"), 0.0),
             "baseline",
         )
     )
-    rec.judgements.append(("latency", Judgement(False, 0.5, 0.0, 10, 10, "same")))
-    rec.expectations.append(("recovered_within", True, 0.5, "ok"))
-    rec.hypotheses.append(("before", "load.p99", True, "1.0ms", "<= 2ms", "n"))
+    rec.judgements.append(E.Judged("latency", Judgement(False, 0.5, 0.0, 10, 10, "same")))
+    rec.expectations.append(E.Expectation("recovered_within", True, 0.5, "ok"))
+    rec.hypotheses.append(E.Hypothesis("before", "load.p99", True, "1.0ms", "<= 2ms", "n"))
+    rec.probe_samples.append(E.ProbeSample("healthy", "baseline", 1.5, True, float("nan"), "d"))
+    rec.remediations.append(E.RemediationRun("true", 1.0, 2.0, 0))
     ev.finish("pass", "fine", rec)
     ev.close()
     assert c.execute("SELECT verdict, reason FROM experiments").fetchall() == [("pass", "fine")]
     assert c.execute("SELECT count, p99 FROM load_windows").fetchall() == [(0, None)]
+    got = c.execute("SELECT phase, probe, ok, value, tolerance FROM hypothesis_results").fetchall()
+    assert got == [("before", "load.p99", 1, "1.0ms", "<= 2ms")]
+    assert c.execute("SELECT name, ok, value FROM expectations").fetchall() == [
+        ("recovered_within", 1, 0.5)
+    ]
+    assert c.execute("SELECT probe, ok, value FROM probe_samples").fetchall() == [
+        ("healthy", 1, None)
+    ]
+    assert c.execute("SELECT rc FROM remediations").fetchall() == [(0,)]
     settings = json.loads(c.execute("SELECT settings FROM experiments").fetchone()[0])
     assert settings["knobs"] == e.values and settings["file"]["name"] == "control"
     for table, cols in E_TABLES.items():

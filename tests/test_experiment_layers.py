@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 EXPERIMENT = sorted((REPO / "pyctl" / "experiment").rglob("*.py"))
 ABOVE = ("pyctl.service", "pyctl.cli", "pyctl.entry", "click")
@@ -85,3 +87,46 @@ def test_the_service_reads_the_admin_token_variable_experiments_set() -> None:
     from pyctl.service.perturb import TOKEN_ENV
 
     assert model.ADMIN_TOKEN_ENV == TOKEN_ENV
+
+
+def test_every_step_kind_is_in_the_registry_and_the_runner_names_none() -> None:
+    from pyctl.experiment.steps import KINDS, WORDS
+
+    assert set(KINDS) == {"fault", "traffic", "perturb", "pressure"}
+    assert set(WORDS) == {"template", "fault", "traffic", "perturb", "pressure"}
+    for path in ("run.py", "evaluate.py", "method.py"):
+        text = (REPO / "pyctl" / "experiment" / path).read_text()
+        named = [w for w in ("TrafficRun", "PerturbRun", "PressureRun", "StepRequest") if w in text]
+        assert not named, (path, named)
+
+
+def test_a_kind_registered_is_found_by_the_method(tmp_path: Path) -> None:
+    """The method reads its steps through the registry: a kind added there
+    (as a plugin would) is parsed with no change to method.py."""
+    from pyctl.experiment import load
+    from pyctl.experiment.steps import KINDS, WORDS, StepKind, register
+
+    class Noop(StepKind):
+        name = "noop"
+        words = ("noop",)
+        refused = ("thread",)
+        why = "a noop step aims at nothing: remove it"
+
+        def parse(self, r, key, m, step):  # type: ignore[no-untyped-def]
+            step.name = r.str_(m, key, "name", "noop")
+            return step
+
+    f = tmp_path / "n.toml"
+    f.write_text(
+        'name = "n"\nversion = 1\ntitle = "t"\n[target]\nurl = "http://127.0.0.1:1"\npid = 1\n'
+        '[[method]]\nnoop = {}\nduration = "2s"\n'
+    )
+    register(Noop())
+    try:
+        (step,) = load.load(str(f)).steps
+        assert (step.kind, step.label, step.name, step.duration) == ("noop", "noop", "noop", 2.0)
+        f.write_text(f.read_text() + 'thread = "gf-worker"\n')
+        with pytest.raises(load.ExperimentError, match=r"method\[1\]\.thread: a noop"):
+            load.load(str(f))
+    finally:
+        del KINDS["noop"], WORDS["noop"]

@@ -15,6 +15,7 @@ import signal
 import time
 from typing import TYPE_CHECKING, Any
 
+from pyctl.experiment import evidence as E
 from pyctl.experiment.model import WINDOW_S
 from pyctl.experiment.steps import kind_of
 from pyctl.experiment.verdict import Findings, Verdict, decide
@@ -22,7 +23,6 @@ from pyctl.experiment.verdict import Findings, Verdict, decide
 if TYPE_CHECKING:
     import threading
 
-    from pyctl.experiment import evidence as E
     from pyctl.experiment.model import Experiment
     from pyctl.experiment.probes.state import ProbeState
     from pyctl.experiment.run import StepRun
@@ -57,7 +57,9 @@ class Evaluation:
             ok = bool(res is not None and res.ok)
             ok_all &= ok
             self.rec.hypotheses.append(
-                ("before", name, ok, _v(res), _tol(ps.probe), res.detail if res else "no sample")
+                E.Hypothesis(
+                    "before", name, ok, _v(res), _tol(ps.probe), res.detail if res else "no sample"
+                )
             )
         if load is not None:
             t0 = self.phase_at["baseline"]
@@ -96,7 +98,7 @@ class Evaluation:
             ok = bool(vals) and good >= st.quorum * len(vals)
             ok_all &= ok
             self.rec.hypotheses.append(
-                (
+                E.Hypothesis(
                     phase,
                     f"load.{name}",
                     ok,
@@ -122,7 +124,7 @@ class Evaluation:
             f.abort = f"{self.abort_reason}; every fault stopped"
             # The moment of the abort, in the evidence (docs/experiments.md).
             self.rec.probe_samples.append(
-                (
+                E.ProbeSample(
                     f"abort:{self.abort_probe}",
                     "fault",
                     self.abort_at or 0.0,
@@ -135,45 +137,45 @@ class Evaluation:
             # The first thing a user must hear: every later breach follows from it.
             f.died = self.target_died
         if not getattr(self, "before_ok", True):
-            bad = [h for h in self.rec.hypotheses if h[0] == "before" and not h[2]]
-            what = ", ".join(f"{h[1]} {h[3]} (want {h[4]})" for h in bad[:3])
+            bad = [h for h in self.rec.hypotheses if h.phase == "before" and not h.ok]
+            what = ", ".join(f"{h.name} {h.value} (want {h.tolerance})" for h in bad[:3])
             f.errors.append(f"steady state not met before the method: {what}")
         # Steps: armed, fired, stopped.
         for s in self.steps:
             st = s.step
-            self.rec.steps.append(
-                {
-                    "idx": st.idx,
-                    "name": st.name,
-                    "template": st.template,
-                    "spec": {
-                        "fault": st.fault,
-                        "set": st.sets,
-                        "thread": st.thread,
-                        **kind_of(st).spec(st),
-                        **({"pid": s.fault_pid} if s.fault_pid else {}),
-                        **({"tid": s.fault_tid} if s.fault_tid else {}),
-                        "specs": [sp.to_json() for sp in st.specs],
-                        "describe": [sp.describe() for sp in st.specs],
-                        **({"error": s.error} if s.error else {}),
-                    },
-                    "run_id": s.fault.run_id if s.fault else None,
-                    "planned_start": s.planned_start,
-                    "planned_duration": st.duration,
-                    "started_at": s.fault.started_at if s.fault else None,
-                    "ended_at": s.ended_at,
-                    "fires": len(s.fires),
-                    "status": s.status,
-                }
-            )
+            spec: dict[str, Any] = {
+                "fault": st.fault,
+                "set": st.sets,
+                "thread": st.thread,
+                **kind_of(st).spec(st),
+                **({"pid": s.fault_pid} if s.fault_pid else {}),
+                **({"tid": s.fault_tid} if s.fault_tid else {}),
+                "specs": [sp.to_json() for sp in st.specs],
+                "describe": [sp.describe() for sp in st.specs],
+                **({"error": s.error} if s.error else {}),
+            }
             checked = kind_of(st).check(s.fault) if s.status in ("done", "stopped") else None
             if checked is not None:
                 ok, counts, detail = checked
-                spec = self.rec.steps[-1]["spec"]
                 spec["answers"], spec["bad_cases"] = counts["answers"], counts["bad_cases"]
                 spec["check"] = detail
                 if not ok:
                     f.failures.append(f"step {st.idx + 1} ({st.name}): {detail}")
+            self.rec.steps.append(
+                E.StepRow(
+                    idx=st.idx,
+                    name=st.name,
+                    template=st.template,
+                    spec=spec,
+                    run_id=s.fault.run_id if s.fault else None,
+                    planned_start=s.planned_start,
+                    planned_duration=st.duration,
+                    started_at=s.fault.started_at if s.fault else None,
+                    ended_at=s.ended_at,
+                    fires=len(s.fires),
+                    status=s.status,
+                )
+            )
             if s.status == "failed":
                 f.errors.append(f"step {st.idx + 1} ({st.name}) failed: {s.error}")
             elif s.status == "not-fired":
@@ -185,7 +187,7 @@ class Evaluation:
         for ps in probes.values():
             for phase, r in ps.samples:
                 self.rec.probe_samples.append(
-                    (
+                    E.ProbeSample(
                         ps.name,
                         phase,
                         r.at,
@@ -203,7 +205,7 @@ class Evaluation:
                 if w.end - w.start < WINDOW_S / 2:
                     continue  # the stub at the end: too few requests to say anything
                 windows.append((w, self._phase_of((w.start + w.end) / 2)))
-            self.rec.load_windows = windows
+            self.rec.load_windows = [E.LoadWindow(w, ph) for w, ph in windows]
         # During: continuous / onchaos hypothesis probes, the load over the fault window.
         if tm is not None:
             armed = [s.fault.started_at for s in self.steps if s.fault is not None]
@@ -218,7 +220,7 @@ class Evaluation:
                 ok = bool(during) and not failed
                 why = failed[0].detail if failed else ("" if during else "no sample")
                 self.rec.hypotheses.append(
-                    (
+                    E.Hypothesis(
                         "during",
                         name,
                         ok,
@@ -234,12 +236,12 @@ class Evaluation:
                     bad = [
                         h
                         for h in self.rec.hypotheses
-                        if h[0] == "during" and not h[2] and h[1].startswith("load.")
+                        if h.phase == "during" and not h.ok and h.name.startswith("load.")
                     ]
                     h = bad[0]
                     f.failures.append(
-                        f"{h[1]} {h[4]} breached during the fault window "
-                        f"({h[5].split(';')[0]}; {h[1]} {h[3]} over the window)"
+                        f"{h.name} {h.tolerance} breached during the fault window "
+                        f"({h.detail.split(';')[0]}; {h.name} {h.value} over the window)"
                     )
                 if exp.steady.judge is not None:
                     base = [x.latency for x in load.samples(t0, t0 + exp.baseline)]
@@ -252,7 +254,7 @@ class Evaluation:
                         min_effect=exp.steady.judge.min_effect,
                         min_tail_effect=exp.steady.judge.min_tail_effect,
                     )
-                    self.rec.judgements.append(("latency", j))
+                    self.rec.judgements.append(E.Judged("latency", j))
                     if j.worse and not f.abort:
                         f.failures.append(
                             f"latency worse in the fault window than the baseline: {j.reason}"
@@ -269,7 +271,7 @@ class Evaluation:
                     res = next((r for ph, r in reversed(ps.samples) if ph == "after"), None)
                     ok = bool(res is not None and res.ok)
                     self.rec.hypotheses.append(
-                        (
+                        E.Hypothesis(
                             "after",
                             name,
                             ok,
@@ -386,7 +388,7 @@ class Evaluation:
                 if after is not None
                 else f"{ex.alert_probe} not ok within {ex.alert_within:g}s of the first fire"
             )
-            self.rec.expectations.append(("alert_fired", ok, after, d))
+            self.rec.expectations.append(E.Expectation("alert_fired", ok, after, d))
             if not ok:
                 f.failures.append(f"alert_fired: {d}")
         if ex.degradation_probe is not None:
@@ -399,7 +401,7 @@ class Evaluation:
                 f"{ex.degradation_probe} ok in {len(good)} of {len(during)} samples during "
                 "the method"
             )
-            self.rec.expectations.append(("degradation_worked", ok, share, d))
+            self.rec.expectations.append(E.Expectation("degradation_worked", ok, share, d))
             if not ok:
                 f.failures.append(f"degradation_worked: {d}")
         if ex.recovered_within is not None:
@@ -424,13 +426,15 @@ class Evaluation:
                 else f"{what} never held for {ex.recovery_hold:g}s after the faults ended"
             )
             self.rec.expectations.append(
-                ("recovered_within", ok, rt, d + f" (want <= {ex.recovered_within:g}s)")
+                E.Expectation(
+                    "recovered_within", ok, rt, d + f" (want <= {ex.recovered_within:g}s)"
+                )
             )
             if not ok:
                 f.failures.append(f"recovered_within {ex.recovered_within:g}s: {d}")
         for what in ex.linked:
             ok, count, d = self._linked(what)
-            self.rec.expectations.append((f"linked:{what}", ok, count, d))
+            self.rec.expectations.append(E.Expectation(f"linked:{what}", ok, count, d))
             if not ok:
                 f.failures.append(f"linked {what}: {d}")
 

@@ -42,17 +42,88 @@ def _real(v: Any) -> float | None:
     return None
 
 
+@dataclass(frozen=True)
+class StepRow:
+    """A step of the method as it ran (experiment_steps)."""
+
+    idx: int
+    name: str
+    template: str | None
+    spec: dict[str, Any]  # the step's table, its specs, where it went, its error, its check
+    run_id: str | None
+    planned_start: float
+    planned_duration: float
+    started_at: float | None
+    ended_at: float | None
+    fires: int
+    status: str  # armed, done, not-fired, stopped, failed, skipped
+
+
+@dataclass(frozen=True)
+class ProbeSample:
+    """One probe sample, an abort's moment or a rollback (probe_samples)."""
+
+    probe: str  # the probe's name, "abort:NAME" or "rollback:NAME"
+    phase: str
+    at: float
+    ok: bool
+    value: Any  # a number, or None
+    detail: str
+
+
+@dataclass(frozen=True)
+class LoadWindow:
+    window: Any  # a loadgen.WindowStats
+    phase: str
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    """One check of the steady state (hypothesis_results)."""
+
+    phase: str  # before, during, after
+    name: str  # a probe's name, or load.p99 / load.error_rate / ...
+    ok: bool
+    value: str
+    tolerance: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class Judged:
+    metric: str
+    judgement: Any  # a stats.Judgement
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """alert_fired, degradation_worked, recovered_within, linked:WHAT."""
+
+    name: str
+    ok: bool
+    value: float | None
+    detail: str
+
+
+@dataclass(frozen=True)
+class RemediationRun:
+    command: str
+    started: float
+    ended: float | None
+    rc: int | None
+
+
 @dataclass
 class Record:
-    """Everything an experiment writes at its end."""
+    """Everything an experiment writes at its end, as rows of its tables."""
 
-    steps: list[dict[str, Any]] = field(default_factory=list)
-    probe_samples: list[tuple[str, str, float, bool, Any, str]] = field(default_factory=list)
-    load_windows: list[tuple[Any, str]] = field(default_factory=list)  # (WindowStats, phase)
-    hypotheses: list[tuple[str, str, bool, str, str, str]] = field(default_factory=list)
-    judgements: list[tuple[str, Any]] = field(default_factory=list)  # (metric, Judgement)
-    expectations: list[tuple[str, bool, float | None, str]] = field(default_factory=list)
-    remediations: list[tuple[str, float, float | None, int | None]] = field(default_factory=list)
+    steps: list[StepRow] = field(default_factory=list)
+    probe_samples: list[ProbeSample] = field(default_factory=list)
+    load_windows: list[LoadWindow] = field(default_factory=list)
+    hypotheses: list[Hypothesis] = field(default_factory=list)
+    judgements: list[Judged] = field(default_factory=list)
+    expectations: list[Expectation] = field(default_factory=list)
+    remediations: list[RemediationRun] = field(default_factory=list)
 
 
 class Evidence:
@@ -101,17 +172,17 @@ class Evidence:
                 [
                     (
                         x,
-                        s["idx"],
-                        s["name"],
-                        s["template"],
-                        json.dumps(s["spec"], default=str),
-                        s["run_id"],
-                        s["planned_start"],
-                        s["planned_duration"],
-                        s["started_at"],
-                        s["ended_at"],
-                        s["fires"],
-                        s["status"],
+                        s.idx,
+                        s.name,
+                        s.template,
+                        json.dumps(s.spec, default=str),
+                        s.run_id,
+                        s.planned_start,
+                        s.planned_duration,
+                        s.started_at,
+                        s.ended_at,
+                        s.fires,
+                        s.status,
                     )
                     for s in rec.steps
                 ],
@@ -119,8 +190,8 @@ class Evidence:
             c.executemany(
                 "INSERT INTO probe_samples VALUES (?,?,?,?,?,?,?)",
                 [
-                    (x, probe, phase, at, int(ok), _real(value), detail)
-                    for probe, phase, at, ok, value, detail in rec.probe_samples
+                    (x, p.probe, p.phase, p.at, int(p.ok), _real(p.value), p.detail)
+                    for p in rec.probe_samples
                 ],
             )
             c.executemany(
@@ -138,12 +209,15 @@ class Evidence:
                         _real(w.throughput),
                         phase,
                     )
-                    for w, phase in rec.load_windows
+                    for w, phase in ((lw.window, lw.phase) for lw in rec.load_windows)
                 ],
             )
             c.executemany(
                 "INSERT INTO hypothesis_results VALUES (?,?,?,?,?,?,?)",
-                [(x, *h[:2], int(h[2]), *h[3:]) for h in rec.hypotheses],
+                [
+                    (x, h.phase, h.name, int(h.ok), h.value, h.tolerance, h.detail)
+                    for h in rec.hypotheses
+                ],
             )
             c.executemany(
                 "INSERT INTO judgements VALUES (?,?,?,?,?,?,?,?)",
@@ -158,15 +232,16 @@ class Evidence:
                         int(j.worse),
                         j.reason,
                     )
-                    for metric, j in rec.judgements
+                    for metric, j in ((r.metric, r.judgement) for r in rec.judgements)
                 ],
             )
             c.executemany(
                 "INSERT INTO expectations VALUES (?,?,?,?,?)",
-                [(x, n, int(ok), _real(v), d) for n, ok, v, d in rec.expectations],
+                [(x, e.name, int(e.ok), _real(e.value), e.detail) for e in rec.expectations],
             )
             c.executemany(
-                "INSERT INTO remediations VALUES (?,?,?,?,?)", [(x, *r) for r in rec.remediations]
+                "INSERT INTO remediations VALUES (?,?,?,?,?)",
+                [(x, r.command, r.started, r.ended, r.rc) for r in rec.remediations],
             )
             c.execute(
                 "UPDATE experiments SET ended_at=?, verdict=?, reason=? WHERE id=?",

@@ -33,7 +33,7 @@ def rollbacks(exp: Experiment, rec: E.Record, echo: Callable[[str], None]) -> No
         except OSError as e:
             rc, detail = 127, f"rollback {' '.join(rb.command)}: {e.strerror}"
         rec.probe_samples.append(
-            (
+            E.ProbeSample(
                 f"rollback:{rb.name}",
                 "after",
                 t0,
@@ -81,7 +81,9 @@ class Remedy:
                 rc = None
             except OSError:
                 rc = 127
-            self.rec.remediations.append((" ".join(rem.command), t0, time.time(), rc))
+            self.rec.remediations.append(
+                E.RemediationRun(" ".join(rem.command), t0, time.time(), rc)
+            )
 
         self.thread = threading.Thread(target=go, name="gf-exp-remedy", daemon=True)
         self.thread.start()
