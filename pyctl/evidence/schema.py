@@ -596,8 +596,8 @@ VIEW_NAMES = (
 # instead, and only a missing or older one is built. VIEWS_SHA256 is the
 # digest of views(): tests/test_datasette.py says when it changed (a
 # catalog gained codes), so that VIEWS_VERSION is bumped with it.
-VIEWS_VERSION = 1
-VIEWS_SHA256 = "75b5268d9217ad1b97b8de7bed9a2f19a62fa560352852cec37416cd380919e1"
+VIEWS_VERSION = 2  # 2: stacks_readable shows build_id, method, stop
+VIEWS_SHA256 = "6d7e8397f78fbab0b07392a516b60cfde22ad856640b324d13ad173d7eef920a"
 _VIEWS: dict[str, str] | None = None
 
 
