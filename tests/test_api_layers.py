@@ -68,3 +68,82 @@ def test_importing_gpufault_loads_no_cli_module() -> None:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        cwd=REPO, check=True)  # fmt: skip
     assert r.stdout.strip() == "[]", r.stdout
+
+
+# What a command module may import of pyctl besides the API (pyctl.api*),
+# its own package (pyctl.cli*) and the error hierarchy (pyctl.exceptions),
+# and why (issue 27: no command reaches around the API).
+CLI_MAY_IMPORT = {
+    # Presentation only, kept at the bottom of the house so that the entry
+    # point can use them before anything else is imported:
+    "pyctl.argv": "which command argv names, read before click (entry.py too)",
+    "pyctl.outchan": "stderr as best effort while a run lasts (prints, never evidence)",
+    # Above the API: the CLI is their front end, and the API cannot import them.
+    "pyctl.experiment": "experiments, a layer above the API (run, results, corpora)",
+    "pyctl.observe": "gpufault's own /metrics exporter, in the experiment layer",
+    "pyctl.report": "experiment reports (HTML, Markdown), in the experiment layer",
+    "pyctl.service": "the reference inference service, an application beside the front ends",
+    "pyctl.resident.server": "`gpufault serve`'s server, a front end that runs the CLI",
+}
+
+
+def _pyctl_imports(path: Path) -> set[str]:
+    """Every pyctl module path imports, function-local ones too; `from
+    pyctl import x` names pyctl.x."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.startswith("pyctl")}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            if node.module == "pyctl":
+                out |= {f"pyctl.{a.name}" for a in node.names}
+            elif node.module.startswith("pyctl."):
+                out.add(node.module)
+    return out
+
+
+def _allowed(module: str) -> bool:
+    own = ("pyctl.api", "pyctl.cli", "pyctl.exceptions", *CLI_MAY_IMPORT)
+    return any(module == m or module.startswith(m + ".") for m in own)
+
+
+def test_every_command_goes_through_the_api() -> None:
+    """pyctl/cli/*.py import nothing of pyctl below the API: no command
+    reaches around it (the engine, the store, the symbols, the kernel
+    access are the API's to call)."""
+    cli = sorted((REPO / "pyctl" / "cli").glob("*.py"))
+    assert len(cli) > 20
+    bad = sorted(
+        f"{p.relative_to(REPO)}: {m}" for p in cli for m in _pyctl_imports(p) if not _allowed(m)
+    )
+    assert not bad, "commands reaching around pyctl.api:\n" + "\n".join(bad)
+
+
+def test_the_scan_sees_a_command_that_reaches_around(tmp_path: Path) -> None:
+    """The check above can fail: a function-local import of the store and a
+    `from pyctl import netchaos` are both seen; the API's are not."""
+    f = tmp_path / "cmd.py"
+    f.write_text(
+        "from pyctl import api, netchaos\n"
+        "from pyctl.api import reading\n"
+        "def show():\n    from pyctl.evidence import store\n"
+    )
+    seen = _pyctl_imports(f)
+    assert seen == {"pyctl.api", "pyctl.netchaos", "pyctl.evidence"}
+    assert [m for m in sorted(seen) if not _allowed(m)] == ["pyctl.evidence", "pyctl.netchaos"]
+
+
+def test_the_api_modules_the_cli_uses_import_no_front_end() -> None:
+    """The API's modules never import the experiment layer, the service or
+    the server above them (the CLI may; they may not)."""
+    above = (
+        *("pyctl.experiment", "pyctl.observe", "pyctl.report", "pyctl.service"),
+        *("pyctl.resident.server", "pyctl.chaostoolkit", "pyctl.pytest_plugin"),
+    )
+    bad = sorted(
+        f"{p.relative_to(REPO)}: {m}"
+        for p in LIBRARY
+        for m in _pyctl_imports(p)
+        if any(m == a or m.startswith(a + ".") for a in above)
+    )
+    assert not bad, bad

@@ -14,7 +14,10 @@ Counters, Fire, trace,
 Evidence, FaultRecord, open_evidence, FaultSpec, and the errors
 GpufaultError > BadInput, MissingPrerequisite, TargetGone,
 EvidenceWriteError, ExperimentFailed; for tests, assert_fired and
-assert_followed (pyctl/api/asserts.py). The `gpufault` package re-exports
+assert_followed (pyctl/api/asserts.py); and the rest of the command line as
+data: DoctorReport, probe_sites, fault_list, show, timeline, run_summary,
+calls_live, release, and the modules anchors, doctor, hooks, netchaos,
+tokenizer, templates. The `gpufault` package re-exports
 this module and the experiment layer's run_experiment, load_experiment and
 ExperimentVerdict (pyctl/experiment/public.py); the CLI, the experiment
 runner's fault steps, the pytest plugin and the Chaos Toolkit extension are
@@ -40,7 +43,16 @@ _WHERE = {
     "Counters": "session", "Fire": "session", "IsolatedSession": "session",
     "Session": "session", "arm": "session",
     "Target": "target",
+    # The CLI's other commands, as data and text (docs/api.md "Everything else").
+    "DoctorReport": "doctor",
+    "probe_sites": "probes", "catalog_functions": "probes",
+    "fault_list": "reading", "show": "reading", "timeline": "reading",
+    "run_summary": "calls", "calls_live": "calls:live",
+    "release": "control",
 }  # fmt: skip
+# Whole modules, for the groups of commands: gpufault.netchaos.loss(...), ...
+# (gpufault.doctor is the module: gpufault.doctor.report(["xids"]).)
+_MODULES = ("anchors", "doctor", "hooks", "netchaos", "tokenizer", "templates")
 
 
 def __getattr__(name: str) -> Any:
@@ -48,16 +60,24 @@ def __getattr__(name: str) -> Any:
         from pyctl.spec import FaultSpec
 
         return FaultSpec
-    mod = _WHERE.get(name)
-    if mod is None:
+    if name in _MODULES:
+        return importlib.import_module(f"pyctl.api.{name}")
+    where = _WHERE.get(name)
+    if where is None:
         raise AttributeError(f"module 'pyctl.api' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"pyctl.api.{mod}"), name)
+    mod, _, attr = where.partition(":")
+    value = getattr(importlib.import_module(f"pyctl.api.{mod}"), attr or name)
     globals()[name] = value
     return value
 
 
 if TYPE_CHECKING:
+    from pyctl.api import anchors, doctor, hooks, netchaos, templates, tokenizer
     from pyctl.api.asserts import assert_fired, assert_followed
+    from pyctl.api.calls import live as calls_live
+    from pyctl.api.calls import run_summary
+    from pyctl.api.control import release
+    from pyctl.api.doctor import DoctorReport
     from pyctl.api.errors import (
         BadInput,
         EvidenceWriteError,
@@ -68,6 +88,8 @@ if TYPE_CHECKING:
     )
     from pyctl.api.evidence import Evidence, FaultRecord, open_evidence
     from pyctl.api.faults import Fault
+    from pyctl.api.probes import catalog_functions, probe_sites
+    from pyctl.api.reading import fault_list, show, timeline
     from pyctl.api.runs import trace
     from pyctl.api.session import Counters, Fire, IsolatedSession, Session, arm
     from pyctl.api.target import Target
@@ -95,4 +117,19 @@ __all__ = [
     "ExperimentFailed",
     "assert_fired",
     "assert_followed",
+    "doctor",
+    "DoctorReport",
+    "probe_sites",
+    "catalog_functions",
+    "fault_list",
+    "show",
+    "timeline",
+    "run_summary",
+    "calls_live",
+    "release",
+    "anchors",
+    "hooks",
+    "netchaos",
+    "tokenizer",
+    "templates",
 ]

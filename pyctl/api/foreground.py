@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pyctl.run_options import RunOptions
+from pyctl.run_options import DEFAULT_MAX_DB_BYTES, RunOptions
+from pyctl.sigmask import block_sigchld
 from pyctl.spec import FaultSpec
 
 
@@ -32,8 +33,8 @@ def run_foreground(
     """Arm `specs` in the target until it ends, Ctrl-C, SIGTERM or the
     options' duration; returns (a started command's status or 0, the
     engine, whose stats and run id the caller reports). The caller blocks
-    SIGCHLD in its main thread before any thread starts
-    (pyctl.sigmask.block_sigchld), as the copilot needs."""
+    SIGCHLD in its main thread before any thread starts (block_sigchld,
+    here too), as the copilot needs."""
     from pyctl.runner import Target, run
 
     return run(
@@ -46,4 +47,4 @@ def run_foreground(
     )
 
 
-__all__ = ["run_foreground"]
+__all__ = ["DEFAULT_MAX_DB_BYTES", "FaultSpec", "RunOptions", "block_sigchld", "run_foreground"]

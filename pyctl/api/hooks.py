@@ -33,7 +33,7 @@ def hook_module(name: str, args: Sequence[str]) -> int:
 
 
 def vram_pressure(
-    db: str | os.PathLike[str],
+    db: str | Path,
     *,
     share: float,
     duration: float,
@@ -95,11 +95,11 @@ def vram_pressure(
             signal.signal(signal.SIGTERM, old[0])
             signal.signal(signal.SIGINT, old[1])
         run_id = rec.end(code)
-    return code, run_id
+    return code, run_id or ""
 
 
 def tc_measure(
-    db: str | os.PathLike[str],
+    db: str | Path,
     args: Sequence[str],
     spec: Mapping[str, Any],
     *,
@@ -154,7 +154,7 @@ def preload_env(
 
 
 def preload(
-    db: str | os.PathLike[str],
+    db: str | Path,
     rules: str,
     command: Sequence[str],
     *,
@@ -191,7 +191,7 @@ def preload(
 
 
 def preload_import(
-    db: str | os.PathLike[str],
+    db: str | Path,
     log: str | os.PathLike[str],
     rules: str = "",
     *,

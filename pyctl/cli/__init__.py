@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     """The `gpufault` entry point: every command group under one error
     contract (pyctl/errors.py): exit 2 and one line for what the user or
     the machine must change, 70 and one line for a bug, 130 for Ctrl-C."""
-    from pyctl import errors
+    from pyctl.api import errors
 
     cli = _only_run_command(sys.argv[1:] if argv is None else argv)
     if cli is None:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from pyctl.api import anchors as A
@@ -60,9 +62,13 @@ def watch(db_path: str | None, duration: float) -> None:
     Example:
       gpufault anchors watch --duration 60
     """
+
+    def show(recs: list[Any]) -> None:
+        for r in recs:
+            click.echo(A.record_line(r))
+
     try:
-        A.watch(lambda recs: [click.echo(A.record_line(r)) for r in recs], db=db_path,
-                duration=duration)  # fmt: skip
+        A.watch(show, db=db_path, duration=duration)
     except GpufaultError as e:
         raise click.ClickException(str(e)) from None
 

@@ -29,9 +29,9 @@ def template_names(
     """Every template file's name (GPUFAULT_TEMPLATES first), by file name:
     no template is parsed, so a malformed one still completes."""
     try:
-        from pyctl import templates
+        from pyctl.api import templates
 
-        names = sorted({p.stem for d in templates.search_dirs() for p in d.glob("*.toml")})
+        names = templates.names()
     except Exception:  # noqa: BLE001 - completion never fails the shell
         return []
     return [CompletionItem(n) for n in names if n.startswith(incomplete)]
@@ -57,9 +57,9 @@ def _db_for(ctx: click.Context) -> str:
         if given:
             return str(given)
         c = c.parent
-    from pyctl.evidence import store
+    from pyctl.api.values import DEFAULT_DB
 
-    return os.environ.get("GPUFAULT_DB") or str(store.DEFAULT_DB)
+    return os.environ.get("GPUFAULT_DB") or str(DEFAULT_DB)
 
 
 def fault_ids(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
@@ -84,14 +84,8 @@ def fault_ids(ctx: click.Context, param: click.Parameter, incomplete: str) -> li
 def code_names(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
     """Return-code names of the catalog library --lib names (CUDA's when
     --lib is not given yet)."""
-    try:
-        from pyctl.catalog.libraries import library
-        from pyctl.spec import catalog_library
+    from pyctl.api.values import code_names as names_of
 
-        lib = ctx.params.get("lib") or "cuda"
-        info = library(catalog_library(str(lib)))
-        names = sorted(set(info.codes.values()))
-    except Exception:  # noqa: BLE001 - no catalog: no candidates
-        return []
+    names = names_of(str(ctx.params.get("lib") or "cuda"))  # no catalog: no candidates
     low = incomplete.lower()  # catalogs spell names their way (ncclInternalError)
     return [CompletionItem(n) for n in names if n.lower().startswith(low)]

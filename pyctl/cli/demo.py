@@ -14,21 +14,20 @@ import sys
 
 import click
 
-from pyctl import api, paths
+from pyctl import api
+from pyctl.api import doubles
 from pyctl.cli.base import user_errors
 from pyctl.cli.options import db_option
-from pyctl.engine import EngineError
 
-WORKLOAD = paths.DOUBLE_INFER
-DOUBLE = paths.DOUBLE_LIBCUDA
+WORKLOAD = doubles.DOUBLE_INFER
+DOUBLE = doubles.DOUBLE_LIBCUDA
 OOM = 2  # CUDA_ERROR_OUT_OF_MEMORY
 
 
 def run_demo(db_path: str, *, threads: int = 2, steps: int = 6) -> int:
     """Through the library, as a user's harness would: a Fault, a command
     Target, a session, its faults' evidence."""
-    for p in paths.missing(WORKLOAD, DOUBLE):
-        raise EngineError(paths.hint(p))
+    doubles.require(WORKLOAD, DOUBLE)
     spec = api.Fault.fail(str(DOUBLE), "cuMemAlloc_v2", ret="CUDA_ERROR_OUT_OF_MEMORY", nth=3,
                           trace=True)  # fmt: skip
     cmd = [str(WORKLOAD), "--threads", str(threads), "--steps", str(steps)]

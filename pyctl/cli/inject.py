@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from pyctl.api.foreground import FaultSpec
 from pyctl.cli.base import UserError, user_errors
 from pyctl.cli.launch import RunCommand, split_run_params, start
 from pyctl.cli.options import (
@@ -21,7 +22,6 @@ from pyctl.cli.options import (
     no_stack_option,
     run_options,
 )
-from pyctl.spec import FaultSpec
 
 
 # Each option's destination is its FaultSpec.from_fields field name, so the
@@ -32,7 +32,7 @@ def _counted_from_one(ctx: click.Context, param: click.Parameter, value: str | N
     meant): refused. Left out, the option is None (from_fields: 0)."""
     if value is None:
         return None
-    from pyctl.spec import SpecError, parse_int
+    from pyctl.api.values import SpecError, parse_int
 
     what = max(param.opts, key=len)
     try:
@@ -164,12 +164,12 @@ def release(ctl_pid: int | None) -> None:
     Example:
       gpufault release
     """
-    from pyctl.control import ControlError
-    from pyctl.control import release as release_all
+    from pyctl.api.control import release as release_all
+    from pyctl.api.errors import GpufaultError
 
     try:
         out = release_all(ctl_pid)
-    except ControlError as e:
+    except GpufaultError as e:
         raise UserError(str(e)) from None
     done, stale = out.released, out.stale
     if stale:

@@ -14,9 +14,8 @@ from typing import Any
 
 import click
 
+from pyctl.api.foreground import DEFAULT_MAX_DB_BYTES, FaultSpec, RunOptions
 from pyctl.cli.base import UserError
-from pyctl.run_options import DEFAULT_MAX_DB_BYTES, RunOptions
-from pyctl.spec import FaultSpec
 
 
 def command_path(ctx: click.Context) -> str:
@@ -210,7 +209,7 @@ class FireLines:
 
 
 def fire_line(row: dict[str, Any]) -> str:
-    from pyctl.symbols.demangle import demangle
+    from pyctl.api.words import demangle
 
     ret = f" -> {row['retval']}" if row.get("retval") is not None else ""
     return (
@@ -222,13 +221,9 @@ def fire_line(row: dict[str, Any]) -> str:
 
 def _returns_void(function: str) -> bool:
     """Does the catalog say `function` returns void?"""
-    try:
-        from pyctl import catalog
+    from pyctl.api.words import returns_void
 
-        info = catalog.lookup(function)
-    except Exception:  # noqa: BLE001 - the catalog is optional
-        return False
-    return info is not None and info.ret_kind.split(":", 1)[-1].strip() == "void"
+    return returns_void(function)
 
 
 def start_notes(specs: list[FaultSpec], atts: list[Any]) -> list[str]:
@@ -271,7 +266,7 @@ def run_specs(
         raise UserError("give a target: --pid PID, --tid TID or -- CMD ARGS")
     if (pid is not None or tid is not None) and cmd:
         raise UserError("use either --pid/--tid or -- CMD, not both")
-    from pyctl.sigmask import block_sigchld
+    from pyctl.api.foreground import block_sigchld
 
     # Before any thread starts: only the copilot's tracer may take SIGCHLD.
     block_sigchld()
@@ -316,7 +311,7 @@ def _run_specs(
         metrics.set_faults_active(sum(1 for s in specs if s.action != "observe"))
         who = f"pid {pid}" if pid else (f"tid {tid}" if tid else (" ".join(cmd) or "all processes"))
         what = "; ".join(s.describe() for s in specs)
-        from pyctl.symbols.demangle import demangle
+        from pyctl.api.words import demangle
 
         fns = ", ".join(sorted({demangle(a.sym.name) for a in eng.atts}))
         slow = [demangle(a.sym.name) for a in eng.atts if a.sym.slow]
@@ -380,7 +375,7 @@ def _run_specs(
         for k in ("signal_err", "pending_err", "inflight_err", "corrupt_err")
         if counts.get(k)
     )
-    from pyctl.evidence.words import loss_words  # at the end: not on the start path
+    from pyctl.api.words import loss_words  # at the end: not on the start path
 
     causes = loss_words(st.loss_causes)
     lost_words = f"{lost} lost ({causes})" if causes else f"{lost} lost"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import click
 
-from pyctl import __version__
+from pyctl.api import __version__
 
 ENVIRONMENT = [
     ("GPUFAULT_DB", "the evidence database (as gpufault --db); a command's own --db wins"),

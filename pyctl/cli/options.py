@@ -19,8 +19,7 @@ from typing import Any, TypeVar
 
 import click
 
-from pyctl import spec as S
-from pyctl.evidence import store
+from pyctl.api import values as S
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -167,7 +166,7 @@ def db_from(ctx: click.Context | None, given: str | None, *, default: bool = Tru
     env = os.environ.get("GPUFAULT_DB")
     if env:
         return env
-    return str(store.DEFAULT_DB) if default else None
+    return str(S.DEFAULT_DB) if default else None
 
 
 class Settings:
@@ -195,7 +194,7 @@ def db_option(*, default: bool = True, path_type: type | None = None) -> Callabl
         type=click.Path(dir_okay=False),
         default=None,
         callback=resolve,
-        help=f"evidence database (default: gpufault --db, GPUFAULT_DB, or {store.DEFAULT_DB})"
+        help=f"evidence database (default: gpufault --db, GPUFAULT_DB, or {S.DEFAULT_DB})"
         if default
         else "also store the records in this database (or gpufault --db / GPUFAULT_DB)",
     )

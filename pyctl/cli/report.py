@@ -12,8 +12,8 @@ from pathlib import Path
 
 import click
 
+from pyctl.api.reading import open_readonly
 from pyctl.cli.options import db_option
-from pyctl.evidence import store
 from pyctl.report import ReportError
 from pyctl.report import html as html_report
 from pyctl.report import markdown as md_report
@@ -66,7 +66,7 @@ def report(
     for p in (output, markdown):
         if p is not None and not p.parent.is_dir():
             raise ReportError(f"{p.parent}: no such directory; create it or pick another path")
-    db = store.open_db(db_path, readonly=True)
+    db = open_readonly(db_path)
     try:
         datas = [load(db, i) for i in dict.fromkeys(experiment_ids)]
     finally:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import click
 
-from pyctl import __version__
+from pyctl.api import __version__
+from pyctl.api.values import DEFAULT_DB
 from pyctl.cli.options import Settings
-from pyctl.evidence import store
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -28,7 +28,7 @@ def _set_debug(ctx: click.Context, param: click.Parameter, value: bool) -> None:
     show_envvar=True,
     default=None,
     help="the evidence database every command reads and writes "
-    f"(default {store.DEFAULT_DB}); a command's own --db wins",
+    f"(default {DEFAULT_DB}); a command's own --db wins",
 )
 @click.option(
     "--debug",

@@ -28,8 +28,8 @@ def serve() -> None:
         gpufault serve &
         gpufault trace --pid 1234 --lib libcuda --fn cuLaunchKernel
     """
-    from pyctl.resident import wire
-    from pyctl.resident.server import ServeError, Server
+    from pyctl.api.resident import socket_path
+    from pyctl.resident.server import ServeError, Server  # a front end beside this one
 
     if os.geteuid() != 0:
         raise UserError(
@@ -37,9 +37,7 @@ def serve() -> None:
         )
     from pyctl.cli import main  # the package this module is in: loaded already
 
-    server = Server(
-        wire.socket_path(), log=lambda s: click.echo(f"serve: {s}", err=True), command=main
-    )
+    server = Server(socket_path(), log=lambda s: click.echo(f"serve: {s}", err=True), command=main)
     try:
         server.bind()
     except ServeError as e:

@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from pyctl import templates as T
+from pyctl.api import templates as T
 from pyctl.cli import launch as L
 from pyctl.cli.base import UserError, user_errors
 from pyctl.cli.completion import template_names
@@ -16,6 +16,7 @@ from pyctl.cli.options import (
     duration_option,
     metrics_addr_option,
     quiet_option,
+    ready_fd_option,
     set_option,
     target_options,
     xids_option,
@@ -109,6 +110,7 @@ def show(name: str, sets: dict[str, str]) -> None:
 @duration_option(help="stop after this long, e.g. 30s, 1m30s")
 @copilot_signal_option
 @quiet_option
+@ready_fd_option
 @xids_option
 @metrics_addr_option
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED)

@@ -13,10 +13,10 @@ from typing import Any
 
 import click
 
+from pyctl.api.foreground import FaultSpec
 from pyctl.cli.base import user_errors
 from pyctl.cli.launch import RunCommand, split_run_params, start
 from pyctl.cli.options import fault_target_options, no_stack_option, run_options
-from pyctl.spec import FaultSpec
 
 
 @click.command(cls=RunCommand)

@@ -1,0 +1,24 @@
+"""`gpufault serve`, the resident controller (docs/resident.md), as the
+library sees it from outside: where it listens, and whether one runs this
+code. (The server itself, pyctl/resident/server.py, is a front end.)"""
+
+from __future__ import annotations
+
+
+def socket_path() -> str:
+    """$GPUFAULT_RUN_DIR/serve.sock (/run/gpufault/serve.sock): where `trace`
+    and `inject` look first."""
+    from pyctl.resident import wire
+
+    return str(wire.socket_path())
+
+
+def ping() -> tuple[int, bool] | None:
+    """(the server's pid, whether it runs this very code), or None when none
+    answers."""
+    from pyctl.resident import client
+
+    return client.ping()
+
+
+__all__ = ["ping", "socket_path"]
