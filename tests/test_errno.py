@@ -81,6 +81,10 @@ def test_errno_names_and_numbers() -> None:
     )
     assert s.describe() == "libc:access fail ret=-1 mode=skip errno=EIO"
     assert s.to_bpf().corrupt_mask == 5
+    from pyctl.api import Fault
+
+    assert Fault.fail("libc", "access", ret=-1, errno="EIO") == s
+    assert Fault.fail("libc", "access", ret=-1).errno == 0
 
 
 def test_a_bpf_register_fail_refuses_errno() -> None:

@@ -48,10 +48,20 @@ class Fault:
     stack capture), trace (record every call too)."""
 
     @staticmethod
-    def fail(lib: str, fn: Fn, *, ret: int | str, mode: str = "skip", **trigger: Any) -> FaultSpec:
+    def fail(
+        lib: str,
+        fn: Fn,
+        *,
+        ret: int | str,
+        mode: str = "skip",
+        errno: int | str | None = None,
+        **trigger: Any,
+    ) -> FaultSpec:
         """Return `ret` (a number or the catalog's code name) instead of the
-        call's own result: mode "skip" skips the body, "after" runs it first."""
-        return _build(_fields(lib, fn, "fail", {"ret": ret, "mode": mode, **trigger}))
+        call's own result: mode "skip" skips the body, "after" runs it first.
+        errno ("EIO" or 5): also set the thread's errno (`--errno`)."""
+        extra = {"ret": ret, "mode": mode, "errno": errno, **trigger}
+        return _build(_fields(lib, fn, "fail", extra))
 
     @staticmethod
     def stall(lib: str, fn: Fn, *, stall: str | float, **trigger: Any) -> FaultSpec:
