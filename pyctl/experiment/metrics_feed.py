@@ -1,7 +1,7 @@
 """Fires and probe totals of an experiment's steps into gpufault's /metrics.
 
 An experiment's faults are carried out by child controllers (one per step,
-pyctl/experiment/host.py), each writing its fault rows and, at its end, its
+pyctl/experiment/steps/fault.py), each writing its fault rows and, at its end, its
 run's stats into the experiment's database. `gpufault experiment run
 --metrics-addr` serves the parent's Metrics, so the parent reads those rows
 back: every `interval` the fault rows each step added since the last look

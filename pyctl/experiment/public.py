@@ -2,7 +2,7 @@
 
 The experiment layer's public face (re-exported by the `gpufault`
 package); it sits above the session API (pyctl.api), which its fault
-steps use (pyctl/experiment/host.py).
+steps use (pyctl/experiment/steps/fault.py).
 """
 
 from __future__ import annotations
