@@ -6,7 +6,7 @@ a key, kept between runs so `gpufault trace --pid` attaches in milliseconds.
   build_id) names one build's bytes, so an entry never goes stale; a file
   without a build-id is never cached.
 - `caps/<boot-id>-<kernel release>.json`: the kernel's trial loads
-  (pyctl/capabilities.py). What the verifier and the uprobe_multi link
+  (pyctl/bpf/features.py). What the verifier and the uprobe_multi link
   accept does not change within one boot of one kernel.
 
 Where: $GPUFAULT_CACHE_DIR (tests), else /var/cache/gpufault. Root-only

@@ -1,4 +1,5 @@
-"""The gpufault command line (click). Thin: every command calls the library.
+"""The gpufault command line (click). Thin: every command parses its options,
+calls pyctl.api and prints (tests/test_api_layers.py holds it to that).
 
 Layout (docs/cli.md):
   root.py       the `gpufault` group: --db / GPUFAULT_DB (ctx.obj), --debug
