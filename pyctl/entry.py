@@ -34,21 +34,25 @@ def servable(argv: list[str]) -> bool:
 
 
 def main() -> None:
+    # lazy: pyctl.outchan (+2 modules) only when this runs
     from pyctl.outchan import fill_std_fds
 
     # Before anything opens a file: a closed 0/1/2 would be given to it.
     fill_std_fds()
     argv = sys.argv[1:]
     if servable(argv):
+        # lazy: keeps pyctl.resident.client (+5 modules) off trace's start and `--help`
         from pyctl.resident import client
 
         status = client.try_serve(argv)
         if status is not None:
             sys.exit(status)
     if attaches(argv):
+        # lazy: keeps pyctl.bpf.main_object (+25 modules, ~200 ms) off `trace --help`
         from pyctl.bpf import main_object
 
         main_object.start_early()
+    # lazy: pyctl.cli (ast, click, +49 modules, ~300 ms) only when this runs
     from pyctl.cli import main as cli_main
 
     cli_main()

@@ -42,19 +42,25 @@ import contextlib
 import ctypes
 import ctypes.util
 import errno
+import json
 import math
 import os
 import re
 import secrets
+import select
 import socket
 import struct
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from pyctl.bpf import raw
+from pyctl import paths
+from pyctl.bpf import libbpf, raw
+from pyctl.bpf.names import NetChaos
 from pyctl.exceptions import GpufaultError
 
 NETNS_DIR = "/run/netns"
@@ -133,10 +139,6 @@ class DropFilter:
     dies leaves them in place, and their deadline still applies)."""
 
     def __init__(self, deadline_ns: int = 0) -> None:
-        from pyctl import paths
-        from pyctl.bpf import libbpf
-        from pyctl.bpf.names import NetChaos
-
         path = paths.DATA / NetChaos.OBJECT
         if not path.exists():
             raise NetChaosError(f"the tc drop filter {path} is missing: run `make build`")
@@ -249,6 +251,7 @@ _CLSACT_EGRESS = 0xFFFFFFF3
 
 def _markers(ipr: Any, index: int) -> list[Marker]:
     """The window markers among the clsact egress filters of link `index`."""
+    # lazy: pyroute2 (argparse, asyncio, +246 modules, ~1 s) only when this runs
     from pyroute2.netlink.exceptions import NetlinkError
 
     try:
@@ -269,6 +272,7 @@ def remove_window(ipr: Any, index: int, mk: Marker) -> bool:
     """Remove what the window `mk` installed on link `index` (its root qdisc,
     by its own handle, then its clsact), if its marker is still there.
     True if it was."""
+    # lazy: pyroute2 (argparse, asyncio, +246 modules, ~1 s) only when this runs
     from pyroute2.netlink.exceptions import NetlinkError
 
     if mk not in _markers(ipr, index):
@@ -289,10 +293,6 @@ def watchdog_main() -> None:
     controller died: SIGKILL, a crash) or the deadline plus a grace passing
     (a controller hung past its window) removes the window's impairment,
     if its marker is still there."""
-    import json
-    import select
-    import sys
-
     # Imported before the wait: the undo after a SIGKILL is then netlink
     # calls only (pyroute2's import alone is ~0.5 s on a small machine).
     from pyroute2 import IPRoute
@@ -338,6 +338,7 @@ _MADE_NETNS_MOUNT = False
 
 def _create_netns(name: str) -> None:
     global _MADE_NETNS_MOUNT
+    # lazy: pyroute2 (argparse, asyncio, +246 modules, ~1000 ms) only when this runs
     from pyroute2 import netns
 
     before = _netns_dir_mounted()
@@ -351,6 +352,7 @@ def _remove_netns(name: str, *, ours_made_the_mount: bool = False) -> None:
     mounted it, or (cleanup of a dead owner's namespaces) the caller knows
     a gpufault namespace was the reason it exists."""
     global _MADE_NETNS_MOUNT
+    # lazy: pyroute2 (argparse, asyncio, +246 modules, ~1000 ms) only when this runs
     from pyroute2 import netns
 
     netns.remove(name)
@@ -416,6 +418,7 @@ def cleanup(all_owners: bool = False) -> list[str]:
     Deleting a namespace destroys the veth end inside it, and the veth
     peer with it. Returns the names removed.
     """
+    # lazy: pyroute2 (argparse, asyncio, +246 modules, ~1000 ms) only when this runs
     from pyroute2 import netns
 
     removed = []
@@ -481,7 +484,11 @@ def _replace_root(ipr: Any, index: int, root: _Root, major: int = 1) -> None:
     # estimator attribute) and then fails to encode it: build the message
     # from its netem plugin ourselves.
     from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_REPLACE, NLM_F_REQUEST
+
+    # lazy: pyroute2 (argparse, asyncio, +246 modules, ~2 s) only when this runs
     from pyroute2.netlink.rtnl import RTM_NEWQDISC, TC_H_ROOT
+
+    # lazy: pyroute2 (argparse, asyncio, +246 modules, ~1000 ms) only when this runs
     from pyroute2.netlink.rtnl.tcmsg import plugins, tcmsg
 
     msg = tcmsg()
@@ -559,6 +566,7 @@ class Link:
         removed here, before anything else is refused."""
         if os.geteuid() != 0:
             raise NetChaosError("netchaos needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN): run as root")
+        # lazy: pyroute2 (argparse, asyncio, +246 modules, ~1000 ms) only when this runs
         from pyroute2 import IPRoute, netns
 
         links: dict[str, dict[str, str]] = {}
@@ -625,10 +633,6 @@ class Link:
         window's deadline. close() tells it to go. The drop filter's own
         deadline needs no process; qdiscs (delay, rate, netem loss) have
         none in the kernel, so this one lifts them."""
-        import json
-        import subprocess
-        import sys
-
         assert not self._owner and self._watchdog is None
         pid = os.getpid()
         start = _start_time(pid) or 0
@@ -689,6 +693,7 @@ class Link:
     def open(self) -> None:
         if os.geteuid() != 0:
             raise NetChaosError("netchaos needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN): run as root")
+        # lazy: pyroute2 (argparse, asyncio, +246 modules, ~900 ms) only when this runs
         from pyroute2 import IPRoute
 
         atexit.register(self.close)
@@ -734,7 +739,10 @@ class Link:
     def _undo(self) -> None:
         """Remove what this object installed on an attached link (the owner
         may have torn the namespaces down already: nothing left to undo)."""
+        # lazy: pyroute2 (argparse, asyncio, +246 modules, ~900 ms) only when this runs
         from pyroute2 import IPRoute
+
+        # lazy: pyroute2 (argparse, asyncio, +246 modules, ~1 s) only when this runs
         from pyroute2.netlink.exceptions import NetlinkError
 
         for end in (self.a, self.b):
@@ -811,6 +819,7 @@ class Link:
         return drops, seen
 
     def _apply(self, end: _End, new: Impairment) -> None:
+        # lazy: pyroute2 (argparse, asyncio, +246 modules, ~900 ms) only when this runs
         from pyroute2 import IPRoute
 
         use_netem = new.delay_ms > 0 or (new.loss_pct > 0 and netem_available())
@@ -838,6 +847,7 @@ class Link:
     @staticmethod
     def _set_root(ipr: Any, end: _End, root: _Root | None) -> None:
         """Make `root` the root qdisc of end's veth (None: the default)."""
+        # lazy: pyroute2 (argparse, asyncio, +246 modules, ~1 s) only when this runs
         from pyroute2.netlink.exceptions import NetlinkError
 
         old = end.root
@@ -865,6 +875,7 @@ class Link:
         end.root = root
 
     def _attach_drop(self, ipr: Any, end: _End) -> None:
+        # lazy: pyroute2 (argparse, asyncio, +246 modules, ~1 s) only when this runs
         from pyroute2.netlink.exceptions import NetlinkError
 
         if not self._owner and self._marker is None:
@@ -902,7 +913,10 @@ def netem_available() -> bool:
     """Whether this kernel has sch_netem (probed once in a throwaway netns)."""
     global _NETEM
     if _NETEM is None:
+        # lazy: pyroute2 (argparse, asyncio, +246 modules, ~900 ms) only when this runs
         from pyroute2 import IPRoute
+
+        # lazy: pyroute2 (argparse, asyncio, +246 modules, ~1 s) only when this runs
         from pyroute2.netlink.exceptions import NetlinkError
 
         name = f"{_ns_prefix()}{os.getpid():x}n{secrets.token_hex(3)}a"

@@ -21,6 +21,7 @@ gets the default back (subprocess's restore_signals).
 
 from __future__ import annotations
 
+import atexit
 import errno
 import io
 import os
@@ -175,7 +176,6 @@ def install_stderr() -> Channel | None:
     chan = Channel(fd)
     _Installed.chan, _Installed.saved = chan, cur
     _Installed.stream = sys.stderr = text_stream(chan, cur)
-    import atexit
 
     # A line queued after settle_stderr left the channel in place (the
     # command's last error line) gets a short last chance at exit.

@@ -68,6 +68,7 @@ def _kernel_problem() -> str | None:
 
 def _load_problem() -> tuple[str | None, str | None]:
     """(kernel problem, build problem) from loading the engine's programs."""
+    # lazy: keeps pyctl.capabilities (+5 modules) off pytest's plugin load
     from pyctl import capabilities as caps
 
     if not caps.MAIN_OBJ.exists():
@@ -197,6 +198,7 @@ class GpufaultFixture:
         """gpufault.arm() with the fixture's defaults (db: the test's file
         under tmp_path; isolate, duration: the marker's, else in-process and
         until teardown); the session is disarmed at teardown."""
+        # lazy: keeps pyctl.api (+1 module) off pytest's plugin load
         from pyctl import api
 
         s = api.arm(
@@ -231,6 +233,7 @@ class GpufaultFixture:
 
     def evidence(self) -> Any:
         """The test's database, read-only (gpufault.Evidence)."""
+        # lazy: keeps pyctl.api (+1 module) off pytest's plugin load
         from pyctl import api
 
         return api.Evidence(self.db)
@@ -241,11 +244,13 @@ class GpufaultFixture:
 
     def assert_fired(self, session: Any = None, n: int | None = None, **kw: Any) -> list[Any]:
         """gpufault.assert_fired; with no session, the only one armed."""
+        # lazy: keeps pyctl.api.asserts (+6 modules) off pytest's plugin load
         from pyctl.api.asserts import assert_fired
 
         return assert_fired(self._one(session), n, **kw)
 
     def assert_followed(self, fault: Any, kind: str, **kw: Any) -> list[dict[str, Any]]:
+        # lazy: keeps pyctl.api.asserts (+6 modules) off pytest's plugin load
         from pyctl.api.asserts import assert_followed
 
         return assert_followed(fault, kind, **kw)
@@ -260,6 +265,7 @@ class GpufaultFixture:
         return self.sessions[0]
 
     def __getattr__(self, name: str) -> Any:
+        # lazy: keeps pyctl.api (+1 module) off pytest's plugin load
         from pyctl import api
 
         if name in api.__all__:

@@ -8,6 +8,7 @@ is armed before the first instruction of the program runs.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sqlite3
 import sys
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from pyctl import outchan, procstate
 from pyctl.engine import Engine, EngineError, StoreWriteError
 from pyctl.run_options import RunOptions
+from pyctl.sigmask import original_sigmask
 from pyctl.spec import FaultSpec
 
 if TYPE_CHECKING:
@@ -102,8 +104,6 @@ def check_target_pid(pid: int, what: str = "--pid") -> None:
 def check_command(cmd: Sequence[str]) -> str:
     """The program `-- CMD` names, as the held shell's exec will find it;
     refused before anything starts (no run row for a command never run)."""
-    import shutil
-
     prog = cmd[0] if cmd else ""
     if not prog:
         raise EngineError("no command after --: give one, e.g. -- ./app ARGS")
@@ -142,9 +142,7 @@ def _start_with_original_mask(argv: list[str], fd: int) -> subprocess.Popen[byte
     mask is set around the Popen (no copilot runs yet to miss a SIGCHLD).
     Dispositions need nothing: handlers reset at exec, and Python's
     restore_signals puts back SIGPIPE/SIGXFSZ."""
-    import subprocess  # for `-- CMD` only: a --pid start imports none of it (~6 ms)
-
-    from pyctl.sigmask import original_sigmask
+    import subprocess  # lazy: for `-- CMD` only: a --pid start imports none of it (~6 ms)
 
     old = signal.pthread_sigmask(signal.SIG_SETMASK, original_sigmask())
     try:
@@ -309,6 +307,7 @@ class Runner:
 
     def _write_pidfile(self) -> None:
         """Open the control socket `gpufault release` talks to (pyctl/control.py)."""
+        # lazy: keeps pyctl.control (selectors, socket, +6 modules) off trace's start
         from pyctl.control import ControlSocket
 
         ctl = ControlSocket(self.engine.run_id if self.engine else "")

@@ -7,6 +7,7 @@ gets a packed abi.Spec from to_bpf().
 from __future__ import annotations
 
 import errno as _errno
+import os
 import re
 import signal as _signal
 import time
@@ -250,9 +251,10 @@ def parse_code(text: str, what: str = "--ret") -> ReturnCode:
 def catalog_library(lib: str) -> str:
     """Whose return codes a name means: the catalog's library for what --lib
     says (a soname, a path or a short name); CUDA's when it is none of them."""
-    import os
-
+    # lazy: keeps pyctl.catalog (+13 modules) off `trace --help` and `import gpufault`
     from pyctl import catalog
+
+    # lazy: keeps pyctl.catalog.libraries (+13 modules) off `trace --help` and `import gpufault`
     from pyctl.catalog.libraries import library
 
     name = catalog.lib_for_soname(lib)

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pyctl import tracefs as _tf
 from pyctl.bpf.libbpf import BpfError, Object, lib, map_lookup
 from pyctl.bpf.ringbuf import RingReader
 from pyctl.evidence import store
@@ -111,8 +112,6 @@ class Layout:
 
 
 def tracefs() -> str | None:
-    from pyctl import tracefs as _tf
-
     return _tf.find()
 
 

@@ -57,6 +57,7 @@ _MODULES = ("anchors", "doctor", "hooks", "netchaos", "tokenizer", "templates")
 
 def __getattr__(name: str) -> Any:
     if name == "FaultSpec":
+        # lazy: pyctl.spec (ast, copy, +19 modules, ~100 ms) only when this runs
         from pyctl.spec import FaultSpec
 
         return FaultSpec

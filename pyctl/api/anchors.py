@@ -63,7 +63,10 @@ def watch(
     KeyboardInterrupt, which ends it quietly), calling on_records with each
     batch and storing them in the store at `db` when given.
     MissingPrerequisite when the device cannot be opened."""
+    # lazy: pyctl.evidence.store (datetime, sqlite3, +12 modules) only when this runs
     from pyctl.evidence import store
+
+    # lazy: keeps pyctl.evidence.anchors (datetime, sqlite3, +11 modules) off `--help`
     from pyctl.evidence.anchors import store_records
 
     try:

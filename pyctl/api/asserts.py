@@ -52,12 +52,14 @@ def _code_matches(f: FaultRecord, code: int | str) -> bool:
     text = str(code).strip()
     if text.lstrip("-").isdigit():
         return f.retval == int(text)
+    # lazy: keeps pyctl.evidence.words (+28 modules, ~100 ms) off `import gpufault`
     from pyctl.evidence.words import code_name
 
     return code_name(f.function, f.library, f.retval).split(" (")[0] == text
 
 
 def _fault_line(f: FaultRecord) -> str:
+    # lazy: keeps pyctl.evidence.words (+28 modules, ~100 ms) off `import gpufault`
     from pyctl.evidence.words import code_name
 
     injected = f" {code_name(f.function, f.library, f.retval)}" if f.retval is not None else ""
@@ -176,6 +178,7 @@ def _detail_matches(link: dict[str, Any], detail: dict[str, Any]) -> bool:
 
 
 def _followed_lines(doc: dict[str, Any]) -> list[str]:
+    # lazy: keeps pyctl.evidence.words (+28 modules, ~100 ms) off `import gpufault`
     from pyctl.evidence.words import link_words
 
     f = doc["fault"]

@@ -29,6 +29,9 @@ import threading
 import time
 from typing import Any
 
+from pyctl.api.errors import GpufaultError, translate
+from pyctl.sigmask import block_sigchld
+
 PR_SET_PDEATHSIG = 1
 
 
@@ -71,7 +74,6 @@ def main() -> int:
     except (OSError, AttributeError):
         pass
     out = _Out()
-    from pyctl.sigmask import block_sigchld
 
     # The launcher thread that forked us blocks SIGCHLD, and a mask is
     # inherited: unblock first, so that the "original" mask a started
@@ -83,15 +85,19 @@ def main() -> int:
     # protocol: fd 1 becomes stderr.
     os.dup2(2, 1)
     line = _read_line(0)
-    from pyctl.api.errors import GpufaultError, translate
 
     try:
         req = json.loads(line)
         parent = int(req.get("parent") or 0)
         if parent and os.getppid() != parent:
             return 143  # the parent died before the prctl
+        # lazy: pyctl.api.faults (ast, copy, +18 modules) only when this runs
         from pyctl.api.faults import spec_from_json
+
+        # lazy: pyctl.api.session (ast, copy, +31 modules, ~100 ms) only when this runs
         from pyctl.api.session import Session, Settings
+
+        # lazy: pyctl.api.target (ast, copy, +15 modules) only when this runs
         from pyctl.api.target import Target
 
         specs = [spec_from_json(d) for d in req["specs"]]

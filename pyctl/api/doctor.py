@@ -101,6 +101,7 @@ def failed_for(res: list[Check], features: Sequence[str]) -> list[Check]:
 
 
 def _tracefs() -> str | None:
+    # lazy: pyctl.tracefs (ctypes, +4 modules) only when this runs
     from pyctl import tracefs
 
     return tracefs.find()
@@ -113,6 +114,7 @@ def nvidia_xid_tracepoint() -> bool:
     monitor does; without root, whether tracefs or kallsyms show it.
     (kallsyms alone is not enough: the H200 host's does not list it.)"""
     if os.geteuid() == 0:
+        # lazy: pyctl.xid (ctypes, datetime, +21 modules) only when this runs
         from pyctl import xid
 
         try:
@@ -292,6 +294,7 @@ def _kernel_checks() -> list[Check]:
 def _serve_check() -> Check:
     """`gpufault serve` (docs/resident.md): optional, so only a server of
     other code is a warning (it refuses every request: a lost speed-up)."""
+    # lazy: pyctl.resident.wire (+5 modules) only when this runs
     from pyctl.resident import client, wire
 
     state = client.ping()

@@ -62,6 +62,7 @@ def cli_line(exc: BaseException) -> tuple[int, str] | None:
         return EXIT_RUN_FAILED, str(exc)
     if (damaged := damaged_store_line(exc)) is not None:
         return EXIT_USER, damaged
+    # lazy: keeps pyctl.engine.errors (+73 modules, ~300 ms) off `import gpufault`
     from pyctl.engine.errors import EngineError
 
     if isinstance(exc, (BadInput, EngineError, ValueError)):

@@ -56,6 +56,7 @@ class FaultRecord:
 
     def show(self) -> str:
         """`gpufault show FAULT_ID`'s text."""
+        # lazy: keeps pyctl.evidence.query (+30 modules, ~100 ms) off `import gpufault`
         from pyctl.evidence import query
 
         return query.render_chain(self.chain())
@@ -65,6 +66,7 @@ class Evidence:
     """A gpufault database, opened read-only."""
 
     def __init__(self, db_path: str | os.PathLike[str]) -> None:
+        # lazy: keeps pyctl.evidence.store (+15 modules) off `import gpufault`
         from pyctl.evidence import store
 
         self.db_path = str(db_path)
@@ -114,6 +116,7 @@ class Evidence:
         return rows[0]
 
     def chain(self, fault_id: str) -> dict[str, Any]:
+        # lazy: keeps pyctl.evidence.query (+30 modules, ~100 ms) off `import gpufault`
         from pyctl.evidence import query
 
         doc = query.fault_chain(self._db, fault_id)

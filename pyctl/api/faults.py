@@ -10,6 +10,7 @@ line, in a template and in an experiment file ("5%", "20ms", "SIGSEGV",
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -115,6 +116,7 @@ class Fault:
 
 def template(name: str, **sets: Any) -> tuple[str, list[FaultSpec]]:
     """(its identity "name@vN", its specs)."""
+    # lazy: keeps pyctl.templates (datetime, tomllib, +9 modules) off `import gpufault`
     from pyctl import templates as T
 
     try:
@@ -126,8 +128,6 @@ def template(name: str, **sets: Any) -> tuple[str, list[FaultSpec]]:
 
 def spec_from_json(d: Mapping[str, Any]) -> FaultSpec:
     """FaultSpec.to_json()'s inverse (a spec sent to a child on a pipe)."""
-    import dataclasses
-
     names = {f.name for f in dataclasses.fields(FaultSpec)}
     unknown = set(d) - names
     if unknown:

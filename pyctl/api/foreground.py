@@ -35,6 +35,7 @@ def run_foreground(
     engine, whose stats and run id the caller reports). The caller blocks
     SIGCHLD in its main thread before any thread starts (block_sigchld,
     here too), as the copilot needs."""
+    # lazy: pyctl.runner (difflib, mmap, +46 modules, ~200 ms) only when this runs
     from pyctl.runner import Target, run
 
     return run(

@@ -51,6 +51,7 @@ def need_root(what: str) -> None:
 def cleanup(all_owners: bool = False) -> list[str]:
     """Remove gf* namespaces (and their veths) left by dead processes (with
     all_owners, also those of live ones); the names removed."""
+    # lazy: keeps pyctl.netchaos (ast, base64, +35 modules, ~200 ms) off `--help`
     from pyctl import netchaos
 
     if os.geteuid() != 0:
@@ -70,7 +71,10 @@ def link(
     `duration` seconds (None: until stop), then tear them down; the run
     (kind netchaos:link) is stored in db. on_ready(link, run_id) once both
     ends are up (link.name, link.a/.b: ns, ifname, addr). Returns the run id."""
+    # lazy: keeps pyctl.netchaos (ast, base64, +35 modules, ~200 ms) off `--help`
     from pyctl import netchaos
+
+    # lazy: pyctl.evidence.store (ast, copy, +26 modules, ~100 ms) only when this runs
     from pyctl.evidence import store
 
     need_root("link")
@@ -130,7 +134,10 @@ def window(
     filter's counters) and the run. on_started(link, run_id) once the
     impairment is in place. Returns the run id. partition/delay/loss/rate
     below are this with their apply."""
+    # lazy: keeps pyctl.netchaos (ast, base64, +35 modules, ~200 ms) off `--help`
     from pyctl import netchaos
+
+    # lazy: pyctl.evidence.store (ast, copy, +27 modules, ~100 ms) only when this runs
     from pyctl.evidence import layers, store
 
     need_root(what)
@@ -177,6 +184,7 @@ def window(
             call_seq=1,
         )
         layers.insert_faults(conn, [row])
+        # lazy: keeps pyroute2 (argparse, ast, +273 modules, ~1 s) off `--help`
         from pyroute2.netlink.exceptions import NetlinkError
 
         try:
@@ -256,6 +264,7 @@ def loss(db: str | os.PathLike[str], pct: float, *, direction: str = "both", **k
 
 def rate(db: str | os.PathLike[str], mbit: float, *, direction: str = "both", **kw: Any) -> str:
     """Limit the bandwidth to mbit Mbit/s (tbf, or netem's rate)."""
+    # lazy: keeps pyctl.netchaos (ast, base64, +35 modules, ~200 ms) off `--help`
     from pyctl import netchaos
 
     try:

@@ -41,6 +41,7 @@ class ProbeSites:
         return {"library": self.library, "mapped": self.mapped, "functions": self.functions}
 
     def render(self) -> str:
+        # lazy: pyctl.symbols.demangle (ctypes, +5 modules) only when this runs
         from pyctl.symbols.demangle import demangle
 
         rows = self.functions
@@ -67,6 +68,7 @@ def probe_sites(lib: str, pid: int | None = None, patterns: Sequence[str] = ()) 
     `pid`'s maps when given) matching the globs `patterns` (default *).
     Raises BadInput (ResolveError) for a library or pattern that matches
     nothing."""
+    # lazy: keeps pyctl.symbols (resolve, demangle: ctypes, elf) off `import gpufault`
     from pyctl.symbols import resolve
     from pyctl.symbols.demangle import demangle
 

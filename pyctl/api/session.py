@@ -51,6 +51,7 @@ from pyctl.api.errors import (
 )
 from pyctl.api.evidence import Evidence, FaultRecord
 from pyctl.api.target import Target
+from pyctl.paths import module_argv
 from pyctl.spec import FaultSpec
 
 ARM_TIMEOUT_S = 120.0  # attach to a 600k-symbol library takes ~20 s on a slow host
@@ -90,6 +91,7 @@ class Settings:
     arm_timeout: float = ARM_TIMEOUT_S
 
     def run_options(self) -> Any:
+        # lazy: keeps pyctl.run_options (+11 modules, ~100 ms) off `import gpufault`
         from pyctl.run_options import DEFAULT_MAX_DB_BYTES, RunOptions
 
         return RunOptions(
@@ -237,7 +239,10 @@ class _Base:
         calls, errors by code name, latency percentiles, a log2 histogram)
         from its call rows: a session of Fault.trace(...) specs records one
         per call. .to_json() is plain data, .render() `gpufault trace`'s text."""
+        # lazy: keeps pyctl.calls.summary (+16 modules, ~200 ms) off `import gpufault`
         from pyctl.calls import summary
+
+        # lazy: keeps pyctl.evidence.store (+10 modules) off `import gpufault`
         from pyctl.evidence import store
         try:
             d = store.open_db(self.db, readonly=True)
@@ -297,7 +302,10 @@ class Session(_Base):
         return self
 
     def _main(self) -> None:
+        # lazy: keeps pyctl.runner (+52 modules, ~400 ms) off `import gpufault`
         from pyctl.runner import Runner
+
+        # lazy: keeps pyctl.sigmask (+1 module) off `import gpufault`
         from pyctl.sigmask import block_sigchld
 
         # This thread's mask is what the copilot's threads inherit.
@@ -435,8 +443,6 @@ class IsolatedSession(_Base):
         """Start the child, do not wait for it to arm (steps due together
         arm in parallel). Call from a long-lived thread: PR_SET_PDEATHSIG
         fires when the thread that forked the child exits."""
-        from pyctl.paths import module_argv
-
         request = {
             "specs": [s.to_json() for s in self.specs],
             "target": self.target.to_json(),

@@ -11,6 +11,7 @@ the `trace` entry imports this module before anything else.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
 from functools import lru_cache
 
@@ -48,6 +49,7 @@ def boot_cached(name: str, trial: Callable[[], bool]) -> bool:
     live. Keyed also by the trial object's identity: a rebuilt object is
     tried again. Only root's results are kept (a refusal as another user
     says nothing about the kernel)."""
+    # lazy: keeps pyctl.diskcache (pickle, +4 modules) off `--help`
     from pyctl import diskcache
 
     try:
@@ -65,6 +67,7 @@ def boot_cached(name: str, trial: Callable[[], bool]) -> bool:
 
 
 def _trial_load(prog: str) -> bool:
+    # lazy: pyctl.bpf.libbpf (ctypes, +7 modules) only when this runs
     from pyctl.bpf.libbpf import BpfError, Object
 
     try:
@@ -113,6 +116,7 @@ def getpid_site() -> tuple[str, int] | None:
     trial's probe site. Read from the loader's own address and
     /proc/self/maps, so that this layer needs no ELF reader (pyctl/symbols
     is above it); None when the mapping cannot be found."""
+    # lazy: ctypes (+3 modules) only when this runs
     import ctypes
 
     addr = ctypes.cast(ctypes.CDLL(None).getpid, ctypes.c_void_p).value
@@ -133,9 +137,10 @@ def getpid_site() -> tuple[str, int] | None:
 
 
 def _uprobe_multi_trial() -> bool:
+    # lazy: ctypes (+3 modules) only when this runs
     import ctypes
-    import threading
 
+    # lazy: pyctl.bpf.libbpf (ctypes, +7 modules) only when this runs
     from pyctl.bpf.libbpf import BPF_TRACE_UPROBE_MULTI, BpfError, Object, map_lookup
 
     site = getpid_site()
@@ -171,6 +176,7 @@ def engine_load() -> tuple[str | None, str | None]:
     process tracepoints, then close: (why the load failed, why the
     tracepoints did not attach), None for what worked. Raises nothing the
     kernel refuses; the caller checks root and the object's presence."""
+    # lazy: pyctl.bpf.libbpf (ctypes, +7 modules) only when this runs
     from pyctl.bpf.libbpf import BpfError, Object
 
     obj = None
@@ -195,6 +201,7 @@ def engine_load() -> tuple[str | None, str | None]:
 
 def libbpf_version() -> tuple[int, int]:
     """The loaded libbpf's (major, minor); raises what loading it raised."""
+    # lazy: pyctl.bpf.libbpf (ctypes, +7 modules) only when this runs
     from pyctl.bpf import libbpf
 
     return libbpf.version()
@@ -203,6 +210,7 @@ def libbpf_version() -> tuple[int, int]:
 def libbpf_origin() -> str:
     """'system' or 'bundled' and the path of the libbpf in use, where the
     loader says; '' if it cannot tell."""
+    # lazy: pyctl.bpf.libbpf (ctypes, +7 modules) only when this runs
     from pyctl.bpf import libbpf
 
     fn = getattr(libbpf, "origin", None)

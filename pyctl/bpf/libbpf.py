@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes as C
 import os
+import struct
 from collections.abc import Iterator
 from typing import Any
 
@@ -61,6 +62,7 @@ def _candidates() -> Iterator[tuple[str, str]]:
     # The wheel's copy (GPU images usually have no libbpf).
     if paths.BUNDLED_LIBBPF.exists():
         yield "bundled", str(paths.BUNDLED_LIBBPF)
+    # lazy: keeps ctypes (locale, selectors, +9 modules) off trace's start and `--help`
     import ctypes.util
 
     found = ctypes.util.find_library("bpf")
@@ -219,8 +221,6 @@ class Object:
     def set_rodata(self, values: dict[str, tuple[str, int]]) -> None:
         """Fill `const volatile` globals before load: name -> (struct format,
         value), at the offsets the object's own .symtab gives them."""
-        import struct
-
         addr, size = self.initial_value(".rodata")
         buf = (C.c_char * size).from_address(addr)
         syms = _symbol_values(self.path)
@@ -287,8 +287,6 @@ class Object:
         BPF_TRACE_UPROBE_SESSION for a program that runs at entry and
         return). pid <= 0: every process. Returns the link fd; detach_all()
         closes it."""
-        import struct
-
         fd = self._lib.bpf_program__fd(self.program(prog))
         if fd < 0:
             raise BpfError(f"BPF program {prog} is not loaded")
@@ -342,6 +340,7 @@ class Object:
             for fn, x in work:
                 fn(x)
             return
+        # lazy: keeps concurrent (+11 modules) off trace's start and `--help`
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(max_workers=min(DETACH_THREADS, len(work))) as pool:

@@ -37,8 +37,10 @@ from pyctl.bpf.libbpf import (
     map_lookup,
 )
 from pyctl.calls.summary import FuncSummary, Summary, from_counts
+from pyctl.capabilities import uprobe_multi
 from pyctl.catalog.rules import ErrorRule, error_rule
 from pyctl.exceptions import GpufaultError
+from pyctl.procstate import live_tid
 from pyctl.symbols import resolve
 
 OBJ_NAME = "aggregate"
@@ -159,15 +161,12 @@ class Aggregator:
         each as uprobe_multi links where the kernel has them."""
         if not self.latency:
             return ["count"]
-        from pyctl.capabilities import uprobe_multi
 
         # A session link is a uprobe_multi link of another attach type.
         session = uprobe_multi() and not os.environ.get("GPUFAULT_NO_UPROBE_SESSION")
         return ["session", "pair"] if session else ["pair"]
 
     def _load_and_attach(self) -> None:
-        from pyctl.capabilities import uprobe_multi
-
         # (mode, uprobe_multi links?) to try in turn: sessions exist only
         # as multi links; the others fall back to per-site links.
         multi = uprobe_multi()
@@ -231,7 +230,6 @@ class Aggregator:
         offs = [s.sym.offset for s in self.sites]
         cks = [abi.cookie(s.rule.mode, s.func) for s in self.sites]
         kind = BPF_TRACE_UPROBE_SESSION if self.mode == "session" else BPF_TRACE_UPROBE_MULTI
-        from pyctl.procstate import live_tid
 
         # A target whose main thread exited (pthread_exit) while others run:
         # the kernel's pid filter goes through the exited leader's mm and

@@ -49,6 +49,7 @@ from pyctl.evidence import store
 from pyctl.run_options import DEFAULT_MAX_DB_BYTES, RunOptions
 from pyctl.spec import FaultSpec, SpecError
 from pyctl.symbols import resolve
+from pyctl.symbols.mapwatch import MapWatch, MapWatchError
 from pyctl.symbols.symbolize import Symbolizer, read_maps
 
 DEFAULT_COPILOT_SIGNAL = main_object.DEFAULT_COPILOT_SIGNAL
@@ -70,6 +71,7 @@ def __getattr__(name: str) -> Any:
     """The copilot's share, imported when asked for (importing the copilot
     costs ~60 ms that a run without one need not pay)."""
     if name in ("write_corruption", "CorruptOutcome"):
+        # lazy: keeps pyctl.copilot.injections (+23 modules, ~200 ms) off trace's start and `--help`
         from pyctl.copilot import injections
 
         return getattr(injections, name)
@@ -227,6 +229,7 @@ class Engine:
             except (ErrnoError, resolve.ResolveError):
                 pass  # told at the fault, in its outcome, if it matters
         if self.plan.needs_copilot() and self.seize_pid is not None:
+            # lazy: keeps pyctl.copilot (+22 modules, ~200 ms) off trace's start and `--help`
             from pyctl.copilot import CopilotError, check_not_traced
 
             try:
@@ -287,8 +290,6 @@ class Engine:
         killed right after its fault. Without perf events (a kernel or a
         sandbox that refuses them), the maps read at attach and refreshed
         while it lives, as before."""
-        from pyctl.symbols.mapwatch import MapWatch, MapWatchError
-
         try:
             self.evidence.mapwatch[pid] = MapWatch(pid)
         except (MapWatchError, OSError):
@@ -299,6 +300,7 @@ class Engine:
         map is refused; one, or a --lib, that the target has not mapped yet
         is a warning (start_warnings, said once): a later dlopen makes it
         fire, and until then nothing does."""
+        # lazy: keeps pyctl.symbols.callers (+1 module) off trace's start and `--help`
         from pyctl.symbols.callers import CallerError, exec_range
 
         in_target = self.pid is not None and self.resolve_in_target
@@ -362,6 +364,7 @@ class Engine:
     def _resolve_callers(self) -> list[int]:
         """Where each --caller object is mapped in the target; the specs
         whose range changed (a library loaded after start)."""
+        # lazy: keeps pyctl.symbols.callers (+1 module) off trace's start and `--help`
         from pyctl.symbols.callers import CallerError, exec_range
 
         changed = []
@@ -406,6 +409,7 @@ class Engine:
         more, and the start says so."""
         if self.pid is None:
             return None
+        # lazy: keeps pyctl.procstate (+1 module) off `--help`
         from pyctl import procstate
 
         live = procstate.live_tid(self.pid)
@@ -467,6 +471,7 @@ class Engine:
         if not os.path.exists("/dev/gpufa"):
             return
         try:
+            # lazy: keeps pyctl.anchors.device (+5 modules) off trace's start
             from pyctl.anchors.device import AnchorDevice
 
             self.anchor_dev = AnchorDevice(nonblock=True)

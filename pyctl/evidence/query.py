@@ -10,7 +10,7 @@ import json
 from typing import Any
 
 from pyctl.bpf.abi import u64
-from pyctl.evidence import words
+from pyctl.evidence import layers, words
 
 
 def _fault_filter(
@@ -73,6 +73,7 @@ def _late_symbol(r: dict[str, Any]) -> str:
     sym = r["symbol"]
     if "!" in (sym or "") or not r.get("module") or r.get("offset") is None:
         return sym
+    # lazy: pyctl.symbols.symbolize (+6 modules, ~200 ms) only when this runs
     from pyctl.symbols.symbolize import name_in
 
     return name_in(r["module"], r["offset"]) or sym
@@ -181,7 +182,6 @@ def fault_chain(db: Any, fault_id: str) -> dict[str, Any] | None:
         "JOIN experiments e ON e.id = s.experiment_id WHERE s.run_id=?",
         (f["run_id"],),
     )
-    from pyctl.evidence import layers
 
     try:
         spec_json = json.loads(spec[0]["json"]) if spec and spec[0]["json"] else None
@@ -220,7 +220,6 @@ def _action_line(f: dict[str, Any]) -> str:
 
 def render_chain(doc: dict[str, Any]) -> str:
     f = doc["fault"]
-    from pyctl.evidence import layers
 
     if f.get("mechanism") in layers.LAYER_MECHANISMS:
         # Tokenizer, hook and netchaos faults: no library call, registers

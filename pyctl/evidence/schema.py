@@ -509,6 +509,7 @@ def _code_case(col: str, lib_col: str = "library") -> str:
 
 
 def _signal_case(col: str) -> str:
+    # lazy: signal (+1 module) only when this runs
     import signal as _signal
 
     whens = " ".join(
@@ -617,6 +618,7 @@ _VIEW_MARK = f"gpufault views {VIEWS_VERSION}"
 
 
 def views_sha256() -> str:
+    # lazy: keeps hashlib (+3 modules) off trace's start and `trace --help`
     import hashlib
 
     return hashlib.sha256(json.dumps(views(), sort_keys=True).encode()).hexdigest()

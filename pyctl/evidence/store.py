@@ -141,6 +141,7 @@ def _file_state(st: os.stat_result) -> tuple[int, int, int]:
 
 
 def _known_whole(st: os.stat_result) -> bool:
+    # lazy: keeps pyctl.diskcache (pickle, +4 modules) off `--help` and `trace --help`
     from pyctl import diskcache
 
     return diskcache.load_obj(_CHECKED, _file_key(st)) == _file_state(st)
@@ -151,6 +152,7 @@ def _note_whole(path: str, ident: tuple[int, int]) -> None:
     it walked; ident: its st_dev, st_ino) as it is now, if nothing else
     has it open for writing (its -wal is gone: the last connection
     checkpointed it)."""
+    # lazy: keeps pyctl.diskcache (pickle, +4 modules) off `--help` and `trace --help`
     from pyctl import diskcache
 
     try:

@@ -32,8 +32,11 @@ from typing import Any
 
 import numpy as np
 
+from pyctl.paths import module_argv
+
 
 def _nvml_used(device: int) -> int:
+    # lazy: pynvml is optional (the gpu extra), needed only on a GPU host
     import pynvml
 
     pynvml.nvmlInit()
@@ -42,8 +45,6 @@ def _nvml_used(device: int) -> int:
 
 
 def check_vram(device: int, share: float) -> dict[str, Any]:
-    from pyctl.paths import module_argv
-
     args = ["--share", str(share), "--duration", "120", "--device", str(device)]
     cmd = module_argv("pyctl.hooks.vram_pressure", args)
     before = _nvml_used(device)
@@ -82,8 +83,10 @@ def check_vram(device: int, share: float) -> dict[str, Any]:
 
 
 def check_torch(device: int) -> dict[str, Any]:
+    # lazy: torch (seconds to import) only where it is used
     import torch
 
+    # lazy: pyctl.hooks.tc_measure imports torch (seconds to import) only where it is used
     from pyctl.hooks import tc_measure
 
     dev = f"cuda:{device}"
@@ -110,6 +113,7 @@ def check_torch(device: int) -> dict[str, Any]:
 def check_wmma(device: int) -> dict[str, Any]:
     """Both back ends where they can run: `ptx` must pass; `wmma` needs the
     toolkit's crt/mma.h, and its absence is reported, not failed."""
+    # lazy: pyctl.hooks.wmma_flip (glob, +3 modules) only when this runs
     from pyctl.hooks import wmma_flip
 
     res: dict[str, Any] = {"mma_include": wmma_flip.find_mma_include()}
@@ -125,8 +129,10 @@ def check_wmma(device: int) -> dict[str, Any]:
 
 
 def _check_wmma_backend(device: int, backend: str) -> dict[str, Any]:
+    # lazy: cupy is optional (the gpu extra), needed only on a GPU host
     import cupy as cp
 
+    # lazy: pyctl.hooks.wmma_flip (glob, +3 modules) only when this runs
     from pyctl.hooks import wmma_flip
 
     cp.cuda.Device(device).use()

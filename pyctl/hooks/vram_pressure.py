@@ -219,6 +219,7 @@ class NvmlProbe:
 
     def __init__(self, device: int) -> None:
         try:
+            # lazy: pynvml is optional (the gpu extra), needed only on a GPU host
             import pynvml
         except ImportError:
             raise PressureError(
@@ -242,6 +243,7 @@ class CupyAllocator:
     name = "cupy"
 
     def __init__(self, device: int) -> None:
+        # lazy: cupy is optional (the gpu extra), needed only on a GPU host
         import cupy
 
         self._cp = cupy
@@ -265,6 +267,7 @@ class TorchAllocator:
     name = "torch"
 
     def __init__(self, device: int) -> None:
+        # lazy: torch (seconds to import) only where it is used
         import torch
 
         if not torch.cuda.is_available():

@@ -240,6 +240,7 @@ def run(a: np.ndarray, b: np.ndarray, mask: int, rate: float, seed: int,
         backend: str = "auto") -> WmmaResult:
     """Run the kernel with cupy on the current GPU (half inputs)."""
     try:
+        # lazy: cupy is optional (the gpu extra), needed only on a GPU host
         import cupy as cp
     except ImportError:
         raise WmmaError("cupy is not installed: pip install cupy-cuda12x (needs a GPU)") from None

@@ -21,6 +21,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from pyctl.observe import ObserveError
@@ -94,7 +95,6 @@ class Firing:
 def _parse_rfc3339(s: str | None) -> float | None:
     if not s:
         return None
-    from datetime import datetime
 
     # Prometheus writes nanoseconds ('...T10:01:02.123456789Z'): datetime takes
     # microseconds at most.

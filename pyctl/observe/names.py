@@ -13,6 +13,7 @@ def short_function(name: str, limit: int = 64) -> str:
     dropped, the last two path segments. A Rust v0 symbol of the tokenizer
     (300 characters mangled) reads `TokenizerImpl::encode_char_offsets`;
     a C name is itself."""
+    # lazy: pyctl.symbols.demangle (ctypes, +5 modules) only when this runs
     from pyctl.symbols.demangle import demangle
 
     text = demangle(name)

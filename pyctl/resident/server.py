@@ -22,6 +22,7 @@ of the target, the store keeps what it committed.
 from __future__ import annotations
 
 import array
+import importlib
 import io
 import os
 import signal
@@ -119,14 +120,13 @@ class Server:
             pass
 
     def preload(self) -> None:
-        import importlib
-
         for m in PRELOAD:
             importlib.import_module(m)
 
     def serve_forever(self, ready: Callable[[], None] | None) -> None:
         """Take requests until a signal ends it; ready() runs once, when the
         first controller's object is loaded."""
+        # lazy: pyctl.bpf.main_object (ctypes, +13 modules, ~100 ms) only when this runs
         from pyctl.bpf import main_object
 
         assert self._sock is not None

@@ -7,6 +7,7 @@ the worker never re-validate.
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
 
 # cpu: plain torch on the CPU. cuda: real CUDA through torch (the GPU host).
@@ -203,8 +204,6 @@ class ServiceConfig:
 def is_loopback(host: str) -> bool:
     """127.0.0.0/8, ::1 or localhost; anything else (0.0.0.0, a name) may
     be reachable from other machines."""
-    import ipaddress
-
     if host == "localhost":
         return True
     try:

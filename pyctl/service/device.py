@@ -105,6 +105,7 @@ _LIB_STATUS = re.compile(r"((?:CUBLAS|CUFFT|CUSOLVER|CUSPARSE)_[A-Z_]+)(?: when 
 
 def classify_torch_cuda(exc: BaseException) -> DeviceError | None:
     """A torch exception -> DeviceError, or None when it is not a CUDA error."""
+    # lazy: torch (seconds to import) only where it is used
     import torch
 
     first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -138,6 +139,7 @@ class CudaBackend:
         self.scratch_per_token = scratch_per_token
 
     def open(self) -> None:
+        # lazy: torch (seconds to import) only where it is used
         import torch
 
         if not torch.cuda.is_available():
@@ -151,6 +153,7 @@ class CudaBackend:
         pass
 
     def run_batch(self, fn: Callable[[StepHook | None], T], n_tokens: int) -> T:
+        # lazy: torch (seconds to import) only where it is used
         import torch
 
         try:
@@ -172,6 +175,7 @@ class CudaBackend:
             raise err from e
 
     def memory(self) -> dict[str, float]:
+        # lazy: torch (seconds to import) only where it is used
         import torch
 
         # Only once this process has a CUDA context: a scrape must never create one.
@@ -212,6 +216,7 @@ class CudaGraphStep:
     CudaBackend.run_batch makes it the batch's device error."""
 
     def __init__(self, model: Any, rows: int, width: int, on_event: EventHook) -> None:
+        # lazy: torch (seconds to import) only where it is used
         import torch
 
         self.model, self.on_event, self.eager = model, on_event, False

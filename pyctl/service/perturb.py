@@ -26,6 +26,7 @@ entered on the thread that runs the model.
 
 from __future__ import annotations
 
+import fnmatch
 import hmac
 import os
 import stat
@@ -127,7 +128,10 @@ class Armed:
 
 
 def _rules(spec: dict[str, Any]) -> tuple[list[Any], list[str]]:
+    # lazy: pyctl.hooks.bitflip imports torch (seconds to import) only where it is used
     from pyctl.hooks.bitflip import BitSpecError
+
+    # lazy: pyctl.hooks.tc_perturb imports torch (seconds to import) only where it is used
     from pyctl.hooks.tc_perturb import parse_rule
 
     raw = spec.get("rules")
@@ -169,6 +173,7 @@ class PerturbControl:
         self._model = model
 
     def arm(self, spec: Any, peer: str = "in-process") -> dict[str, Any]:
+        # lazy: pyctl.hooks.tc_perturb imports torch (seconds to import) only where it is used
         from pyctl.hooks.tc_perturb import Perturber
 
         if not isinstance(spec, dict):
@@ -211,16 +216,17 @@ class PerturbControl:
     def _check_names(self, rules: list[Any]) -> None:
         """A pattern that names no layer flips nothing: say so now, by name
         (not by attaching: the worker may be running the model)."""
-        import fnmatch
-
+        # lazy: torch (seconds to import) only where it is used
         from torch import nn
 
+        # lazy: pyctl.hooks.tc_perturb imports torch (seconds to import) only where it is used
         from pyctl.hooks.tc_perturb import MATMUL
 
         names = [n for n, m in self._model.named_modules() if isinstance(m, nn.Linear)]
         dtype = next(self._model.parameters()).dtype  # the outputs' own, for rules without one
         for r in rules:
             if r.as_dtype is None:
+                # lazy: pyctl.hooks.bitflip imports torch (seconds to import) only where it is used
                 from pyctl.hooks.bitflip import BitSpecError, bit_positions
 
                 try:

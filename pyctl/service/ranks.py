@@ -22,6 +22,7 @@ plus:
 
 from __future__ import annotations
 
+import ctypes
 import datetime
 import json
 import os
@@ -52,8 +53,6 @@ STORE_TIMEOUT = datetime.timedelta(seconds=30)
 def _pdeathsig() -> None:
     """In the spawned rank 1, before exec: SIGTERM when rank 0 dies (even by
     SIGKILL), so a dead rank 0 never leaves its rank 1 behind."""
-    import ctypes
-
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 

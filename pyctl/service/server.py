@@ -24,15 +24,17 @@ import io
 import json
 import re
 import socket
+import sys
 import threading
 import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from pyctl.service.app import Service
+from pyctl.service.app import Service, log
 from pyctl.service.batcher import error_body
 from pyctl.service.metrics import CONTENT_TYPE
+from pyctl.service.perturb import PerturbError
 
 MAX_BODY = 1 << 20  # a completion request is a prompt, not an upload
 PERTURB = "/admin/perturb"  # --perturb-control (pyctl/service/perturb.py)
@@ -128,12 +130,9 @@ class ServiceHTTPServer(ThreadingHTTPServer):
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A handler's unexpected exception: one line, never a traceback
         (the stdlib prints one per connection to stderr)."""
-        import sys
-
         e = sys.exc_info()[1]
         if isinstance(e, (ConnectionError, TimeoutError)):
             return  # the client went away or stalled: its business
-        from pyctl.service.app import log
 
         log(f"HTTP handler failed for {client_address[0]}: {type(e).__name__}: {e}")
 
@@ -250,8 +249,6 @@ class Handler(BaseHTTPRequestHandler):
 
     def _perturb(self, method: str, body: Any = None) -> None:
         """/admin/perturb (pyctl/service/perturb.py): arm, read, end."""
-        from pyctl.service.perturb import PerturbError
-
         ctl = self.server.service.perturb
         if ctl is None:
             self._json(

@@ -14,6 +14,8 @@ import fnmatch
 import os
 from dataclasses import dataclass
 
+from pyctl.procstate import proc_dir
+
 
 class CallerError(ValueError):
     """One line for the user: which object, what to do."""
@@ -27,8 +29,6 @@ class Range:
 
 
 def _exec_maps(pid: int) -> list[tuple[int, int, str]]:
-    from pyctl.procstate import proc_dir
-
     out = []
     try:
         # A live thread's maps when main has exited (pthread_exit).
@@ -61,8 +61,6 @@ def exec_range(pid: int, name: str) -> Range | None:
     """The executable mappings of the one object `name` names in pid, as
     one [lo, hi) range (an object's segments are contiguous); None when it
     is not mapped (yet). CallerError when name matches several objects."""
-    from pyctl.procstate import proc_dir
-
     try:
         exe = os.readlink(f"{proc_dir(pid)}/exe").removesuffix(" (deleted)")
     except OSError:

@@ -29,6 +29,7 @@ def _libstdcxx_names() -> Iterator[str | None]:
     """The soname first; ctypes.util's search (it imports subprocess and
     runs ldconfig: ~15 ms of a trace's start) only when that fails."""
     yield "libstdc++.so.6"
+    # lazy: keeps ctypes (locale, selectors, +9 modules) off trace's start and `--help`
     import ctypes.util
 
     yield ctypes.util.find_library("stdc++")

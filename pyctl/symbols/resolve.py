@@ -10,8 +10,10 @@ when the target has not loaded it yet. Symbols come from .dynsym and
 from __future__ import annotations
 
 import fnmatch
+import importlib.util
 import os
 import re
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -60,6 +62,7 @@ class Symbol:
 def pid_alive(pid: int) -> bool:
     """Some thread of pid runs: a zombie (exited, not reaped) does not
     count; a process whose main thread exited while others run does."""
+    # lazy: keeps pyctl.procstate (+1 module) off `--help` and `import gpufault`
     from pyctl.procstate import alive
 
     return alive(pid)
@@ -68,6 +71,7 @@ def pid_alive(pid: int) -> bool:
 def _proc(pid: int) -> str:
     """/proc/PID, or a live thread's /proc/PID/task/TID when the main thread
     has exited (its own maps, root and environ are then empty or gone)."""
+    # lazy: keeps pyctl.procstate (+1 module) off `--help` and `import gpufault`
     from pyctl.procstate import proc_dir
 
     return proc_dir(pid)
@@ -141,8 +145,6 @@ _extra_dirs: list[str] = []
 def add_search_dirs_for_program(program: str) -> None:
     """Let name lookups see where a program we are about to start would load
     its libraries from: its RUNPATH/RPATH ($ORIGIN expanded)."""
-    import shutil
-
     path = program if "/" in program else shutil.which(program)
     if not path or not os.path.isfile(path):
         return
@@ -176,7 +178,7 @@ def _search_dirs(pid: int | None) -> list[str]:
 
 @lru_cache(maxsize=1)
 def _ldconfig() -> dict[str, str]:
-    import subprocess  # only here: ~6 ms of a trace's start otherwise
+    import subprocess  # lazy: only here: ~6 ms of a trace's start otherwise
 
     out: dict[str, str] = {}
     try:
@@ -271,7 +273,6 @@ def _python_package_lib(want: str, pid: int | None, *, mapped_only: bool) -> Lib
             hit = _best_extension(_walk_so(pkg, root), want)
             if hit:
                 return _lib_from(hit[0], hit[1], False)
-    import importlib.util
 
     try:
         spec = importlib.util.find_spec(want)
@@ -385,6 +386,7 @@ def _cached_read_elf(path: str) -> ElfInfo:
     symbols never change, so no mtime or path is part of the key (the
     same libcuda reached through /proc/PID/root and as its host path is
     one entry). A file without a build-id is parsed every time."""
+    # lazy: keeps pyctl.diskcache (pickle, +4 modules) off `--help` and `import gpufault`
     from pyctl import diskcache
 
     bid = elf.build_id(path)
@@ -458,6 +460,7 @@ def _classify(head: bytes) -> str:
 
 def _tokenizer_kind(lib: Library, kind: str) -> list[str]:
     """`tok:KIND`: the tokenizer entry points found by demangled name."""
+    # lazy: keeps pyctl.symbols.tokenizers (+1 module) off trace's start and `--help`
     from pyctl.symbols import tokenizers as toksyms
 
     try:
@@ -468,6 +471,7 @@ def _tokenizer_kind(lib: Library, kind: str) -> list[str]:
 
 def _demangled_match(table: dict[str, tuple[int, int]], pattern: str) -> list[str]:
     """Rust/C++ names by their demangled form: `--fn '*BPE*::tokenize'`."""
+    # lazy: keeps pyctl.symbols.tokenizers (+1 module) off trace's start and `--help`
     from pyctl.symbols.tokenizers import demangle
 
     out = []

@@ -139,6 +139,7 @@ class Symbolizer:
 def read_maps(pid: int) -> list[tuple[int, int, int, str]] | None:
     """File-backed mappings of pid: (lo, hi, file offset, path); None if
     the process is gone."""
+    # lazy: keeps pyctl.procstate (+1 module) off `--help`
     from pyctl.procstate import proc_dir
 
     maps = []

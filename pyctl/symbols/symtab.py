@@ -104,6 +104,7 @@ def cheap(path: str) -> bool:
             return True
     except OSError:
         return False
+    # lazy: keeps pyctl.diskcache (pickle, +4 modules) off `--help`
     from pyctl import diskcache
 
     bid = elf_build_id(path)
@@ -171,6 +172,7 @@ def _from_disk(path: str, root: str, bid: str) -> Table | None:
     """The table of this build from the disk cache, if its debug files are
     the ones present when it was made. Keyed by build-id: the same bytes at
     another path (or through another /proc/PID/root) are one entry."""
+    # lazy: keeps pyctl.diskcache (pickle, +4 modules) off `--help`
     from pyctl import diskcache
 
     hit = diskcache.load_obj("symtab", f"{bid}-names-{names.CACHE_TAG}") if bid else None
@@ -238,6 +240,7 @@ def _parse(path: str, root: str, real: str, elf: ElfFile) -> Table:
         t.ends.append(end if end > start else start + 1)  # size 0: its first byte only
         t.names.append(name)
     if t.build_id:
+        # lazy: keeps pyctl.diskcache (pickle, +4 modules) off `--help`
         from pyctl import diskcache
 
         debug = _existing_debug(path, t.build_id, link, root)
@@ -250,6 +253,7 @@ def name_at(path: str, rel: int, root: str = "", *, parse: bool = True) -> str |
     base; None when no function of the file contains it (the caller then
     prints 'lib+0xoff'), the file is unreadable, or parse=False and its
     table was not read yet."""
+    # lazy: pyctl.symbols.demangle (ctypes, +4 modules) only when this runs
     from pyctl.symbols.demangle import demangle
 
     real = root + path if root else path

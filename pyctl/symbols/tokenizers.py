@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import io
 import os
 import re
@@ -163,6 +164,7 @@ def demangle(name: str) -> str:
     Never raises. (pyctl/symbols/demangle.py does the reading.)"""
     if not (name.startswith("_R") or name.startswith("_ZN")):
         return name
+    # lazy: pyctl.symbols.demangle (ctypes, +4 modules) only when this runs
     from pyctl.symbols.demangle import demangle as read
 
     # rust_demangler 1.0 prints fragments of names it cannot parse to
@@ -280,8 +282,6 @@ def find_entry_points(path: str | os.PathLike[str], kind: str) -> list[EntryPoin
 
 def library_of_module(library: str) -> Path:
     """The shared object of an importable tokenizer library."""
-    import importlib
-
     if library not in MODULES:
         raise KeyError(f"unknown library {library!r}; known: {', '.join(sorted(MODULES))}")
     try:

@@ -54,6 +54,7 @@ def build_hf_bpe(
     """Train a byte-level BPE `tokenizers.Tokenizer` (round-trips any str
     without lone surrogates). `cache_capacity` sets the BPE word cache
     (0 disables it; None keeps the library default, 10000 in 0.23)."""
+    # lazy: tokenizers (+15 modules) only when this runs
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     lines = list(corpus) if corpus is not None else generate_corpus()
@@ -126,6 +127,7 @@ def build_tiktoken(
     name: str = "gpufault-test",
 ) -> Any:
     """A `tiktoken.Encoding` from ranks (generated when None)."""
+    # lazy: tiktoken (concurrent, logging, +23 modules) only when this runs
     import tiktoken
 
     r = ranks if ranks is not None else generate_ranks()

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyctl.tokenizer.builders import make_word
+from pyctl.tokenizer.builders import build_hf_bpe, make_word
 from pyctl.tokenizer.record import Recorder
 
 PHASES = ("before", "during", "after")
@@ -190,7 +190,7 @@ def sweep_hf_capacity(
     capacities: Sequence[int] = (0, 100, 10_000), **kw: Any
 ) -> dict[int, CacheReport]:
     """The same workload against HF BPEs that differ only in cache capacity."""
-    from pyctl.tokenizer.builders import build_hf_bpe
+    # lazy: pyctl.tokenizer.targets (base64, calendar, +31 modules) only when this runs
     from pyctl.tokenizer.targets import HFTarget
 
     out = {}

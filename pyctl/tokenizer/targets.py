@@ -15,11 +15,13 @@ from __future__ import annotations
 import http.client
 import importlib
 import json
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from pyctl.exceptions import BadInput
+from pyctl.tokenizer import builders
 
 
 class TargetError(BadInput):
@@ -118,7 +120,6 @@ class HttpTarget:
         self.port = u.port
         self.path = u.path or "/"
         self.timeout = timeout
-        import threading
 
         self._local = threading.local()
 
@@ -179,8 +180,6 @@ def load_callable(spec: str) -> Any:
 
 def resolve_target(spec: str, *, vocab_size: int = 1000, cache_capacity: int | None = None) -> Any:
     """Build the target named by `--target` (see the module doc)."""
-    from pyctl.tokenizer import builders
-
     if spec == "hf":
         return HFTarget(builders.build_hf_bpe(vocab_size, cache_capacity=cache_capacity))
     if spec == "tiktoken":

@@ -143,6 +143,7 @@ def collate(
         ]
     tok = getattr(target, "tok", None)
     if tok is not None and hasattr(tok, "enable_padding"):
+        # lazy: tokenizers (+14 modules) only when this runs
         from tokenizers import Tokenizer
 
         t = Tokenizer.from_str(tok.to_str())  # a copy: leave the user's settings alone

@@ -27,6 +27,7 @@ TRACEFS = Path("/sys/kernel/tracing")
 def tracefs_ready() -> str | None:
     """None if uprobe events can be created here, else why not. Mounts
     tracefs (saying so in one line) when nothing is mounted."""
+    # lazy: pyctl.tracefs (ctypes, +5 modules) only when this runs
     from pyctl import tracefs
 
     if os.geteuid() != 0:
@@ -71,6 +72,7 @@ class UprobeCounter:
         return self.tf / "instances" / self.group
 
     def __enter__(self) -> UprobeCounter:
+        # lazy: pyctl.tracefs (ctypes, +5 modules) only when this runs
         from pyctl import tracefs
 
         why = tracefs_ready()
