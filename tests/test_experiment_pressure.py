@@ -13,12 +13,14 @@ a real service needs the GPU host: docs/gpu-validation.md.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import subprocess
 from contextlib import closing
 from pathlib import Path
 
 import pytest
+from conftest import ID_ENV
 from test_experiment_run import run_exp
 
 from pyctl.experiment import load as F
@@ -56,10 +58,22 @@ duration = "2s"
 
 
 def _pressure_children() -> list[int]:
-    """vram_pressure processes still running (ours: none once a step ended)."""
+    """This session's vram_pressure processes still running (none once a
+    step ended). Ours by the session id each inherits (GPUFAULT_TEST_ID,
+    conftest), so that another worker's or another session's step is not
+    counted, while one of ours that outlived its step and was reparented is."""
     out = subprocess.run(["pgrep", "-f", "pyctl.hooks.vram_pressure"], capture_output=True,
                          text=True).stdout.split()  # fmt: skip
-    return [int(p) for p in out]
+    mine = f"{ID_ENV}={os.environ[ID_ENV]}".encode()
+    ours = []
+    for p in out:
+        try:
+            env = Path(f"/proc/{p}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue  # gone meanwhile
+        if mine in env:
+            ours.append(int(p))
+    return ours
 
 
 def test_a_pressure_step_holds_records_and_releases(tmp_path: Path) -> None:
