@@ -125,11 +125,14 @@ def tls_offset(pid: int) -> int:
     return int(tpoff)
 
 
-def write_errno(tid: int, addr: int, value: int) -> None:
-    """Store value (a C int) at addr in the stopped thread. Raises OSError."""
-    fd = os.open(f"/proc/{tid}/mem", os.O_WRONLY)
-    try:
-        if os.pwrite(fd, struct.pack("<i", value), addr) != 4:
-            raise OSError(f"short write at {addr:#x}")
-    finally:
-        os.close(fd)
+def open_mem(pid: int) -> int:
+    """A descriptor for writing pid's memory (every thread shares it).
+    Raises OSError."""
+    return os.open(f"/proc/{pid}/mem", os.O_WRONLY | os.O_CLOEXEC)
+
+
+def write_errno(mem_fd: int, addr: int, value: int) -> None:
+    """Store value (a C int) at addr through open_mem's descriptor, while
+    the thread whose errno it is is stopped. Raises OSError."""
+    if os.pwrite(mem_fd, struct.pack("<i", value), addr) != 4:
+        raise OSError(f"short write at {addr:#x}")
