@@ -102,6 +102,7 @@ class MapWatch:
         self._maps: dict[int, Mapping] = {}  # lo -> mapping
         self._rings: list[mmap.mmap] = []
         self._snapshot: Maps | None = None
+        self._file_maps: tuple[Maps, list[tuple[int, int, int, str]]] | None = None
         self._page = mmap.PAGESIZE
         # The events first, then the maps: a mapping made in between is in both.
         try:
@@ -219,6 +220,9 @@ class MapWatch:
         executable one alone, and its file offset is not its vaddr where
         the file's segments differ (a wheel's .so), so it is corrected by
         the segments' difference."""
-        self.update()
-        return sorted((m.lo, m.hi, m.offset + segment_delta(m.path, m.offset), m.path)
-                      for m in self._maps.values() if m.path.startswith("/"))  # fmt: skip
+        snap = self.maps()  # the same object while nothing changed: computed once
+        if self._file_maps is None or self._file_maps[0] is not snap:
+            self._file_maps = (snap, sorted(
+                (m.lo, m.hi, m.offset + segment_delta(m.path, m.offset), m.path)
+                for m in self._maps.values() if m.path.startswith("/")))  # fmt: skip
+        return self._file_maps[1]
