@@ -180,9 +180,9 @@ def bpftrace_once(pid: int, libz: str, fn: str = "crc32") -> dict[str, float]:
     }
 
 
-# pyproject's dependencies a trace run imports (click, pyelftools,
-# rust-demangler), by their import names.
-RUN_DEPS = ("click", "elftools", "rust_demangler")
+# pyproject's dependencies a trace run imports (click, rust-demangler), by
+# their import names (pyelftools left them: pyctl/elf.py reads ELF).
+RUN_DEPS = ("click", "rust_demangler")
 
 
 def clean_venv(where: Path, tree: Path) -> str:

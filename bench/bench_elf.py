@@ -16,6 +16,10 @@ build-id) and resolve's probe-site table. The disk cache is off
   segments, notes and `iter_symbols()` over both tables (what a reader on
   pyelftools would cost without the hand-written loops beside it).
 
+`tables_ms`: the function tables alone, read as symtab and resolve read
+them (no ranking of names after): the reader's own share, new against
+before.
+
 Also the warm path's per-call cost: the build-id read before every cache
 lookup (the reader's `build_id` against the struct reader that was in
 pyctl/diskcache.py), median of 200 calls in one process.
@@ -93,6 +97,39 @@ t2 = time.perf_counter()
 print(t1 - t0, t2 - t1, len(funcs), len(funcs))
 """
 
+# The function tables alone (what the reader does, without the ranking of
+# names that symtab and resolve do after it): both tables as symtab reads
+# them, and both as resolve reads them.
+_TABLES_NEW = """
+import sys, time
+from pyctl.elf import STT_FUNC, ElfFile
+from pyctl.symbols import symtab
+p = sys.argv[1]
+t0 = time.perf_counter()
+with ElfFile.open(p) as f:
+    a = symtab._funcs(f)
+    b = [f.functions(n, (STT_FUNC,)) for n in (".dynsym", ".symtab")]
+print(time.perf_counter() - t0, 0, len(a), sum(map(len, b)))
+"""
+
+_TABLES_BEFORE = """
+import sys, time
+from elftools.elf.elffile import ELFFile
+from elftools.elf.sections import SymbolTableSection
+from pyctl.symbols import resolve, symtab
+p = sys.argv[1]
+t0 = time.perf_counter()
+with open(p, "rb") as f:
+    e = ELFFile(f)
+    a = symtab._funcs(e)
+    b = []
+    for n in (".dynsym", ".symtab"):
+        sec = e.get_section_by_name(n)
+        if isinstance(sec, SymbolTableSection):
+            b.append(resolve._func_syms(f, e, sec))
+print(time.perf_counter() - t0, 0, len(a), sum(map(len, b)))
+"""
+
 _WARM = """
 import sys, time, statistics
 from pyctl import elf
@@ -161,6 +198,9 @@ def main() -> None:
 
     base = opt("--base")
     extra = opt("--elftools")
+    # Absolute: the children run in / (no module of the cwd on their path).
+    base = os.path.abspath(base) if base else None
+    extra = os.path.abspath(extra) if extra else None
     reps = int(opt("--reps") or 5)
     out = opt("--out")
     timeout = float(opt("--timeout") or 120)
@@ -199,6 +239,13 @@ def main() -> None:
             row[m] = {"import_ms": round(imp, 1), "parse_ms": round(parse, 1),
                       "total_ms": round(total, 1), "names": int(ok[0][2]),
                       "sites": int(ok[0][3])}  # fmt: skip
+        tables: dict[str, list[float]] = {"new": [], "before": []}
+        for _ in range(reps):
+            tables["new"].append(child(_TABLES_NEW, REPO, path, extra, timeout)[0])  # type: ignore[index]
+            if base:
+                tb = child(_TABLES_BEFORE, Path(base), path, extra, timeout)
+                tables["before"].append(tb[0])  # type: ignore[index]
+        row["tables_ms"] = {k: round(statistics.median(v) * 1e3, 1) for k, v in tables.items() if v}
         warm = child(_WARM, REPO, path, extra, timeout)
         row["build_id_us"] = {"new": round(warm[0] * 1e6, 1) if warm else None}
         if base:

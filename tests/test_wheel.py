@@ -1,8 +1,8 @@
 """The wheel carries everything it needs.
 
 Builds the wheel from a copy of this checkout, installs it into a NEW venv
-(no system site packages; pip fetches click, pyelftools, prometheus-client, rust-demangler and,
-on 3.10, tomli), then from a working directory outside the checkout runs
+(no system site packages; pip fetches click, prometheus-client, rust-demangler and, on 3.10,
+tomli), then from a working directory outside the checkout runs
 `gpufault doctor`, `gpufault demo` and a `gpufault trace` of libc in a
 child started with `-- CMD`, and loads the wheel's bundled libbpf. Once
 with this interpreter and once with Python 3.10 where one is installed.

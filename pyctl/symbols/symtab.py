@@ -114,11 +114,11 @@ def cheap(path: str) -> bool:
 def _funcs(elf: ElfFile) -> list[tuple[int, int, str, int]]:
     """(start, end, name, binding rank) of the functions (STT_FUNC and
     STT_GNU_IFUNC) of .symtab and .dynsym."""
+    rank = _BIND_RANK.get
     out = []
     for table in (".symtab", ".dynsym"):
-        for name, start, size, info in elf.functions(table):
-            if name:
-                out.append((start, start + size, name, _BIND_RANK.get(info >> 4, 3)))
+        # A comprehension: libtorch_cpu.so has 380k functions in .symtab.
+        out += [(v, v + sz, n, rank(i >> 4, 3)) for n, v, sz, i in elf.functions(table) if n]
     return out
 
 
