@@ -98,7 +98,7 @@ def _write(kind: str, key: str, data: bytes) -> bool:
         return False
     tmp = None
     try:
-        import tempfile  # on a write only: a warm start imports none of it
+        import tempfile  # lazy: on a write only: a warm start imports none of it
 
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=p.parent)  # 0600
         with os.fdopen(fd, "wb") as f:

@@ -295,6 +295,7 @@ def watchdog_main() -> None:
     if its marker is still there."""
     # Imported before the wait: the undo after a SIGKILL is then netlink
     # calls only (pyroute2's import alone is ~0.5 s on a small machine).
+    # lazy: pyroute2 (+246 modules) only in the watchdog child, and before the wait
     from pyroute2 import IPRoute
 
     spec = json.loads(sys.argv[1])
@@ -483,9 +484,8 @@ def _replace_root(ipr: Any, index: int, root: _Root, major: int = 1) -> None:
     # pyroute2's tc() also copies netem's `rate` into TCA_RATE (the rate
     # estimator attribute) and then fails to encode it: build the message
     # from its netem plugin ourselves.
+    # lazy: pyroute2 (+246 modules, ~1 s) only when this runs
     from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_REPLACE, NLM_F_REQUEST
-
-    # lazy: pyroute2 (argparse, asyncio, +246 modules, ~2 s) only when this runs
     from pyroute2.netlink.rtnl import RTM_NEWQDISC, TC_H_ROOT
 
     # lazy: pyroute2 (argparse, asyncio, +246 modules, ~1000 ms) only when this runs

@@ -25,6 +25,7 @@ import atexit
 import errno
 import io
 import os
+import select
 import signal
 import stat
 import sys
@@ -100,8 +101,6 @@ class Channel:
                     return False
                 if e.errno == errno.EAGAIN:
                     # Someone else set O_NONBLOCK on the open file: wait for room.
-                    import select
-
                     select.select([], [self.fd], [], 1.0)
                     continue
                 return False

@@ -74,6 +74,7 @@ def _load_problem() -> tuple[str | None, str | None]:
     if not caps.MAIN_OBJ.exists():
         return None, f"{caps.MAIN_OBJ} is missing: run make build (or install the wheel)"
     try:
+        # lazy: the plugin loads in every pytest run: libbpf only when a marker asks
         from pyctl.bpf.libbpf import BpfError, Object
     except Exception as e:  # noqa: BLE001 - no libbpf: say so, never crash collection
         return f"libbpf does not load: {e}", None

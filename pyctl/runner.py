@@ -234,6 +234,7 @@ class Runner:
         if t.cmd:
             check_command(t.cmd)
         if t.cmd:
+            # lazy: pyctl.symbols.resolve here only for `-- CMD`'s program dirs
             from pyctl.symbols import resolve
 
             resolve.add_search_dirs_for_program(t.cmd[0])
@@ -275,6 +276,7 @@ class Runner:
         if self.engine is None or not self.record_xids:
             return
         try:
+            # lazy: the Xid monitor (its BPF object, ringbuf) only when Xids are recorded
             from pyctl.xid import XidError, XidMonitor
 
             mon = XidMonitor.beside(self.engine)

@@ -281,6 +281,7 @@ def resolve_code(
     try:
         lookup: CodeLookup
         if catalog is None:
+            # lazy: the catalog only for a code given by name (an ImportError: numbers only)
             from pyctl.catalog import code_value as lookup
         else:
             lookup = catalog

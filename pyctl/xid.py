@@ -284,8 +284,6 @@ class XidMonitor:
     def _start_format(self) -> None:
         fmt = format_path(self.category, self.event)
         if fmt is None and tracefs() is None:
-            from pyctl import tracefs as _tf
-
             try:
                 _tf.ensure(f"the {self.category}:{self.event} format file")
             except _tf.TracefsError as e:

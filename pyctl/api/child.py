@@ -29,7 +29,7 @@ import threading
 import time
 from typing import Any
 
-from pyctl.api.errors import GpufaultError, translate
+from pyctl.api.errors import EvidenceWriteError, GpufaultError, translate
 from pyctl.sigmask import block_sigchld
 
 PR_SET_PDEATHSIG = 1
@@ -174,8 +174,6 @@ def main() -> int:
         ended_at=session.ended_at or time.time(),
     )  # fmt: skip
     if session.status == "failed":
-        from pyctl.api.errors import EvidenceWriteError
-
         return 3 if isinstance(session.error, EvidenceWriteError) else 70
     return 0
 

@@ -14,6 +14,7 @@ def release(ctl_pid: int | None = None) -> Any:
     its held threads now; pyctl.control.release's result (how many were
     released, the stale sockets removed, those refused as not root's).
     GpufaultError with the one line when it cannot be asked."""
+    # lazy: keeps pyctl.control (ast, copy, +19 modules, ~300 ms) off `import gpufault`
     from pyctl.control import ControlError
     from pyctl.control import release as release_all
 

@@ -49,6 +49,7 @@ def vram_pressure(
     forward_signals (the main thread only), SIGTERM and SIGINT go to the
     child, which releases and says so. Returns (the child's status, the
     run id or '' when it never held)."""
+    # lazy: keeps pyctl.hooks.record (+29 modules, ~100 ms) off `--help` and `import gpufault`
     from pyctl.hooks.record import VramRun
 
     spec = {"share": share, "duration": duration, "device": device, "allocator": allocator}
@@ -115,6 +116,7 @@ def tc_measure(
         code = hook_module("tc_measure", [*args, "--gf-events", str(events)])
         if code != 0 or not events.exists():
             return code, "", 0
+        # lazy: keeps pyctl.hooks.record (+29 modules, ~100 ms) off `--help` and `import gpufault`
         from pyctl.hooks.record import record_tc
 
         rows = [json.loads(x) for x in events.read_text().splitlines() if x]
@@ -164,6 +166,7 @@ def preload(
     """Run `command` under the shim; each fire becomes a fault of one run,
     imported when it ends (also after a KeyboardInterrupt, which reached
     the program too). Returns (its status, the run id, the faults)."""
+    # lazy: keeps pyctl.hooks.record (+29 modules, ~100 ms) off `--help` and `import gpufault`
     from pyctl.hooks.record import import_preload
 
     check_preload_rules(rules, so)
@@ -199,6 +202,7 @@ def preload_import(
 ) -> tuple[str, int]:
     """Import a shim log (GPUFAULT_PRELOAD_LOG of preload_env) as a run:
     (run id, faults)."""
+    # lazy: keeps pyctl.hooks.record (+29 modules, ~100 ms) off `--help` and `import gpufault`
     from pyctl.hooks.record import import_preload
 
     return import_preload(db, list(argv), Path(log), rules)

@@ -15,6 +15,7 @@ def catalog_functions() -> list[dict[str, str]]:
     function and its argument list as C. MissingPrerequisite without a
     catalog."""
     try:
+        # lazy: the catalog is optional: without one this raises MissingPrerequisite
         from pyctl import catalog
     except ImportError:
         raise MissingPrerequisite("no catalog installed") from None

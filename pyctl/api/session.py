@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pyctl.api import errors as E
 from pyctl.api.errors import (
     BadInput,
     EvidenceWriteError,
@@ -514,8 +515,6 @@ class IsolatedSession(_Base):
         elif ev == "notice":
             self.notices.append(str(msg["text"]))
         elif ev == "error":
-            from pyctl.api import errors as E
-
             cls = getattr(E, str(msg.get("type")), GpufaultError)
             if not (isinstance(cls, type) and issubclass(cls, GpufaultError)):
                 cls = GpufaultError

@@ -27,6 +27,7 @@ def resolve_target(spec: str, **kw: Any) -> Any:
     """A tokenizer target: hf | tiktoken (built in-process from generated
     data), module:callable, or http://host:port/path. Raises ValueError,
     TypeError or ImportError (BadInput: TargetError) for one that cannot work."""
+    # lazy: keeps pyctl.tokenizer.targets (+36 modules, ~200 ms) off `--help` and `import gpufault`
     from pyctl.tokenizer.targets import resolve_target as resolve
 
     return resolve(spec, **kw)
@@ -35,6 +36,7 @@ def resolve_target(spec: str, **kw: Any) -> Any:
 def entry_of(target: Any) -> str:
     """The entry point a campaign's encode reaches: the library's own
     method (through any weakened wrapper), the callable, or the endpoint."""
+    # lazy: keeps pyctl.tokenizer.targets (+36 modules, ~200 ms) off `--help` and `import gpufault`
     from pyctl.tokenizer import targets
 
     base = target
@@ -64,6 +66,7 @@ def weaken(target: Any, campaign: str) -> Any:
     """target wrapped in the weakness `campaign` finds (a demo: lossy
     encode, an unsynchronised cache, a small LRU cache, an off-by-one
     collator)."""
+    # lazy: keeps pyctl.tokenizer.weakened (+3 modules) off `--help` and `import gpufault`
     from pyctl.tokenizer import weakened
 
     if campaign not in _WEAK:
@@ -89,6 +92,7 @@ class Campaign:
         function: str = "encode",
         argv: Sequence[str] = (),
     ) -> None:
+        # lazy: keeps pyctl.tokenizer.record (+29 modules, ~200 ms) off `import gpufault`
         from pyctl.tokenizer.record import Recorder
 
         library = getattr(target, "name", None)
@@ -101,6 +105,7 @@ class Campaign:
                 None, NO_DB_RUN, campaign, keep_text, function=function, library=library
             )
             return
+        # lazy: keeps pyctl.evidence.store (+27 modules, ~100 ms) off `import gpufault`
         from pyctl.evidence import layers, store
 
         path = db or store.DEFAULT_DB
@@ -134,6 +139,7 @@ class Campaign:
     ) -> None:
         if self.db is None:
             return
+        # lazy: keeps pyctl.evidence.store (+26 modules, ~100 ms) off `import gpufault`
         from pyctl.evidence import store
 
         status, code = ("failed", 1) if exc_type is not None else ("done", 0)
@@ -154,6 +160,7 @@ def fuzz_cases(
 ) -> list[Any]:
     """Class 9's cases: adversarial Unicode and deep-BPE inputs (ValueError
     for an unknown category)."""
+    # lazy: keeps pyctl.tokenizer.unicode (+69 modules, ~300 ms) off `--help` and `import gpufault`
     from pyctl.tokenizer import unicode
 
     specials = list(specials) or ["<|endoftext|>"]
@@ -162,6 +169,7 @@ def fuzz_cases(
 
 def run_fuzz(target: Any, cases: Sequence[Any], **kw: Any) -> Any:
     """Class 9: pyctl.tokenizer.unicode.run_fuzz (recorder=, slow_factor=, progress=)."""
+    # lazy: keeps pyctl.tokenizer.unicode (+69 modules, ~300 ms) off `--help` and `import gpufault`
     from pyctl.tokenizer import unicode
 
     return unicode.run_fuzz(target, cases, **kw)
@@ -170,6 +178,7 @@ def run_fuzz(target: Any, cases: Sequence[Any], **kw: Any) -> Any:
 def run_race(target: Any, **kw: Any) -> Any:
     """Class 11: pyctl.tokenizer.race.run_race (threads=, calls_per_thread=,
     stall_us=, seed=, recorder=, progress=)."""
+    # lazy: keeps pyctl.tokenizer.race (+31 modules, ~200 ms) off `--help` and `import gpufault`
     from pyctl.tokenizer import race
 
     return race.run_race(target, **kw)
@@ -178,6 +187,7 @@ def run_race(target: Any, **kw: Any) -> Any:
 def run_cache(target: Any, **kw: Any) -> Any:
     """Class 12: pyctl.tokenizer.cache.run_cache (requests=, flood_ratio=,
     factor=, seed=, recorder=, progress=)."""
+    # lazy: keeps pyctl.tokenizer.cache (+33 modules, ~200 ms) off `--help` and `import gpufault`
     from pyctl.tokenizer import cache
 
     return cache.run_cache(target, **kw)
@@ -186,6 +196,7 @@ def run_cache(target: Any, **kw: Any) -> Any:
 def run_truncation(target: Any, **kw: Any) -> Any:
     """Class 10: pyctl.tokenizer.truncation.run_truncation (max_length=,
     corrupt=, rate=, seed=, recorder=, progress=)."""
+    # lazy: keeps pyctl.tokenizer.truncation (+31 modules) off `--help`, `import gpufault`
     from pyctl.tokenizer import truncation
 
     return truncation.run_truncation(target, **kw)
@@ -194,6 +205,7 @@ def run_truncation(target: Any, **kw: Any) -> Any:
 def entry_point_reports() -> list[Any]:
     """What `tokenizer probes` lists: per tokenizer library, where its wheel
     is and the entry points found (or why not)."""
+    # lazy: keeps pyctl.symbols.tokenizers (+14 modules, ~100 ms) off `--help` and `import gpufault`
     from pyctl.symbols import tokenizers as symbols
 
     return [symbols.report(lib) for lib in symbols.MODULES]
@@ -214,6 +226,7 @@ def report_json(r: Any) -> dict[str, Any]:
 
 def short_name(name: str, width: int = 40) -> str:
     """A demangled name with its generics collapsed, cut at the front to width."""
+    # lazy: keeps pyctl.symbols.tokenizers (+14 modules, ~100 ms) off `--help` and `import gpufault`
     from pyctl.symbols.tokenizers import collapse_generics
 
     name = collapse_generics(name)
@@ -223,6 +236,7 @@ def short_name(name: str, width: int = 40) -> str:
 def libraries_of_pid(pid: int) -> dict[str, Path]:
     """The tokenizer libraries process pid maps, by name; BadInput when the
     process cannot be read."""
+    # lazy: keeps pyctl.symbols.tokenizers (+14 modules, ~100 ms) off `--help` and `import gpufault`
     from pyctl.symbols import tokenizers as symbols
 
     try:
@@ -238,6 +252,7 @@ def entry_points(
 ) -> list[Any]:
     """The entry points of `kinds` (default: every encode kind) in libs;
     a kind that cannot be found goes to on_skip(kind, why)."""
+    # lazy: keeps pyctl.symbols.tokenizers (+14 modules, ~100 ms) off `--help` and `import gpufault`
     from pyctl.symbols import tokenizers as symbols
 
     points: list[Any] = []
@@ -257,6 +272,7 @@ def count_calls(points: Sequence[Any], seconds: float) -> list[int]:
     """Hits of each entry point over `seconds`, counted with tracefs uprobes
     (per library file: every process mapping it is counted). Raises
     PermissionError without root, TracefsError without tracefs."""
+    # lazy: keeps pyctl.tokenizer.uprobe_count (+22 modules) off `--help`, `import gpufault`
     from pyctl.tokenizer.uprobe_count import UprobeCounter
 
     with UprobeCounter(list(points)) as c:

@@ -29,6 +29,7 @@ def code_names(lib: str = "cuda") -> list[str]:
     """The return-code names the catalog knows for `lib` (a catalog library
     or a name that maps to one: libcuda, nccl); [] without a catalog."""
     try:
+        # lazy: the catalog is optional: without one there are no names ([])
         from pyctl.catalog.libraries import library
 
         return sorted(set(library(catalog_library(lib)).codes.values()))

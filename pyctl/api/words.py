@@ -10,6 +10,7 @@ from typing import Any
 
 def demangle(name: str) -> str:
     """A C++ (or Rust) symbol as a reader writes it; other names as they are."""
+    # lazy: pyctl.symbols.demangle (ctypes, +5 modules) only when this runs
     from pyctl.symbols.demangle import demangle as _demangle
 
     return _demangle(name)
@@ -18,6 +19,7 @@ def demangle(name: str) -> str:
 def returns_void(function: str) -> bool:
     """Does the catalog say `function` returns void? (False without a catalog.)"""
     try:
+        # lazy: the catalog is optional: without one nothing is known to return void
         from pyctl import catalog
 
         info = catalog.lookup(function)
@@ -28,6 +30,7 @@ def returns_void(function: str) -> bool:
 
 def loss_words(causes: dict[str, Any] | None) -> str:
     """The run's loss causes (engine stats) in words; '' when none."""
+    # lazy: pyctl.evidence.words (ast, copy, +40 modules, ~200 ms) only when this runs
     from pyctl.evidence.words import loss_words as _loss_words
 
     return _loss_words(causes)

@@ -74,6 +74,7 @@ def fail(e: BaseException) -> BaseException:
     """A gpufault error as Chaos Toolkit's ActivityFailed (the journal then
     shows gpufault's one line), where chaoslib is importable."""
     try:
+        # lazy: chaoslib is there only when Chaos Toolkit runs this extension
         from chaoslib.exceptions import ActivityFailed
     except ImportError:
         return e

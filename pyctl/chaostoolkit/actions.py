@@ -163,8 +163,6 @@ def disarm(run_id: str | None = None) -> dict[str, Any]:
     if run_id:
         s = reg.session(run_id)
         if s is None:
-            from pyctl.api.errors import BadInput
-
             known = ", ".join(x.run_id for x in reg.sessions()) or "none"
             raise reg.fail(BadInput(f"disarm: no run {run_id} armed by this process ({known})"))
         s.disarm()

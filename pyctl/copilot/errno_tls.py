@@ -23,6 +23,7 @@ import os
 import struct
 from dataclasses import dataclass
 
+from pyctl import elf
 from pyctl.exceptions import GpufaultError
 
 R_X86_64_TPOFF64 = 18
@@ -82,8 +83,6 @@ def slot_vaddr(real: str) -> int:
 
 
 def _slot(real: str) -> int:
-    from pyctl import elf
-
     try:
         with elf.ElfFile.open(real) as f:
             index, value = -1, -1

@@ -213,6 +213,7 @@ class Engine:
         if any(sp.errno for sp in self.specs) and self.pid is not None and self.resolve_in_target:
             # Where the fails will set errno, found now: a target without
             # glibc's TLS errno is refused before anything is attached.
+            # lazy: pyctl.copilot.errno_tls (ELF, ptrace reads) only for --errno
             from pyctl.copilot.errno_tls import ErrnoError, tls_offset
 
             try:
@@ -222,6 +223,7 @@ class Engine:
         elif any(sp.errno for sp in self.specs):
             # A command not started yet: read this host's libc now, so the
             # first fail's stop does not wait for it (the same file, by inode).
+            # lazy: pyctl.copilot.errno_tls (ELF, ptrace reads) only for --errno
             from pyctl.copilot.errno_tls import ErrnoError, slot_vaddr
 
             try:
@@ -425,6 +427,7 @@ class Engine:
 
     def _start_copilot(self) -> None:
         try:
+            # lazy: the ptrace copilot (ctypes, +23 modules) only for a run that needs it
             from pyctl.copilot import CopilotError
             from pyctl.copilot.injections import start_copilot
         except ImportError as e:

@@ -200,6 +200,7 @@ class RunStats:
 
 def _fetch_catalog() -> Any:
     try:
+        # lazy: the catalog is optional decoration of the evidence (None without it)
         from pyctl import catalog
 
         return catalog

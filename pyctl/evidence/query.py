@@ -105,6 +105,7 @@ def fault_chain(db: Any, fault_id: str) -> dict[str, Any] | None:
         return None
     f = rows[0]
     if f.get("function"):  # rows written before names were stored demangled
+        # lazy: pyctl.symbols.demangle (ctypes) only for rows of older runs
         from pyctl.symbols.demangle import demangle
 
         f["function"] = demangle(f["function"])

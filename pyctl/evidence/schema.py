@@ -493,6 +493,7 @@ def _code_case(col: str, lib_col: str = "library") -> str:
     """CASE naming `col` from the catalog of the library `lib_col` is
     (CUDA_ERROR_OUT_OF_MEMORY): the same tables `show` names codes from."""
     try:
+        # lazy: the catalog is optional: without it the views show numbers only
         from pyctl import catalog
         from pyctl.catalog.registry import LIBRARIES
     except Exception:  # noqa: BLE001 - no catalog: numbers only

@@ -38,6 +38,7 @@ def fire_code(row: dict[str, Any]) -> str:
     if retval is None:
         return str(row.get("action") or "none")
     try:
+        # lazy: the catalog is optional: without it a code stays a number
         from pyctl.catalog.codes import code_name
         from pyctl.catalog.libraries import lib_for_soname
 

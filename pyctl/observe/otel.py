@@ -52,6 +52,7 @@ def _attrs(d: dict[str, Any]) -> dict[str, Any]:
 
 def _sdk() -> Any:
     try:
+        # lazy: opentelemetry's SDK is optional (the observe extra); only for --otel
         from opentelemetry.sdk import trace as sdk_trace
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -253,6 +254,7 @@ def send(
     timeout: float = 10.0,
 ) -> None:
     try:
+        # lazy: the OTLP exporter is optional (the observe extra); only to send spans
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.trace.export import SpanExportResult
     except ImportError:

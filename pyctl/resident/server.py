@@ -22,6 +22,7 @@ of the target, the store keeps what it committed.
 from __future__ import annotations
 
 import array
+import atexit
 import importlib
 import io
 import os
@@ -259,8 +260,6 @@ def _controller(conn: socket.socket, fds: list[int], cwd: str, umask: int,
             pass
     # What an interpreter's exit runs (netchaos registers its cleanup so);
     # a normal exit here would unwind into the server's loop and finally.
-    import atexit
-
     atexit._run_exitfuncs()
     done.set()
     try:

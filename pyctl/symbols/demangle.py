@@ -72,6 +72,7 @@ def _itanium(name: str) -> str | None:
 def _rust_v0(name: str) -> str | None:
     """rust-demangler: v0 names, and legacy ones (it reads both)."""
     try:
+        # lazy: rust_demangler only for a Rust name (none on a C++ trace's path)
         import rust_demangler
     except ImportError:
         return None

@@ -256,6 +256,7 @@ def find_entry_points(path: str | os.PathLike[str], kind: str) -> list[EntryPoin
     if not candidates:
         counts = symbol_tables(path)
         try:
+            # lazy: rust_demangler only for a library with Rust names (tokenizers)
             import rust_demangler  # noqa: F401
         except ImportError:
             raise LookupError(
