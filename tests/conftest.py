@@ -492,8 +492,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 # ---- where the time goes (GF_TEST_TIMES=FILE) --------------------------------
 # One JSON line per test: its wall time (setup + call + teardown), the CPU
-# seconds of this process and of the children it reaped meanwhile (qemu, a
-# CLI, a service), and the worker. CPU well below wall is waiting (a VM's
+# seconds of this process and of its descendants meanwhile (qemu, a CLI, a
+# service; reaped or still running), and the worker. CPU well below wall is waiting (a VM's
 # guest under another's load, a sleep, a --duration window); near or above
 # wall (two cores) is CPU-bound. docs/tests.md shows how to sum it.
 @pytest.hookimpl(hookwrapper=True)
@@ -506,12 +506,27 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     import resource
     import time
 
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def live_children_cpu() -> float:
+        """CPU of the descendants still running (a session's shared VM
+        guest, a module's service): reaped ones are in RUSAGE_CHILDREN."""
+        total = 0
+        for pid in session_pids() - {os.getpid()}:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+        return total / tick
+
     def cpu() -> tuple[float, float]:
         s, c = (
             resource.getrusage(resource.RUSAGE_SELF),
             resource.getrusage(resource.RUSAGE_CHILDREN),
         )
-        return s.ru_utime + s.ru_stime, c.ru_utime + c.ru_stime
+        return s.ru_utime + s.ru_stime, c.ru_utime + c.ru_stime + live_children_cpu()
 
     t0, (s0, c0) = time.monotonic(), cpu()
     yield
