@@ -9,10 +9,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from pyctl.anchors.device import DEFAULT_PATH, AnchorDevice
-from pyctl.anchors.record import AnchorRecord
 from pyctl.exceptions import MissingPrerequisite
+
+if TYPE_CHECKING:
+    from pyctl.anchors.record import AnchorRecord
 
 SYS = Path("/sys/module/gpufa")
 
@@ -30,6 +32,9 @@ def status() -> ModuleStatus:
     """The module's state now (nothing is opened unless it is loaded)."""
     if not SYS.exists():
         return ModuleStatus(False)
+    # lazy: the device module (ctypes, the uapi, ~40 ms) off `import gpufault`
+    from pyctl.anchors.device import DEFAULT_PATH, AnchorDevice
+
     st = ModuleStatus(True)
     params = SYS / "parameters"
     if params.exists():
@@ -63,6 +68,9 @@ def watch(
     KeyboardInterrupt, which ends it quietly), calling on_records with each
     batch and storing them in the store at `db` when given.
     MissingPrerequisite when the device cannot be opened."""
+    # lazy: the device module (ctypes, the uapi, ~40 ms) off `import gpufault`
+    from pyctl.anchors.device import AnchorDevice
+
     # lazy: pyctl.evidence.store (datetime, sqlite3, +12 modules) only when this runs
     from pyctl.evidence import store
 
@@ -92,6 +100,9 @@ def watch(
 def fire(bdf: str | None = None, code: int = 0) -> None:
     """Fire a manual anchor (QA): snapshot a watched device (default: the
     first) now. MissingPrerequisite when the module refuses."""
+    # lazy: the device module (ctypes, the uapi, ~40 ms) off `import gpufault`
+    from pyctl.anchors.device import AnchorDevice
+
     try:
         with AnchorDevice() as dev:
             dev.fire(bdf, code)

@@ -6,7 +6,6 @@ per call). Each is a pyctl.calls.summary.Summary: .functions, .to_json(),
 from __future__ import annotations
 
 import os
-import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -32,6 +31,9 @@ def run_summary(
     that recorded millions of calls must still end when told to. Raises
     BadInput (store.StoreError, summary.SummaryError) for a store or run
     that is not there."""
+    # lazy: sqlite3 (datetime, ~8 ms) off `import gpufault`
+    import sqlite3
+
     # lazy: pyctl.calls.summary (ast, copy, +33 modules, ~100 ms) only when this runs
     from pyctl.calls import summary
 

@@ -20,7 +20,6 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from pyctl.bpf import features as kf
 from pyctl.exceptions import BadInput
 
 # What a user may ask doctor about (`gpufault doctor --for FEATURE`), and
@@ -140,6 +139,9 @@ def ptrace_scope() -> int:
 
 def checks() -> list[Check]:
     """Every check, each with the features that need it (FEATURES)."""
+    # lazy: the trials (pyctl.paths, the BPF names) off `import gpufault`
+    from pyctl.bpf import features as kf
+
     out: list[Check] = []
     root = os.geteuid() == 0
     allf = BPF_FEATURES + ["tokenizer-count"]
@@ -231,6 +233,9 @@ def checks() -> list[Check]:
 
 def _kernel_checks() -> list[Check]:
     """The trial loads (as root, with the objects built)."""
+    # lazy: the trials (pyctl.paths, the BPF names) off `import gpufault`
+    from pyctl.bpf import features as kf
+
     out: list[Check] = []
     load_err, tp_err = kf.engine_load()
     if load_err is not None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +37,9 @@ def damaged_is_bad_input(db_path: str | os.PathLike[str]) -> Iterator[None]:
     header, owner and schema, not every page: a full check would cost a
     reader seconds on a large store) is the file's fault, not gpufault's:
     BadInput; a query's own error stays what it is (a bug)."""
+    # lazy: sqlite3 (datetime, ~8 ms) off `import gpufault`
+    import sqlite3
+
     # lazy: pyctl.evidence.store (ctypes, +10 modules) only when this runs
     from pyctl.evidence import store
 
