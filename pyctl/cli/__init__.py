@@ -26,6 +26,7 @@ register them while they are still half-imported.
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from typing import Any
@@ -40,6 +41,7 @@ _DEBUG = bool(os.environ.get("GPUFAULT_DEBUG"))
 
 def __getattr__(name: str) -> Any:
     if name in ("cli", "COMMANDS"):
+        # lazy: keeps pyctl.cli.commands (+130 modules, ~500 ms) off trace's start, `trace --help`
         from pyctl.cli import commands
 
         return getattr(commands, name)
@@ -56,13 +58,14 @@ FAST_COMMANDS = {"trace": "pyctl.cli.trace:trace", "inject": "pyctl.cli.inject:i
 def _only_run_command(argv: list[str]) -> Any:
     """The root group with only argv's command in it, when that is one of
     FAST_COMMANDS after the root's own options; else None (every command)."""
+    # lazy: pyctl.argv (+1 module) only when this runs
     from pyctl.argv import command_of
 
     ref = FAST_COMMANDS.get(command_of(argv) or "")
     if ref is None:
         return None
-    import importlib
 
+    # lazy: keeps pyctl.cli.root (locale, +5 modules) off trace's start
     from pyctl.cli.root import cli as root
 
     module, attr = ref.split(":")
@@ -74,10 +77,12 @@ def main(argv: list[str] | None = None) -> None:
     """The `gpufault` entry point: every command group under one error
     contract (pyctl/errors.py): exit 2 and one line for what the user or
     the machine must change, 70 and one line for a bug, 130 for Ctrl-C."""
+    # lazy: keeps pyctl.api.errors (+2 modules) off trace's start
     from pyctl.api import errors
 
     cli = _only_run_command(sys.argv[1:] if argv is None else argv)
     if cli is None:
+        # lazy: keeps pyctl.cli.commands (+130 modules, ~500 ms) off trace's start, `trace --help`
         from pyctl.cli.commands import cli
 
     try:
@@ -104,6 +109,7 @@ def main(argv: list[str] | None = None) -> None:
         click.echo(f"gpufault: {errors.one_line(e)}", err=True)
         sys.exit(errors.EXIT_USER)
     except Exception as e:  # noqa: BLE001 - the one place a bug becomes one line
+        # lazy: only on the way out of a command that failed with a bug
         from pyctl.api.errors import damaged_store_line
 
         said = damaged_store_line(e)

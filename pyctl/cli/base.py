@@ -8,6 +8,7 @@ pyctl.cli.main applies it to every group.
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -40,6 +41,7 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(*a, **kw)
         except Exception as e:
+            # lazy: only on the way out of a command that failed
             from pyctl.api.errors import EXIT_RUN_FAILED, cli_line
 
             said = cli_line(e)
@@ -54,8 +56,6 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
 def on_terminal() -> bool:
     """stdout is a terminal: readers cut to 80 columns there, and print
     every value whole into a file or a pipe (faults, show, timeline)."""
-    import sys
-
     try:
         return sys.stdout.isatty()
     except (OSError, ValueError):
@@ -65,6 +65,7 @@ def on_terminal() -> bool:
 def open_existing(db_path: str) -> Any:
     """Read-only (SQLite mode=ro): faults/show never create, convert, chmod
     or add tables to the file; a database that is not gpufault's is refused."""
+    # lazy: keeps pyctl.api.reading (+1 module) off trace's start and `trace --help`
     from pyctl.api.reading import open_readonly
 
     try:

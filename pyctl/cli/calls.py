@@ -47,6 +47,7 @@ def print_run_summary(
     millions of calls must still end when told to.
     Raises BadInput (store.StoreError, summary.SummaryError: one-line
     messages); pyctl.api.calls.run_summary reads it."""
+    # lazy: keeps pyctl.api.calls (+1 module) off `--help`
     from pyctl.api.calls import SummaryTooSlow, run_summary
 
     try:
@@ -141,6 +142,7 @@ def live(
       gpufault calls live --pid 1234 --lib libnccl --fn 'nccl*' --count-only
       gpufault calls live --pid 1234 --lib tokenizers --fn tok:hf-encode --per-thread
     """
+    # lazy: keeps pyctl.api.calls (+1 module) off `--help`
     from pyctl.api import calls as api_calls
 
     def started(a: Any) -> None:

@@ -29,6 +29,7 @@ def template_names(
     """Every template file's name (GPUFAULT_TEMPLATES first), by file name:
     no template is parsed, so a malformed one still completes."""
     try:
+        # lazy: the templates only when the shell completes a template name
         from pyctl.api import templates
 
         names = templates.names()
@@ -57,6 +58,7 @@ def _db_for(ctx: click.Context) -> str:
         if given:
             return str(given)
         c = c.parent
+    # lazy: pyctl.api.values (+1 module) only when this runs
     from pyctl.api.values import DEFAULT_DB
 
     return os.environ.get("GPUFAULT_DB") or str(DEFAULT_DB)
@@ -84,6 +86,7 @@ def fault_ids(ctx: click.Context, param: click.Parameter, incomplete: str) -> li
 def code_names(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
     """Return-code names of the catalog library --lib names (CUDA's when
     --lib is not given yet)."""
+    # lazy: pyctl.api.values (+1 module) only when this runs
     from pyctl.api.values import code_names as names_of
 
     names = names_of(str(ctx.params.get("lib") or "cuda"))  # no catalog: no candidates

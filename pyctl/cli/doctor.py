@@ -43,6 +43,7 @@ def doctor(as_json: bool, features: tuple[str, ...]) -> None:
       gpufault doctor
       gpufault doctor --for xids --json
     """
+    # lazy: keeps pyctl.api.doctor (+1 module) off `--help`
     from pyctl.api import doctor as dr
 
     rep = dr.report(features)
@@ -80,6 +81,7 @@ def probes(lib: str | None, pid: int | None, fn_pattern: tuple[str, ...], as_jso
       gpufault probes libcuda --fn 'cuMemAlloc*'
       gpufault probes /usr/lib/x86_64-linux-gnu/libc.so.6 --fn 'mall*'
     """
+    # lazy: keeps pyctl.api.probes (+1 module) off `--help`
     from pyctl.api import probes as pr
 
     if lib is None:

@@ -15,8 +15,11 @@ from typing import Any
 import click
 
 from pyctl.api.errors import BadInput
+from pyctl.api.reading import open_readonly
+from pyctl.api.values import DEFAULT_DB
 from pyctl.cli.base import UserError
 from pyctl.cli.options import Duration, db_option, metrics_addr_option, set_option
+from pyctl.cli.report import report
 from pyctl.experiment import corpora
 from pyctl.experiment import load as F
 from pyctl.experiment import model as M
@@ -260,6 +263,7 @@ def run(
       gpufault experiment run control --db /tmp/exp.db
       gpufault experiment run tokenizer-stall --set stall=80ms
     """
+    # lazy: keeps pyctl.experiment.run (hmac, secrets, +9 modules) off `--help`
     from pyctl.experiment import run as runner
 
     e = _load(name, sets)
@@ -269,6 +273,7 @@ def run(
     metrics = None
     if metrics_addr:
         # Before anything starts: a port in use is exit 2 with nothing run.
+        # lazy: pyctl.observe.metrics (prometheus_client, +32 modules) only for --metrics-addr
         from pyctl.observe import ObserveError
         from pyctl.observe.metrics import Metrics
 
@@ -334,8 +339,7 @@ def results(experiment_id: str | None, db_path: str | None, as_json: bool) -> No
       gpufault experiment results --db /tmp/exp.db
       gpufault experiment results x1a2b3c4d --db /tmp/exp.db
     """
-    from pyctl.api.reading import open_readonly
-    from pyctl.api.values import DEFAULT_DB
+    # lazy: keeps pyctl.experiment.evidence (+3 modules, ~500 ms) off `--help`
     from pyctl.experiment import evidence as E
 
     db_file = db_path or str(DEFAULT_DB)
@@ -450,8 +454,6 @@ __all__ = ["experiment", "describe", "render_results"]
 def _add_report() -> None:
     """`gpufault experiment report ID...`: the HTML/Markdown report
     (pyctl/report), a command of this group owned by that package."""
-    from pyctl.cli.report import report
-
     experiment.add_command(report)
 
 

@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from pyctl.api.foreground import FaultSpec
+from pyctl.api.values import SpecError, parse_int
 from pyctl.cli.base import UserError, user_errors
 from pyctl.cli.launch import RunCommand, split_run_params, start
 from pyctl.cli.options import (
@@ -32,7 +33,6 @@ def _counted_from_one(ctx: click.Context, param: click.Parameter, value: str | N
     meant): refused. Left out, the option is None (from_fields: 0)."""
     if value is None:
         return None
-    from pyctl.api.values import SpecError, parse_int
 
     what = max(param.opts, key=len)
     try:
@@ -164,7 +164,10 @@ def release(ctl_pid: int | None) -> None:
     Example:
       gpufault release
     """
+    # lazy: keeps pyctl.api.control (+1 module) off `--help`
     from pyctl.api.control import release as release_all
+
+    # lazy: pyctl.api.errors (+2 modules) only when this runs
     from pyctl.api.errors import GpufaultError
 
     try:

@@ -119,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="write gpufault(1), generated from the commands")
     ap.add_argument("-o", "--output", default="-", help="file to write (default: stdout)")
     a = ap.parse_args(argv)
+    # lazy: the command tree (every command module) only when the page is written
     from pyctl.cli import cli
 
     text = render(cli)

@@ -13,7 +13,7 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
 def _set_debug(ctx: click.Context, param: click.Parameter, value: bool) -> None:
-    import pyctl.cli as package  # main() reads the flag there, after the command failed
+    import pyctl.cli as package  # lazy: main() reads the flag there, after the command failed
 
     package._DEBUG = package._DEBUG or value
 

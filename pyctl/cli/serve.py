@@ -28,14 +28,17 @@ def serve() -> None:
         gpufault serve &
         gpufault trace --pid 1234 --lib libcuda --fn cuLaunchKernel
     """
+    # lazy: keeps pyctl.api.resident (+1 module) off `--help`
     from pyctl.api.resident import socket_path
+
+    # lazy: keeps pyctl.resident.server (+11 modules, ~200 ms) off `--help`
     from pyctl.resident.server import ServeError, Server  # a front end beside this one
 
     if os.geteuid() != 0:
         raise UserError(
             "serve needs root (it loads BPF and forks root controllers): run it with sudo"
         )
-    from pyctl.cli import main  # the package this module is in: loaded already
+    from pyctl.cli import main  # lazy: this module's own package (loaded already)
 
     server = Server(socket_path(), log=lambda s: click.echo(f"serve: {s}", err=True), command=main)
     try:

@@ -378,6 +378,7 @@ def service(
 def _admin_token(token_file: Path | None) -> str:
     """--perturb-control's token, or one line and status 2 (no token: the
     control does not start; pyctl/service/perturb.py says why)."""
+    # lazy: keeps pyctl.service.perturb (hashlib, hmac, +5 modules) off `--help`
     from pyctl.service.perturb import AdminTokenError, admin_token
 
     try:
@@ -388,6 +389,7 @@ def _admin_token(token_file: Path | None) -> str:
 
 def _run_follower(cfg: ServiceConfig) -> None:
     try:
+        # lazy: the service needs torch, which gpufault itself does not depend on
         from pyctl.service.follower import run_follower
     except ImportError as e:
         raise click.ClickException(f"the service needs torch ({e}): pip install torch") from None
@@ -400,6 +402,7 @@ def _run_follower(cfg: ServiceConfig) -> None:
 def run(cfg: ServiceConfig) -> None:
     """Start, announce readiness, serve until SIGTERM/SIGINT, clean up."""
     try:
+        # lazy: the service needs torch, which gpufault itself does not depend on
         from pyctl.service.app import Service, log
         from pyctl.service.server import ServiceHTTPServer
     except ImportError as e:
@@ -411,6 +414,7 @@ def run(cfg: ServiceConfig) -> None:
 
     try:
         if cfg.ranks == 2:
+            # lazy: keeps pyctl.service.ranks (+1044 modules, ~9 s) off `--help`
             from pyctl.service.ranks import RankZeroService
 
             svc: Service = RankZeroService(cfg)

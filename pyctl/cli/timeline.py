@@ -32,6 +32,7 @@ def timeline(run: str, db_path: str, as_json: bool) -> None:
       gpufault timeline 1a2b3c4d
       gpufault timeline x1a2b3c4 --json
     """
+    # lazy: pyctl.api.reading (+1 module) only when this runs
     from pyctl.api import reading
 
     db = open_existing(db_path)

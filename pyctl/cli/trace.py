@@ -48,6 +48,7 @@ def trace(summary: bool, per_thread: bool, as_json: bool, **params: Any) -> None
     fields, run = split_run_params(params)
 
     def summarize(eng: Any) -> None:
+        # lazy: keeps pyctl.cli.calls (+3 modules) off trace's start and `trace --help`
         from pyctl.cli.calls import print_run_summary
 
         print_run_summary(

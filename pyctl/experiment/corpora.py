@@ -43,6 +43,7 @@ class _Counter:
     (pyctl.tokenizer.builders.reference_bpe), an empty prompt one token."""
 
     def __init__(self, vocab_size: int) -> None:
+        # lazy: keeps pyctl.tokenizer.builders (+2 modules) off `--help`
         from pyctl.tokenizer.builders import reference_bpe
 
         self.tok = reference_bpe(vocab_size)
@@ -59,6 +60,7 @@ def _tokenizer(vocab_size: int) -> Any:
 def _text_of(tok: Any, n_tokens: int, *, at_most: bool, seed: int = 3) -> str:
     """A prompt of the pseudo-language with exactly n_tokens tokens (or, if
     no prefix has exactly that many, the nearest above; at_most: below)."""
+    # lazy: keeps pyctl.tokenizer.builders (+2 modules) off `--help`
     from pyctl.tokenizer.builders import generate_corpus
 
     text = ""
@@ -98,6 +100,7 @@ def cases(load: Load, n_requests: int) -> list[tuple[str, bytes]] | None:
     if c == "prompts":
         return [(f"prompt {i}", _body(p, mt)) for i, p in enumerate(load.prompts)]
     if c == "unicode":
+        # lazy: keeps pyctl.tokenizer.unicode (+20 modules, ~100 ms) off `--help`
         from pyctl.tokenizer.unicode import generate_cases
 
         return [
@@ -117,10 +120,12 @@ def cases(load: Load, n_requests: int) -> list[tuple[str, bytes]] | None:
             (f"over-limit/+{k}", _body(_text_of(tok, room + k, at_most=False), mt)) for k in over
         ]
     if c == "hot":
+        # lazy: keeps pyctl.tokenizer.cache (hashlib, sqlite3, +13 modules) off `--help`
         from pyctl.tokenizer.cache import hot_pool
 
         return [(f"hot/{i}", _body(t, mt)) for i, t in enumerate(hot_pool(n_texts=200))]
     if c == "cold":
+        # lazy: keeps pyctl.tokenizer.cache (hashlib, sqlite3, +13 modules) off `--help`
         from pyctl.tokenizer.cache import ColdWords
 
         cold = ColdWords()

@@ -12,11 +12,12 @@ from __future__ import annotations
 import json
 import math
 import signal
+import sqlite3
 import time
 from typing import TYPE_CHECKING, Any
 
 from pyctl.experiment import evidence as E
-from pyctl.experiment.model import WINDOW_S
+from pyctl.experiment.model import LINKABLE, WINDOW_S
 from pyctl.experiment.steps import kind_of
 from pyctl.experiment.verdict import Findings, Verdict, decide
 
@@ -72,6 +73,7 @@ class Evaluation:
         machine one noisy second (another process's burst) decides the p99
         of a whole phase; a fault (a stall on 20 % of calls) shows in every
         window it is armed in. The phase's own p99 is recorded beside."""
+        # lazy: pyctl.experiment.loadgen (queue, +5 modules) only when this runs
         from pyctl.experiment.loadgen import window_stats
         from pyctl.experiment.loadgen import windows as mkwin
 
@@ -111,6 +113,7 @@ class Evaluation:
         return ok_all
 
     def _evaluate(self, probes: dict[str, ProbeState], load: Any) -> Verdict:
+        # lazy: pyctl.experiment.stats (+1 module) only when this runs
         from pyctl.experiment import stats
 
         exp = self.exp
@@ -199,6 +202,7 @@ class Evaluation:
         windows: list[tuple[Any, str]] = []
         end_all = self.phase_at.get("after", time.time())
         if load is not None:
+            # lazy: pyctl.experiment.loadgen (queue, +5 modules) only when this runs
             from pyctl.experiment.loadgen import windows as mkwin
 
             for w in mkwin(load.samples(t0, end_all), t0, end_all, WINDOW_S):
@@ -313,8 +317,6 @@ class Evaluation:
     def _exit_seen(self, pid: int) -> str:
         """ "killed by SIGABRT" / "exit status 3" from the evidence, else why
         it is unknown (only a parent can read the exit status of a process)."""
-        import sqlite3
-
         runs = sorted(
             {s.fault.run_id for s in self.steps if s.fault is not None and s.fault.run_id}
         )
@@ -362,6 +364,7 @@ class Evaluation:
         fault_end: float,
         f: Findings,
     ) -> None:
+        # lazy: pyctl.experiment.stats (+1 module) only when this runs
         from pyctl.experiment import stats
 
         ex = self.exp.expect
@@ -442,10 +445,6 @@ class Evaluation:
         """Whether a row of the evidence table `what` names (links to) one of
         this experiment's fault IDs; the Xid monitor and the anchor reader of
         each step's controller wrote them into the same database."""
-        import sqlite3
-
-        from pyctl.experiment.model import LINKABLE
-
         table = LINKABLE[what]
         fids = sorted({fid for s in self.steps for fid, _w in s.fires if fid})
         if not fids:

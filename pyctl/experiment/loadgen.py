@@ -377,6 +377,7 @@ class _Conn:
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.kernel_ts = not https  # an SSL socket has no recvmsg
         if https:
+            # lazy: ssl (base64, +3 modules) only when this runs
             import ssl
 
             self.sock = ssl.create_default_context().wrap_socket(self.sock, server_hostname=host)

@@ -38,7 +38,10 @@ class ExperimentVerdict:
 
 def load_experiment(file_or_name: str | os.PathLike[str], **sets: Any) -> Any:
     """A shipped experiment by name, or a file, knobs set by keyword."""
+    # lazy: keeps pyctl.experiment.load (+78 modules, ~400 ms) off `import gpufault`
     from pyctl.experiment import load as F
+
+    # lazy: keeps pyctl.experiment.model (+57 modules, ~200 ms) off `import gpufault`
     from pyctl.experiment import model as M
 
     try:
@@ -59,7 +62,10 @@ def run_experiment(
     object): baseline, method, recovery, verdict. A pass or a fail is the
     returned verdict; an error or an abort raises ExperimentFailed (with
     raise_on_error=False they are returned too)."""
+    # lazy: keeps pyctl.experiment.model (+57 modules, ~200 ms) off `import gpufault`
     from pyctl.experiment import model as M
+
+    # lazy: keeps pyctl.experiment.run (+90 modules, ~400 ms) off `import gpufault`
     from pyctl.experiment import run as runner
 
     exp = experiment

@@ -93,6 +93,7 @@ class Remedy:
         if load is None or self.breached_at is not None or self.exp.remediation is None:
             return
         assert self.exp.load is not None
+        # lazy: pyctl.experiment.loadgen (queue, +5 modules) only when this runs
         from pyctl.experiment.loadgen import window_stats
 
         # The window whose answers are all in (its requests timed out or were

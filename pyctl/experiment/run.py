@@ -144,6 +144,7 @@ class Run(Evaluation):
         try:
             res = ps.probe.sample()
         except Exception as e:  # noqa: BLE001 - a probe's bug is a failed sample
+            # lazy: only when a probe raised
             from pyctl.experiment.probes import ProbeResult
 
             res = ProbeResult(False, None, f"probe raised {type(e).__name__}: {e}", time.time())
@@ -211,6 +212,7 @@ class Run(Evaluation):
                 kind_of(s).prepare(self, s, facts)  # its aim checked, its bodies made
             probes = build_probes(exp, facts, proc.proc if proc is not None else None)
             if exp.load is not None:
+                # lazy: pyctl.experiment.loadgen (queue, +5 modules) only when this runs
                 from pyctl.experiment.loadgen import OpenLoopLoad
 
                 L = exp.load

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import signal
 import socket
 import subprocess
@@ -221,7 +222,7 @@ def start_target(exp: Experiment) -> tuple[TargetProcess | None, dict[str, Any]]
             # names rank N's pid and tid as well.
             argv = child_argv(argv[1:])
         elif any("{ready_file}" in a for a in argv):
-            import tempfile
+            import tempfile  # lazy: only for a command that names {ready_file}
 
             ready_file = Path(tempfile.mkdtemp(prefix="gpufault-exp-")) / "ready.json"
             argv = [a.replace("{ready_file}", str(ready_file)) for a in argv]
@@ -231,7 +232,7 @@ def start_target(exp: Experiment) -> tuple[TargetProcess | None, dict[str, Any]]
             # A fresh admin token for the process it starts: its perturb
             # steps send it; nobody else knows it (the child's environment
             # is readable by its own user only).
-            import secrets
+            import secrets  # lazy: only for a target that gets an admin token
 
             token = secrets.token_urlsafe(32)
             env[t.admin_token_env] = token
@@ -268,7 +269,10 @@ def check_target(exp: Experiment, facts: dict[str, Any]) -> None:
         ) from None
     facts.update(url=str(url).rstrip("/"), host=host, port=port)
     pid = facts.get("pid")
+    # lazy: pyctl.engine (difflib, mmap, +49 modules, ~200 ms) only when this runs
     from pyctl.engine import EngineError
+
+    # lazy: keeps pyctl.runner (difflib, mmap, +52 modules, ~200 ms) off `--help`
     from pyctl.runner import check_target_pid
 
     try:
@@ -307,7 +311,10 @@ def step_target(exp: Experiment, s: Step, facts: dict[str, Any]) -> tuple[int, i
     """The process (and thread) a fault step goes into: the target's pid,
     or the step's own `pid` / `tid` (a number or a fact such as
     {rank1_pid}), checked before anything is armed."""
+    # lazy: pyctl.engine (difflib, mmap, +49 modules, ~200 ms) only when this runs
     from pyctl.engine import EngineError
+
+    # lazy: keeps pyctl.runner (difflib, mmap, +52 modules, ~200 ms) off `--help`
     from pyctl.runner import check_target_pid
 
     key = f"{exp.path}: method[{s.idx + 1}]"
@@ -368,8 +375,6 @@ class PidWatch:
         self._thread.start()
 
     def _run(self) -> None:
-        import select
-
         assert self._fd is not None
         while not self._stop.is_set():
             # A timeout, not a wake-up pipe: stop() is once per experiment.
@@ -380,7 +385,6 @@ class PidWatch:
     def stop(self) -> None:
         if self._fd is None:
             return
-        import select
 
         self._stop.set()
         self._thread.join(2)

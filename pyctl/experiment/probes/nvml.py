@@ -26,6 +26,7 @@ class NvmlProbe(_Probe):
             r.tolerance("tolerance", dflt) if dflt is not _REQUIRED else r.tolerance("tolerance")
         )
         try:
+            # lazy: pynvml is optional (the gpu extra), needed only on a GPU host
             import pynvml  # type: ignore[import-not-found]
         except ImportError:
             raise ProbeError(

@@ -43,6 +43,7 @@ _HAS_UNIT = re.compile(r"^\s*(\d+(\.\d*)?|\.\d+)\s*[a-z]")
 
 def _duration(text: str) -> float | None:
     """Seconds of a duration text ('200ms', '1m30s'), None if it is not one."""
+    # lazy: pyctl.spec (ctypes, +6 modules) only when this runs
     from pyctl.spec import SpecError, parse_duration
 
     try:
@@ -155,6 +156,7 @@ class Tolerance:
         """A bound of the load hypothesis: `<= 200ms`, `< 0.05`, `>= 5`. unit
         "duration": the number is a duration; otherwise a number or a
         percentage. A ProbeError says what is wrong (the caller adds where)."""
+        # lazy: pyctl.spec (ctypes, +6 modules) only when this runs
         from pyctl.spec import SpecError, parse_duration
 
         if not isinstance(text, str):

@@ -88,6 +88,7 @@ class StepKind:
 
     def prepare(self, run: Run, step: Step, facts: dict[str, Any]) -> None:
         """Before the experiment row is written: check the step's aim."""
+        # lazy: pyctl.experiment.target (+1 module) only when this runs
         from pyctl.experiment.target import step_target
 
         run.who[step.idx] = step_target(run.exp, step, facts)

@@ -122,6 +122,7 @@ class LocalFault:
         return [*self.session.stderr_lines, *([f"gpufault: {err}"] if err else [])]
 
     def wait_armed(self, timeout: float) -> None:
+        # lazy: pyctl.api (+1 module) only when this runs
         from pyctl.api import GpufaultError
 
         try:
@@ -222,7 +223,10 @@ class LocalFaultHost:
     def session(self, step: StepRequest) -> IsolatedSession:
         """The step as a library session: its specs, its target, its
         duration (the kernel-side deadline), its run row's kind."""
+        # lazy: pyctl.api (+1 module) only when this runs
         from pyctl.api import Target
+
+        # lazy: keeps pyctl.api.session (queue, +10 modules) off `--help`
         from pyctl.api.session import IsolatedSession, Settings
 
         target = Target(tid=step.tid) if step.tid else Target(pid=step.pid)
@@ -311,6 +315,7 @@ class FaultKind(StepKind):
         return step
 
     def request(self, run: Run, step: Step, facts: dict[str, Any]) -> StepRequest:
+        # lazy: pyctl.experiment.target (+1 module) only when this runs
         from pyctl.experiment.target import thread_by_name
 
         pid, tid = run.who.get(step.idx, (int(facts["pid"]), None))

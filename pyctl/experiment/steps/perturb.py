@@ -73,6 +73,7 @@ class PerturbRun(EndsOnItsOwn):
         who: tuple[int | None, int | None] = (None, None),
         token: str | None = None,
     ) -> None:
+        # lazy: pyctl.evidence.store (+6 modules) only when this runs
         from pyctl.evidence import layers, store
 
         self.url, self.db_path = url, db_path
@@ -111,6 +112,7 @@ class PerturbRun(EndsOnItsOwn):
         self._done.set()
 
     def _write(self, *, final: bool) -> None:
+        # lazy: pyctl.evidence.store (+6 modules) only when this runs
         from pyctl.evidence import layers, store
 
         rep = self.report
@@ -159,7 +161,10 @@ class PerturbRun(EndsOnItsOwn):
 def parse_perturb(r: Reader, key: str, v: Any) -> dict[str, Any]:
     """A perturb step's table: rules checked here with the hooks' own
     parser, so a bad bit name is refused before anything starts."""
+    # lazy: keeps pyctl.hooks.bitflip (argparse, asyncio, +964 modules, ~9 s) off `--help`
     from pyctl.hooks.bitflip import BitSpecError
+
+    # lazy: keeps pyctl.hooks.tc_perturb (+965 modules, ~10 s) off `--help`
     from pyctl.hooks.tc_perturb import parse_rule
 
     if not isinstance(v, dict):

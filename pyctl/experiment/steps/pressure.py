@@ -44,6 +44,7 @@ class PressureRun:
     def __init__(
         self, spec: dict[str, Any], duration: float, db_path: str, arm_timeout: float
     ) -> None:
+        # lazy: keeps pyctl.hooks.record (+8 modules) off `--help`
         from pyctl.hooks.record import VramRun
 
         self.spec = {**spec, "duration": duration}

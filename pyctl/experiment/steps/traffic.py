@@ -28,6 +28,7 @@ class TrafficRun(EndsOnItsOwn):
     run_id = ""  # no controller, no runs row
 
     def __init__(self, url: str, step: Step, cases: list[tuple[str, bytes]] | None) -> None:
+        # lazy: keeps pyctl.experiment.loadgen (queue, +5 modules) off `--help`
         from pyctl.experiment.loadgen import OpenLoopLoad
 
         t = step.traffic
