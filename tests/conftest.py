@@ -462,10 +462,12 @@ _FIRST = (
 
 
 def _group(item: pytest.Item) -> str | None:
-    if item.path.name in _NETNS_FILES:
-        return "netns"
+    # vm before netns: a vm test of a netns file (netem in the guest) makes
+    # its namespaces in the guest, and its guest is the vm worker's.
     if item.get_closest_marker("vm") is not None:
         return "vm"
+    if item.path.name in _NETNS_FILES:
+        return "netns"
     if "tracefs_mounted" in getattr(item, "fixturenames", ()):
         return "tracefs"
     return None
