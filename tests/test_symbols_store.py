@@ -28,7 +28,7 @@ import pytest
 
 from pyctl import diskcache, elf
 from pyctl.bpf import features
-from pyctl.symbols import resolve, symtab
+from pyctl.symbols import names, resolve, symtab
 from pyctl.symbols.demangle import demangle
 
 REPO = Path(__file__).resolve().parent.parent
@@ -151,9 +151,9 @@ def test_tables_come_back_from_disk_keyed_by_build_id(cache: Path, tmp_path: Pat
     a = _copy(CXX, tmp_path / "a")
     first = symtab.load(a)
     bid = first.build_id
-    assert (cache / "symtab" / f"{bid}-names.v{diskcache.FORMAT}").is_file()
+    assert (cache / "symtab" / f"{bid}-names-{names.CACHE_TAG}.v{diskcache.FORMAT}").is_file()
     resolve._elf_symbols(a)
-    assert (cache / "symtab" / f"{bid}-sites.v{diskcache.FORMAT}").is_file()
+    assert (cache / "symtab" / f"{bid}-sites-{names.CACHE_TAG}.v{diskcache.FORMAT}").is_file()
     # The same build at another path (a new inode: not in memory) is one
     # entry, read without parsing.
     b = _copy(CXX, tmp_path / "b")
@@ -161,7 +161,7 @@ def test_tables_come_back_from_disk_keyed_by_build_id(cache: Path, tmp_path: Pat
     assert t is not None and t.path == b and t.names == first.names
     assert resolve._cached_read_elf(b) == resolve._read_elf(b)
     # Another build-id: another key, never this entry.
-    (cache / "symtab" / f"{bid}-names.v{diskcache.FORMAT}").unlink()
+    (cache / "symtab" / f"{bid}-names-{names.CACHE_TAG}.v{diskcache.FORMAT}").unlink()
     assert symtab._from_disk(b, "", elf.build_id(b)) is None
 
 
