@@ -498,6 +498,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # service; reaped or still running), and the worker. CPU well below wall is waiting (a VM's
 # guest under another's load, a sleep, a --duration window); near or above
 # wall (two cores) is CPU-bound. docs/tests.md shows how to sum it.
+_OUTCOMES: dict[str, str] = {}  # nodeid -> the first phase that did not pass
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.outcome != "passed" and report.nodeid not in _OUTCOMES:
+        _OUTCOMES[report.nodeid] = f"{report.outcome} in {report.when}"
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     path = os.environ.get("GF_TEST_TIMES")
@@ -531,6 +539,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         return s.ru_utime + s.ru_stime, c.ru_utime + c.ru_stime + live_children_cpu()
 
     t0, (s0, c0) = time.monotonic(), cpu()
+    _OUTCOMES.pop(item.nodeid, None)
     yield
     wall, (s1, c1) = time.monotonic() - t0, cpu()
     row = {
@@ -540,6 +549,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         "cpu": round(s1 - s0, 2),
         "child_cpu": round(c1 - c0, 2),
         "vm": item.get_closest_marker("vm") is not None,
+        "outcome": _OUTCOMES.pop(item.nodeid, "passed"),
     }
     with open(path, "a") as f:  # one short write per line: workers append safely
         f.write(json.dumps(row) + "\n")
