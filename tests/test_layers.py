@@ -25,19 +25,23 @@ REPO = Path(__file__).resolve().parent.parent
 CONFIG = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
 
 
-def _lint_imports(cwd: Path) -> subprocess.CompletedProcess[str]:
+def _lint_imports(cwd: Path, *contracts: str) -> subprocess.CompletedProcess[str]:
     exe = shutil.which("lint-imports")
     assert exe, (
         "lint-imports is missing: `pip install -e '.[dev]'` (tools/setup-deps.sh) installs it"
     )
     # --no-cache: a test writes nothing into the checkout
-    return subprocess.run([exe, "--no-cache"], cwd=cwd, capture_output=True, text=True)
+    only = [a for c in contracts for a in ("--contract", c)]
+    return subprocess.run([exe, "--no-cache", *only], cwd=cwd, capture_output=True, text=True)
 
 
 def _floors() -> list[list[str]]:
     """The layers contract's floors, top first, each a list of module names."""
     (layers,) = [c for c in CONFIG["contracts"] if c["type"] == "layers"]
-    return [[n.strip() for n in f.replace(":", "|").split("|")] for f in layers["layers"]]
+    # "(name)": an optional module, one not committed yet
+    return [
+        [n.strip().strip("()") for n in f.replace(":", "|").split("|")] for f in layers["layers"]
+    ]
 
 
 def _floor_of(module: str, floors: list[list[str]]) -> int | None:
@@ -48,10 +52,23 @@ def _floor_of(module: str, floors: list[list[str]]) -> int | None:
     return None
 
 
-def test_the_layering_contract_holds() -> None:
-    r = _lint_imports(REPO)
+def test_no_import_runs_up_the_floors() -> None:
+    r = _lint_imports(REPO, "layers")
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-2000:]
-    assert "0 broken" in r.stdout, r.stdout[-3000:]
+    assert "1 kept, 0 broken" in r.stdout, r.stdout[-3000:]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="pyctl/experiment/ (being reshaped by concept) has package cycles: "
+    "run <-> steps (run -> steps, steps.fault; steps.base/fault/traffic/perturb/pressure -> run), "
+    "run <-> evaluate, target -> steps.fault -> target (steps.base/fault -> target), "
+    "model -> probes -> model (probes.state -> model); remove this mark when they are gone",
+)
+def test_no_package_has_a_cycle() -> None:
+    r = _lint_imports(REPO, "acyclic")
+    assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-2000:]
+    assert "1 kept, 0 broken" in r.stdout, r.stdout[-3000:]
 
 
 def test_the_contract_lists_no_exceptions() -> None:

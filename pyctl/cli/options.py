@@ -13,7 +13,9 @@ sqlite-utils does with its shared options.
 
 from __future__ import annotations
 
+import datetime as dt
 import os
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -113,6 +115,7 @@ class Code(_Type):
     def shell_complete(
         self, ctx: click.Context, param: click.Parameter, incomplete: str
     ) -> list[click.shell_completion.CompletionItem]:
+        # lazy: keeps pyctl.cli.completion (+2 modules) off trace's start and `trace --help`
         from pyctl.cli.completion import code_names
 
         return code_names(ctx, param, incomplete)
@@ -125,9 +128,6 @@ class Since(_Type):
     name = "SINCE"
 
     def parse(self, value: str, what: str) -> float:
-        import datetime as dt
-        import time
-
         try:
             return time.time() - S.parse_duration(value, what, allow_zero=True)
         except S.SpecError:
@@ -274,7 +274,7 @@ def command_argument(fn: F) -> F:
 def _metrics_addr(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
     if not value:
         return None
-    # prometheus_client costs ~0.1 s to import: only when the option is given.
+    # lazy: prometheus_client costs ~0.1 s to import: only when the option is given.
     from pyctl.observe import ObserveError
     from pyctl.observe.metrics import parse_addr
 
