@@ -7,7 +7,6 @@ whose __main__ is an entry on the top floor) is named by none."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -26,13 +25,14 @@ CONFIG = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlin
 
 
 def _lint_imports(cwd: Path, *contracts: str) -> subprocess.CompletedProcess[str]:
-    exe = shutil.which("lint-imports")
-    assert exe, (
-        "lint-imports is missing: `pip install -e '.[dev]'` (tools/setup-deps.sh) installs it"
-    )
-    # --no-cache: a test writes nothing into the checkout
+    """`lint-imports` of this interpreter's import-linter (a dev dependency:
+    `pip install -e '.[dev]'`, tools/setup-deps.sh), whatever PATH holds."""
     only = [a for c in contracts for a in ("--contract", c)]
-    return subprocess.run([exe, "--no-cache", *only], cwd=cwd, capture_output=True, text=True)
+    run = "from importlinter.cli import lint_imports_command; lint_imports_command()"
+    # --no-cache: a test writes nothing into the checkout
+    return subprocess.run(
+        [sys.executable, "-c", run, "--no-cache", *only], cwd=cwd, capture_output=True, text=True
+    )
 
 
 def _floors() -> list[list[str]]:
