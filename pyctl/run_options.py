@@ -34,6 +34,9 @@ class RunOptions:
     xids: bool = True  # record NVIDIA Xids beside the run where the tracepoint exists
     max_db_bytes: int = DEFAULT_MAX_DB_BYTES  # 0: no cap
     metrics_addr: str | None = None  # serve gpufault's Prometheus metrics here (pyctl/observe)
+    # --ready-fd: "ready RUN\n" is written here once every probe is live,
+    # then it is closed (what a script waits for, -q or not).
+    ready_fd: int | None = None
 
     @property
     def status(self) -> bool:

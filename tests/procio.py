@@ -10,10 +10,13 @@ often. These helpers read through the buffered objects instead.
 
 start_controller() starts one and returns once it printed its start-up line
 (a controller prints it only after attaching), with the lines up to it.
+start_ready() does the same through `--ready-fd` (the one signal under -q,
+which prints no start-up line).
 """
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 import threading
@@ -49,6 +52,8 @@ def start_controller(
     holds `marker`, with the lines up to and including that one. The rest of
     stderr stays in the pipe for readline() or finish(). Fails with the exit
     status and what it printed when it ends first."""
+    own = list(argv)[: list(argv).index("--")] if "--" in argv else list(argv)
+    assert not {"-q", "--quiet"} & set(own), "-q prints no start-up line: use start_ready()"
     proc = subprocess.Popen(list(argv), stderr=subprocess.PIPE, text=True, **popen_kw)
     lines = _read_until(proc.stderr, marker)
     if lines and marker in lines[-1]:
@@ -61,6 +66,35 @@ def start_controller(
         proc.kill()
         code = proc.wait()
     raise AssertionError(f"{shlex.join(argv)} exited {code} before {marker!r}:\n{''.join(lines)}")
+
+
+def start_ready(argv: Sequence[str], **popen_kw: Any) -> tuple[subprocess.Popen[str], str]:
+    """Start a trace/inject/template run argv with `--ready-fd N` (a pipe;
+    put before a `-- CMD`) and return it, with its run id, once it wrote
+    `ready RUN` there (every probe live). stderr is a text pipe, left
+    unread for readline() or finish(). Fails with the exit status and what
+    it printed when the descriptor closes without the line."""
+    r, w = os.pipe()
+    args = list(argv)
+    at = args.index("--") if "--" in args else len(args)
+    args[at:at] = ["--ready-fd", str(w)]
+    try:
+        proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True, pass_fds=(w,), **popen_kw)
+    finally:
+        os.close(w)
+    with os.fdopen(r) as ready:
+        line = ready.readline()
+    if line.startswith("ready ") and line.endswith("\n"):
+        return proc, line.split()[1]
+    try:
+        code = proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        code = proc.wait()
+    assert proc.stderr is not None
+    raise AssertionError(
+        f"{shlex.join(args)} exited {code} before it was ready ({line!r}):\n{proc.stderr.read()}"
+    )
 
 
 def finish(proc: subprocess.Popen[str], timeout: float) -> tuple[str, str]:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from gftarget import LIB, Target
-from procio import finish, start_controller
+from procio import finish, start_ready
 
 from pyctl.cli.launch import FireLines
 
@@ -51,9 +51,9 @@ def test_fire_lines_limited_and_every_one_counted() -> None:
 
 
 def _burst_run(target: Target, db: Path, *extra: str) -> tuple[str, list[str]]:
-    """An inject that fails every call while CALLS calls happen; its run id
-    and its stderr lines."""
-    ctl, first = start_controller(
+    """An inject that fails every call while CALLS calls happen (from its
+    --ready-fd line on: every probe live); its run id and its stderr lines."""
+    ctl, run_id = start_ready(
         [*GF, "--db", str(db), "inject", "--pid", str(target.pid), "--lib", str(LIB),
          "--fn", "gf_victim", "--ret", "-5", *extra]
     )  # fmt: skip
@@ -62,8 +62,7 @@ def _burst_run(target: Target, db: Path, *extra: str) -> tuple[str, list[str]]:
     ctl.send_signal(2)
     _, rest = finish(ctl, timeout=30)
     assert ctl.returncode == 0, rest
-    (run_id,) = re.findall(r"\[run (\w+),", first[-1])
-    return run_id, [*first, *rest.splitlines(keepends=True)]
+    return run_id, rest.splitlines(keepends=True)
 
 
 @pytest.mark.root
@@ -79,9 +78,56 @@ def test_burst_of_fires_prints_a_few_lines_and_a_count(target: Target, tmp_path:
 
 
 @pytest.mark.root
-def test_quiet_prints_only_the_probes_live_line(target: Target, tmp_path: Path) -> None:
-    _, lines = _burst_run(target, tmp_path / "gf.db", "-q")
-    assert len(lines) == 1 and "Ctrl-C to end" in lines[0], "".join(lines)
+def test_quiet_prints_nothing_and_ready_fd_says_when_probes_are_live(
+    target: Target, tmp_path: Path
+) -> None:
+    """-q is quiet: not a line on stderr for a run of CALLS fires (before:
+    the start-up line, which tests waited for). What waits for the probes
+    reads --ready-fd: `ready RUN` (the run the store holds), then end of
+    file; the target's very next calls fail."""
+    db = tmp_path / "gf.db"
+    run_id, lines = _burst_run(target, db, "-q")
+    assert lines == [], "".join(lines)
+    with sqlite3.connect(db) as c:
+        assert c.execute("SELECT run_id FROM runs").fetchall() == [(run_id,)]
+    # Without -q the start-up line is still there, beside the ready line.
+    run2, lines = _burst_run(target, db)
+    assert f"[run {run2}, " in lines[0] and "Ctrl-C to end" in lines[0], "".join(lines)
+
+
+@pytest.mark.root
+def test_ready_fd_is_closed_without_a_line_when_the_run_does_not_start(
+    tmp_path: Path,
+) -> None:
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    r, w = os.pipe()
+    try:
+        res = subprocess.run(
+            [*GF, "--db", str(tmp_path / "gf.db"), "inject", "-q", "--pid", str(dead.pid),
+             "--lib", str(LIB), "--fn", "gf_victim", "--ret", "-5", "--ready-fd", str(w)],
+            capture_output=True, text=True, timeout=60, pass_fds=(w,),
+        )  # fmt: skip
+    finally:
+        os.close(w)
+    with os.fdopen(r) as f:
+        said = f.read()  # end of file: the controller is gone, and said nothing
+    assert said == "" and res.returncode == 2, (said, res)
+    assert len(res.stderr.splitlines()) == 1 and "no process" in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize(
+    "fd, why",
+    [("2", "give a descriptor of 3 or more"), ("999", "descriptor 999 is not open"),
+     ("x", "is not a valid integer")],
+)  # fmt: skip
+def test_a_ready_fd_that_cannot_be_is_one_line(tmp_path: Path, fd: str, why: str) -> None:
+    db = tmp_path / "gf.db"
+    res = gf("--db", str(db), "trace", "-q", "--pid", str(os.getpid()), "--lib", "libc",
+             "--fn", "getpid", "--ready-fd", fd)  # fmt: skip
+    lines = res.stderr.splitlines()
+    assert res.returncode == 2 and len(lines) == 1 and why in lines[0], res.stderr
+    assert lines[0].startswith("gpufault: ") and not db.exists()
 
 
 @pytest.fixture(scope="module")

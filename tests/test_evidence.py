@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from gftarget import LIB, REPO, TARGET, Target, bpf_progs, no_new_progs, on_victim
-from procio import finish, start_controller
+from procio import finish, start_ready
 
 from pyctl.engine import Engine
 from pyctl.evidence import query, store
@@ -75,10 +75,10 @@ def busy() -> Iterator[Target]:
 
 def start_trace(pid: int, db: Path, *extra: str, **kw) -> subprocess.Popen[str]:
     """`gpufault trace -q --no-summary --pid PID --lib LIB --fn gf_empty`,
-    returned once it prints its start-up line (after attaching). No summary:
+    returned once its --ready-fd line says the probes are live. No summary:
     these tests time the stop, and the summary's cost grows with the rows
     (bounded by its own 2 s budget, test_summary.py)."""
-    p, _ = start_controller(
+    p, _ = start_ready(
         [
             *GF,
             "trace",
@@ -369,7 +369,7 @@ def test_foreign_sqlite_db_is_never_modified(target: Target, tmp_path: Path) -> 
 
 def test_new_db_is_root_only_and_readers_write_nothing(target: Target, tmp_path: Path) -> None:
     db = tmp_path / "gf.db"
-    ctl, _ = start_controller(
+    ctl, _ = start_ready(
         [
             *GF,
             *on_victim("inject", target.pid),
@@ -512,7 +512,7 @@ def test_copilot_warnings_are_printed(tmp_path: Path) -> None:
     )
     try:
         assert tgt.stdout is not None and tgt.stdout.readline().strip() == "ready"
-        ctl, _ = start_controller(
+        ctl, _ = start_ready(
             [
                 *GF,
                 "inject",

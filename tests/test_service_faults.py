@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from procio import finish as read_rest
-from procio import start_controller
+from procio import start_ready
 from service_proc import ServiceProc, percentile, sample
 
 from pyctl import paths
@@ -38,9 +38,9 @@ GF = [sys.executable, "-m", "pyctl"]
 
 
 def armed(pid: int, db: Path, *args: str) -> subprocess.Popen[str]:
-    """`gpufault inject --pid PID ARGS`, returned once armed (its start-up
-    line comes only after attaching)."""
-    ctl, _ = start_controller([*GF, "inject", "--pid", str(pid), "--db", str(db), *args])
+    """`gpufault inject --pid PID ARGS`, returned once armed (its
+    --ready-fd line comes once every probe is live; -q or not)."""
+    ctl, _ = start_ready([*GF, "inject", "--pid", str(pid), "--db", str(db), *args])
     return ctl
 
 

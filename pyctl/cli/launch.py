@@ -8,21 +8,16 @@ pyctl.runner with one RunOptions and prints the closing summary.
 
 from __future__ import annotations
 
+import os
 import sys
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import click
 
-from pyctl.api.foreground import (
-    DEFAULT_MAX_DB_BYTES,
-    FaultSpec,
-    RunOptions,
-    block_sigchld,
-    run_foreground,
-)
 from pyctl.cli.base import UserError
+from pyctl.run_options import DEFAULT_MAX_DB_BYTES, RunOptions
+from pyctl.spec import FaultSpec
 
 
 def command_path(ctx: click.Context) -> str:
@@ -83,6 +78,7 @@ RUN_PARAMS = frozenset(
         "duration",
         "copilot_signal",
         "quiet",
+        "ready_fd",
         "xids",
         "metrics_addr",
     }
@@ -105,6 +101,7 @@ def run_settings(
     xids: bool = True,
     max_db_size: int | None = None,
     metrics_addr: str | None = None,
+    ready_fd: int | None = None,
 ) -> RunOptions:
     """The RunOptions of a command line, from run_options' values (already
     converted by the value types)."""
@@ -118,7 +115,24 @@ def run_settings(
         xids=xids,
         max_db_bytes=DEFAULT_MAX_DB_BYTES if max_db_size is None else max_db_size,
         metrics_addr=metrics_addr,
+        ready_fd=ready_fd,
     )
+
+
+def ready(fd: int, run_id: str) -> None:
+    """--ready-fd: one line, then the descriptor is closed. Best effort and
+    never blocking (as every other output): a reader that is gone or a full
+    pipe costs the line, not the run."""
+    try:
+        os.set_blocking(fd, False)
+        os.write(fd, f"ready {run_id}\n".encode())
+    except OSError:
+        pass
+    finally:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
 
 
 def start(
@@ -160,7 +174,6 @@ def _metrics(options: RunOptions) -> Any:
         # Not importing the exporter (prometheus_client, http.server: ~0.1 s)
         # is part of the time to probes live.
         return _NoMetrics()
-    # lazy: keeps pyctl.observe.metrics (+73 modules, ~300 ms) off trace's start and `--help`
     from pyctl.observe.metrics import Metrics
 
     m = Metrics.start(options.metrics_addr)
@@ -181,6 +194,8 @@ class FireLines:
     SUMMARY_S = 1.0  # a held-back count at most this often (and at the end)
 
     def __init__(self, say: Callable[[str], None], run_id: Callable[[], str]) -> None:
+        import time
+
         self._say = say
         self._run_id = run_id
         self._clock = time.monotonic
@@ -215,8 +230,7 @@ class FireLines:
 
 
 def fire_line(row: dict[str, Any]) -> str:
-    # lazy: keeps pyctl.api.words (+1 module) off trace's start and `--help`
-    from pyctl.api.words import demangle
+    from pyctl.symbols.demangle import demangle
 
     ret = f" -> {row['retval']}" if row.get("retval") is not None else ""
     return (
@@ -228,10 +242,13 @@ def fire_line(row: dict[str, Any]) -> str:
 
 def _returns_void(function: str) -> bool:
     """Does the catalog say `function` returns void?"""
-    # lazy: keeps pyctl.api.words (+1 module) off trace's start and `--help`
-    from pyctl.api.words import returns_void
+    try:
+        from pyctl import catalog
 
-    return returns_void(function)
+        info = catalog.lookup(function)
+    except Exception:  # noqa: BLE001 - the catalog is optional
+        return False
+    return info is not None and info.ret_kind.split(":", 1)[-1].strip() == "void"
 
 
 def start_notes(specs: list[FaultSpec], atts: list[Any]) -> list[str]:
@@ -274,10 +291,10 @@ def run_specs(
         raise UserError("give a target: --pid PID, --tid TID or -- CMD ARGS")
     if (pid is not None or tid is not None) and cmd:
         raise UserError("use either --pid/--tid or -- CMD, not both")
+    from pyctl.sigmask import block_sigchld
 
     # Before any thread starts: only the copilot's tracer may take SIGCHLD.
     block_sigchld()
-    # lazy: pyctl.outchan (+2 modules) only when this runs
     from pyctl import outchan
 
     # While the run lasts, stderr is best effort (pyctl/outchan.py): a
@@ -300,13 +317,15 @@ def _run_specs(
     on_end: Callable[[Any], None] | None,
 ) -> None:
     # The library's foreground session: the CLI prints, the API runs.
+    from pyctl.api.foreground import run_foreground
+
     quiet = options.quiet
 
     def say(line: str) -> None:
         click.echo(line, err=True)
 
-    # -q: the one line that says the probes are live (scripts and tests
-    # wait for it), warnings and errors; nothing else.
+    # -q: warnings and errors, nothing else (not the start-up line either:
+    # what waits for the probes to be live reads --ready-fd).
     info = (lambda line: None) if quiet else say
     metrics = _metrics(options)
     run_id = [""]
@@ -317,16 +336,17 @@ def _run_specs(
         metrics.set_faults_active(sum(1 for s in specs if s.action != "observe"))
         who = f"pid {pid}" if pid else (f"tid {tid}" if tid else (" ".join(cmd) or "all processes"))
         what = "; ".join(s.describe() for s in specs)
-        # lazy: keeps pyctl.api.words (+1 module) off trace's start and `--help`
-        from pyctl.api.words import demangle
+        from pyctl.symbols.demangle import demangle
 
         fns = ", ".join(sorted({demangle(a.sym.name) for a in eng.atts}))
         slow = [demangle(a.sym.name) for a in eng.atts if a.sym.slow]
         verb = "Tracing" if options.kind == "trace" else "Injecting"
-        say(
+        info(
             f"{verb} {what} in {who} [run {eng.run_id}, mechanism {eng.mechanism}] "
             "... Ctrl-C to end"
         )
+        if options.ready_fd is not None:
+            ready(options.ready_fd, eng.run_id)
         info(f"  probes: {fns}")
         if slow:
             info(f"  slow probe sites (single-stepped): {', '.join(slow)}")
@@ -382,8 +402,7 @@ def _run_specs(
         for k in ("signal_err", "pending_err", "inflight_err", "corrupt_err")
         if counts.get(k)
     )
-    # lazy: keeps pyctl.api.words (+1 module) off trace's start and `--help`
-    from pyctl.api.words import loss_words  # at the end: not on the start path
+    from pyctl.evidence.words import loss_words  # at the end: not on the start path
 
     causes = loss_words(st.loss_causes)
     lost_words = f"{lost} lost ({causes})" if causes else f"{lost} lost"

@@ -13,15 +13,14 @@ sqlite-utils does with its shared options.
 
 from __future__ import annotations
 
-import datetime as dt
 import os
-import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
 
-from pyctl.api import values as S
+from pyctl import spec as S
+from pyctl.evidence import store
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -115,7 +114,6 @@ class Code(_Type):
     def shell_complete(
         self, ctx: click.Context, param: click.Parameter, incomplete: str
     ) -> list[click.shell_completion.CompletionItem]:
-        # lazy: keeps pyctl.cli.completion (+2 modules) off trace's start and `trace --help`
         from pyctl.cli.completion import code_names
 
         return code_names(ctx, param, incomplete)
@@ -128,6 +126,9 @@ class Since(_Type):
     name = "SINCE"
 
     def parse(self, value: str, what: str) -> float:
+        import datetime as dt
+        import time
+
         try:
             return time.time() - S.parse_duration(value, what, allow_zero=True)
         except S.SpecError:
@@ -166,7 +167,7 @@ def db_from(ctx: click.Context | None, given: str | None, *, default: bool = Tru
     env = os.environ.get("GPUFAULT_DB")
     if env:
         return env
-    return str(S.DEFAULT_DB) if default else None
+    return str(store.DEFAULT_DB) if default else None
 
 
 class Settings:
@@ -194,7 +195,7 @@ def db_option(*, default: bool = True, path_type: type | None = None) -> Callabl
         type=click.Path(dir_okay=False),
         default=None,
         callback=resolve,
-        help=f"evidence database (default: gpufault --db, GPUFAULT_DB, or {S.DEFAULT_DB})"
+        help=f"evidence database (default: gpufault --db, GPUFAULT_DB, or {store.DEFAULT_DB})"
         if default
         else "also store the records in this database (or gpufault --db / GPUFAULT_DB)",
     )
@@ -234,8 +235,36 @@ quiet_option = click.option(
     "--quiet",
     "-q",
     is_flag=True,
-    help="print only the line that says the probes are live, warnings and errors "
-    "(the closing line when records were lost or dropped)",
+    help="print only warnings and errors (the closing line when records were lost "
+    "or dropped); no start-up lines: wait for --ready-fd instead",
+)
+
+
+def _ready_fd(_ctx: click.Context, _param: click.Parameter, value: int | None) -> int | None:
+    if value is None:
+        return None
+    if value < 3:
+        raise click.BadParameter("give a descriptor of 3 or more (0-2 are stdin, stdout, stderr)")
+    try:
+        os.fstat(value)
+    except OSError:
+        raise click.BadParameter(
+            f"descriptor {value} is not open: open it for gpufault (3>FILE, Popen pass_fds)"
+        ) from None
+    # Not inherited by -- CMD or a hook's child: the line is this run's.
+    os.set_inheritable(value, False)
+    return value
+
+
+ready_fd_option = click.option(
+    "--ready-fd",
+    "ready_fd",
+    type=int,
+    metavar="N",
+    default=None,
+    callback=_ready_fd,
+    help="once every probe is live, write `ready RUN` and a newline to descriptor N and "
+    "close it (end of file without the line: the run did not start)",
 )
 
 xids_option = click.option(
@@ -274,7 +303,7 @@ def command_argument(fn: F) -> F:
 def _metrics_addr(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
     if not value:
         return None
-    # lazy: prometheus_client costs ~0.1 s to import: only when the option is given.
+    # prometheus_client costs ~0.1 s to import: only when the option is given.
     from pyctl.observe import ObserveError
     from pyctl.observe.metrics import parse_addr
 
@@ -309,6 +338,7 @@ def run_options(fn: F) -> F:
         ),
         copilot_signal_option,
         quiet_option,
+        ready_fd_option,
         metrics_addr_option,
         command_argument,
     )(fn)

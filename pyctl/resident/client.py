@@ -81,6 +81,10 @@ def try_serve(argv: list[str]) -> int | None:
     no server, it refused, or this process cannot hand over."""
     if os.environ.get("GPUFAULT_NO_SERVER"):
         return None
+    if any(a == "--ready-fd" or a.startswith("--ready-fd=") for a in argv):
+        # Only stdin, stdout and stderr are handed over: descriptor N is
+        # this process's, so the run stays here.
+        return None
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
         return _hand_over(s, argv)
