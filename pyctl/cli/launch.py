@@ -10,14 +10,20 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import click
 
+from pyctl.api.foreground import (
+    DEFAULT_MAX_DB_BYTES,
+    FaultSpec,
+    RunOptions,
+    block_sigchld,
+    run_foreground,
+)
 from pyctl.cli.base import UserError
-from pyctl.run_options import DEFAULT_MAX_DB_BYTES, RunOptions
-from pyctl.spec import FaultSpec
 
 
 def command_path(ctx: click.Context) -> str:
@@ -174,6 +180,7 @@ def _metrics(options: RunOptions) -> Any:
         # Not importing the exporter (prometheus_client, http.server: ~0.1 s)
         # is part of the time to probes live.
         return _NoMetrics()
+    # lazy: keeps pyctl.observe.metrics (+73 modules, ~300 ms) off trace's start and `--help`
     from pyctl.observe.metrics import Metrics
 
     m = Metrics.start(options.metrics_addr)
@@ -194,8 +201,6 @@ class FireLines:
     SUMMARY_S = 1.0  # a held-back count at most this often (and at the end)
 
     def __init__(self, say: Callable[[str], None], run_id: Callable[[], str]) -> None:
-        import time
-
         self._say = say
         self._run_id = run_id
         self._clock = time.monotonic
@@ -230,7 +235,8 @@ class FireLines:
 
 
 def fire_line(row: dict[str, Any]) -> str:
-    from pyctl.symbols.demangle import demangle
+    # lazy: keeps pyctl.api.words (+1 module) off trace's start and `--help`
+    from pyctl.api.words import demangle
 
     ret = f" -> {row['retval']}" if row.get("retval") is not None else ""
     return (
@@ -242,13 +248,10 @@ def fire_line(row: dict[str, Any]) -> str:
 
 def _returns_void(function: str) -> bool:
     """Does the catalog say `function` returns void?"""
-    try:
-        from pyctl import catalog
+    # lazy: keeps pyctl.api.words (+1 module) off trace's start and `--help`
+    from pyctl.api.words import returns_void
 
-        info = catalog.lookup(function)
-    except Exception:  # noqa: BLE001 - the catalog is optional
-        return False
-    return info is not None and info.ret_kind.split(":", 1)[-1].strip() == "void"
+    return returns_void(function)
 
 
 def start_notes(specs: list[FaultSpec], atts: list[Any]) -> list[str]:
@@ -291,10 +294,10 @@ def run_specs(
         raise UserError("give a target: --pid PID, --tid TID or -- CMD ARGS")
     if (pid is not None or tid is not None) and cmd:
         raise UserError("use either --pid/--tid or -- CMD, not both")
-    from pyctl.sigmask import block_sigchld
 
     # Before any thread starts: only the copilot's tracer may take SIGCHLD.
     block_sigchld()
+    # lazy: pyctl.outchan (+2 modules) only when this runs
     from pyctl import outchan
 
     # While the run lasts, stderr is best effort (pyctl/outchan.py): a
@@ -317,8 +320,6 @@ def _run_specs(
     on_end: Callable[[Any], None] | None,
 ) -> None:
     # The library's foreground session: the CLI prints, the API runs.
-    from pyctl.api.foreground import run_foreground
-
     quiet = options.quiet
 
     def say(line: str) -> None:
@@ -336,7 +337,8 @@ def _run_specs(
         metrics.set_faults_active(sum(1 for s in specs if s.action != "observe"))
         who = f"pid {pid}" if pid else (f"tid {tid}" if tid else (" ".join(cmd) or "all processes"))
         what = "; ".join(s.describe() for s in specs)
-        from pyctl.symbols.demangle import demangle
+        # lazy: keeps pyctl.api.words (+1 module) off trace's start and `--help`
+        from pyctl.api.words import demangle
 
         fns = ", ".join(sorted({demangle(a.sym.name) for a in eng.atts}))
         slow = [demangle(a.sym.name) for a in eng.atts if a.sym.slow]
@@ -402,7 +404,8 @@ def _run_specs(
         for k in ("signal_err", "pending_err", "inflight_err", "corrupt_err")
         if counts.get(k)
     )
-    from pyctl.evidence.words import loss_words  # at the end: not on the start path
+    # lazy: keeps pyctl.api.words (+1 module) off trace's start and `--help`
+    from pyctl.api.words import loss_words  # at the end: not on the start path
 
     causes = loss_words(st.loss_causes)
     lost_words = f"{lost} lost ({causes})" if causes else f"{lost} lost"

@@ -13,14 +13,15 @@ sqlite-utils does with its shared options.
 
 from __future__ import annotations
 
+import datetime as dt
 import os
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
 
-from pyctl import spec as S
-from pyctl.evidence import store
+from pyctl.api import values as S
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -114,6 +115,7 @@ class Code(_Type):
     def shell_complete(
         self, ctx: click.Context, param: click.Parameter, incomplete: str
     ) -> list[click.shell_completion.CompletionItem]:
+        # lazy: keeps pyctl.cli.completion (+2 modules) off trace's start and `trace --help`
         from pyctl.cli.completion import code_names
 
         return code_names(ctx, param, incomplete)
@@ -126,9 +128,6 @@ class Since(_Type):
     name = "SINCE"
 
     def parse(self, value: str, what: str) -> float:
-        import datetime as dt
-        import time
-
         try:
             return time.time() - S.parse_duration(value, what, allow_zero=True)
         except S.SpecError:
@@ -167,7 +166,7 @@ def db_from(ctx: click.Context | None, given: str | None, *, default: bool = Tru
     env = os.environ.get("GPUFAULT_DB")
     if env:
         return env
-    return str(store.DEFAULT_DB) if default else None
+    return str(S.DEFAULT_DB) if default else None
 
 
 class Settings:
@@ -195,7 +194,7 @@ def db_option(*, default: bool = True, path_type: type | None = None) -> Callabl
         type=click.Path(dir_okay=False),
         default=None,
         callback=resolve,
-        help=f"evidence database (default: gpufault --db, GPUFAULT_DB, or {store.DEFAULT_DB})"
+        help=f"evidence database (default: gpufault --db, GPUFAULT_DB, or {S.DEFAULT_DB})"
         if default
         else "also store the records in this database (or gpufault --db / GPUFAULT_DB)",
     )
@@ -303,7 +302,7 @@ def command_argument(fn: F) -> F:
 def _metrics_addr(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
     if not value:
         return None
-    # prometheus_client costs ~0.1 s to import: only when the option is given.
+    # lazy: prometheus_client costs ~0.1 s to import: only when the option is given.
     from pyctl.observe import ObserveError
     from pyctl.observe.metrics import parse_addr
 

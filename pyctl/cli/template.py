@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from pyctl import templates as T
+from pyctl.api import templates as T
 from pyctl.cli import launch as L
 from pyctl.cli.base import UserError, user_errors
 from pyctl.cli.completion import template_names
