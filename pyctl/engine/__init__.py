@@ -647,6 +647,7 @@ class Engine:
             for mw in self.evidence.mapwatch.values():
                 mw.close()
             self.evidence.mapwatch.clear()
+            self.evidence.close_pyreaders()
             if self._ep is not None:
                 self._ep.close()
                 self._ep = None

@@ -30,7 +30,8 @@ QUERIES: dict[str, dict[str, str]] = {
     "fault_chain": {
         "title": "Fault chain",
         "description": "Everything known about one fault, as `gpufault show` prints it: "
-        "the call, its arguments, registers, stack, and what followed (links, Xids, anchors).",
+        "the call, its arguments, registers, stack, Python frames, and what followed "
+        "(links, Xids, anchors).",
         "sql": """WITH chain(part, rank, n, what, value) AS (
   SELECT 'fault', 0, 0, function || ' #' || call_seq || ' ' || action || ' via ' || mechanism,
          coalesce('injected ' || coalesce(retval_name, retval), '') ||
@@ -43,11 +44,13 @@ QUERIES: dict[str, dict[str, str]] = {
     FROM registers_readable WHERE fault_id = :fault_id
   UNION ALL SELECT 'frame', 3, depth, address, symbol
     FROM stacks_readable WHERE fault_id = :fault_id
-  UNION ALL SELECT 'followed: ' || kind, 4, id, rule, what
+  UNION ALL SELECT 'python frame', 4, depth, function, file || ':' || coalesce(line, '?')
+    FROM pyframes WHERE fault_id = :fault_id
+  UNION ALL SELECT 'followed: ' || kind, 5, id, rule, what
     FROM links_readable WHERE fault_id = :fault_id
-  UNION ALL SELECT 'xid', 5, id, rule, 'Xid ' || error_code || ' on ' || dev || ': ' || msg
+  UNION ALL SELECT 'xid', 6, id, rule, 'Xid ' || error_code || ' on ' || dev || ': ' || msg
     FROM xids WHERE fault_id = :fault_id
-  UNION ALL SELECT 'anchor', 6, id, kind, coalesce(bdf, '') || ' code ' || coalesce(code, '')
+  UNION ALL SELECT 'anchor', 7, id, kind, coalesce(bdf, '') || ' code ' || coalesce(code, '')
     FROM anchors WHERE fault_id = :fault_id
 )
 SELECT part, n, what, value FROM chain ORDER BY rank, n, what""",

@@ -152,6 +152,12 @@ def fault_chain(db: Any, fault_id: str) -> dict[str, Any] | None:
         (r["stop"] for r in _rows(db, "SELECT stop FROM stacks WHERE fault_id=? AND stop IS NOT "
                                   "NULL ORDER BY depth DESC LIMIT 1", (fault_id,))), None
     )  # fmt: skip
+    # The Python stack at the fire (schema 5; pyctl/symbols/pystack.py).
+    pyframes = _rows(
+        db,
+        "SELECT depth, function, file, line, entry FROM pyframes WHERE fault_id=? ORDER BY depth",
+        (fault_id,),
+    )
     links = _rows(
         db,
         "SELECT kind, rule, ts_ns, pid, tid, detail FROM links WHERE fault_id=? ORDER BY ts_ns",
@@ -198,6 +204,7 @@ def fault_chain(db: Any, fault_id: str) -> dict[str, Any] | None:
         "args": args,
         "stack": stack,
         "stack_stop": stack_stop,
+        "pyframes": pyframes,
         "links": links,
         "anchors": anchors,
         "xids": xids,
@@ -217,6 +224,25 @@ def _action_line(f: dict[str, Any]) -> str:
     if f["retval"] is None:
         return line
     return line + f", injected {words.code_name(f['function'], f['library'], f['retval'])}"
+
+
+_EVAL = "_PyEval_EvalFrameDefault"
+
+
+def _pyframe(p: dict[str, Any]) -> str:
+    at = p["line"] if p["line"] is not None else "?"
+    return f"py#{p['depth']:<2} {p['function']} ({p['file']}:{at})"
+
+
+def _eval_groups(pyframes: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Python frames cut into the runs of one eval-loop call each, innermost
+    first: a run ends at its entry frame (pyframes.entry)."""
+    groups: list[list[dict[str, Any]]] = [[]]
+    for p in pyframes:
+        groups[-1].append(p)
+        if p.get("entry"):
+            groups.append([])
+    return [g for g in groups if g]
 
 
 def render_chain(doc: dict[str, Any]) -> str:
@@ -281,13 +307,28 @@ def render_chain(doc: dict[str, Any]) -> str:
                 line = []
         if line:
             out.append("    " + "  ".join(line))
+    pyframes = doc.get("pyframes") or []
+    groups = _eval_groups(pyframes)
+    evals = [s for s in doc["stack"] if _EVAL in (s["symbol"] or "")]
+    # Joined as `py-spy dump --native` joins them: each eval-loop frame is
+    # followed by the Python frames it was running, where the counts agree
+    # (a stack that ended early, or frames read after the thread moved on,
+    # are listed apart instead).
+    joined = bool(groups) and len(groups) == len(evals)
     if doc["stack"]:
-        out.append("  stack")
+        out.append("  stack" + (" (Python frames under the eval loop's)" if joined else ""))
+        g = iter(groups)
         for s in doc["stack"]:
             how = f"  [{s['method']}]" if s.get("method") else ""
             out.append(f"    #{s['depth']:<2} {s['address']:#018x} {s['symbol']}{how}")
+            if joined and _EVAL in (s["symbol"] or ""):
+                out.extend(f"        {_pyframe(p)}" for p in next(g))
         if doc.get("stack_stop"):
             out.append(f"    (ends: {doc['stack_stop']})")
+    if (py_note := words.python_read_words(f)) is not None:
+        out.append(f"  python stack ({py_note})")
+        if not joined:
+            out.extend(f"    {_pyframe(p)}" for p in pyframes)
     out.append(
         "  what followed"
         if doc["links"] or doc["anchors"] or doc["xids"]

@@ -38,7 +38,8 @@ from pyctl.bpf import abi
 # 3: stacks' build_id, method (ip, cfi, fp, caller: how the frame was
 #    found) and stop (on a fault's last frame: why the walk ended).
 # 4: funcs' aliases (a probe site's other names; symbol is the canonical one).
-SCHEMA_VERSION = 4
+# 5: pyframes (a CPython thread's Python stack at the fire).
+SCHEMA_VERSION = 5
 
 
 class SchemaError(Exception):
@@ -254,6 +255,19 @@ TABLES: tuple[Table, ...] = (
             "build_id TEXT",
             "method TEXT",
             "stop TEXT",
+        ),
+        pk=("fault_id", "depth"),
+        fks=(_fault(),),
+    ),
+    Table(
+        "pyframes",
+        (
+            "fault_id TEXT",
+            "depth INTEGER",
+            "function TEXT",
+            "file TEXT",
+            "line INTEGER",
+            "entry INTEGER",
         ),
         pk=("fault_id", "depth"),
         fks=(_fault(),),
@@ -762,11 +776,18 @@ def _from_3(conn: sqlite3.Connection, ref: sqlite3.Connection) -> None:
     _conform(conn, ref)
 
 
+def _from_4(conn: sqlite3.Connection, ref: sqlite3.Connection) -> None:
+    """4 -> 5: the pyframes table (created with the missing tables; older
+    faults have no Python frames recorded)."""
+    _conform(conn, ref)
+
+
 MIGRATIONS: dict[int, Callable[[sqlite3.Connection, sqlite3.Connection], None]] = {
     0: _from_0,
     1: _from_1,
     2: _from_2,
     3: _from_3,
+    4: _from_4,
 }
 assert sorted(MIGRATIONS) == list(range(SCHEMA_VERSION)), "a migration per earlier version"
 

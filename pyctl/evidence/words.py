@@ -184,6 +184,37 @@ def outcome_words(f: dict[str, Any], spec: dict[str, Any] | None = None) -> list
     return out
 
 
+def python_read_words(f: dict[str, Any]) -> str | None:
+    """How a fault's Python stack was read (outcome.python, written at the
+    fire's ingest): the CPython version and whether the thread was still at
+    the fault then (held by the copilot, read before it was let go), or
+    how long after the fire it was read once the thread had moved on (a
+    call that BPF failed returns at once). None: no CPython in the process."""
+    raw = f.get("outcome")
+    o: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    py = o.get("python")
+    if not isinstance(py, dict):
+        return None
+    if py.get("error") and not py.get("version"):
+        return str(py["error"])
+    head = f"CPython {py.get('version')}"
+    read_ns, fire_ns = int(py.get("read_ns") or 0), int(py.get("fire_ns") or 0)
+    cop = o.get("copilot") if isinstance(o.get("copilot"), dict) else None
+    after = duration_ns(read_ns - fire_ns) if read_ns and fire_ns else "?"
+    if (
+        cop is not None
+        and cop.get("stop_ns")
+        and (not cop.get("resume_ns") or read_ns <= int(cop["resume_ns"]))
+    ):
+        when = f"read while the copilot held the thread, {after} after the fire"
+    elif cop is None and f.get("mechanism") == "copilot":
+        when = f"read {after} after the fire; the copilot's hold is not known yet"
+    else:
+        when = f"read {after} after the fire, once the thread had moved on: it may be past the call"
+    err = f"; stopped: {py['error']}" if py.get("error") else ""
+    return f"{head}, {when}{err}"
+
+
 def link_words(
     link: dict[str, Any], fault: dict[str, Any] | None = None, *, brief: bool = False
 ) -> str:
