@@ -27,7 +27,7 @@ from pyctl.engine import NOT_INJECTED, Attachment
 from pyctl.engine.evidence import CALL_REC, EvidenceWriter
 from pyctl.evidence import query, store
 from pyctl.spec import FaultSpec
-from pyctl.symbols import resolve
+from pyctl.symbols import pystack, resolve
 
 PID = os.getpid()
 TID = threading.get_native_id()
@@ -35,6 +35,14 @@ LIBC = resolve.find_library("libc", PID)
 GETPID = resolve.symbols(LIBC, "getpid")[0]
 # Where getpid is in this process: frame #0 of every synthetic fire.
 GETPID_ADDR = ctypes.cast(ctypes.CDLL(LIBC.path).getpid, ctypes.c_void_p).value or 0
+
+
+class _NoPython(pystack.Reader):
+    def __init__(self, pid: int) -> None:  # no interpreter looked for
+        self.pid, self.not_python, self.key, self.error = pid, True, (), ""
+
+    def close(self) -> None:
+        pass
 
 
 class Run:
@@ -51,7 +59,7 @@ class Run:
         self.w.write_plan(PID, 0, 0.0)
         # The fires name this test process, a CPython: its Python frames
         # (tests/test_pystack.py) are not what these tests count.
-        self.w.pyreaders[PID] = None
+        self.w.pyreaders[PID] = _NoPython(PID)
         self.fired: list[dict] = []
         self.w.on_fire = self.fired.append
 

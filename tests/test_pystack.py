@@ -275,3 +275,70 @@ def _fault(db: Path) -> str | None:
     except sqlite3.OperationalError:
         return None
     return row[0] if row else None
+
+
+FAIL_TARGET = """\
+import os, sys, threading
+class Model:
+    def forward(self):
+        return self.layer()
+    def layer(self):
+        return os.getpid()
+def after_fault():
+    print("failed", flush=True)
+    sys.stdin.readline()  # where the thread is once let go
+def loop():
+    print(threading.get_native_id(), flush=True)
+    sys.stdin.readline()  # gpufault is attached
+    while Model().forward():
+        pass
+    after_fault()
+t = threading.Thread(target=loop, name="gf-worker")
+t.start()
+t.join()
+"""
+
+
+@pytest.mark.root
+def test_a_copilot_fail_keeps_the_frames_of_the_fault(tmp_path: Path) -> None:
+    """A fail is let go within microseconds, long before its fire is
+    ingested: the frames are the ones the copilot read while it held the
+    thread (Model.layer), not where the thread went next (after_fault)."""
+    if os.geteuid() != 0:
+        pytest.skip("requires root (BPF, ptrace)")
+    script, db = tmp_path / "target.py", tmp_path / "gf.db"
+    script.write_text(FAIL_TARGET)
+    tgt = subprocess.Popen([sys.executable, "-I", str(script)], stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE, text=True)  # fmt: skip
+    gf = None
+    try:
+        assert tgt.stdout is not None and tgt.stdin is not None
+        tid = int(tgt.stdout.readline())
+        gf = subprocess.Popen(
+            [*GF, "inject", "--pid", str(tgt.pid), "--lib", "libc", "--fn", "getpid",
+             "--action", "fail", "--ret", "0", "--nth", "1", "--duration", "120s",
+             "--db", str(db)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        assert gf.stdout is not None
+        for line in gf.stdout:
+            if "Ctrl-C to end" in line:
+                break
+        tgt.stdin.write("go\n")
+        tgt.stdin.flush()
+        assert tgt.stdout.readline().strip() == "failed"  # getpid returned 0: injected
+        _wait(lambda: _state(tgt.pid, tid) == "S", "the thread's read after the fault")
+        _wait(lambda: _fault(db) is not None, "the fault row")
+    finally:
+        if gf is not None:
+            gf.send_signal(signal.SIGINT)
+            gf.wait(timeout=120)
+        tgt.kill()
+        tgt.wait()
+    fid = _fault(db)
+    with sqlite3.connect(db) as c:
+        got = c.execute("SELECT function, line FROM pyframes WHERE fault_id=? ORDER BY depth",
+                        (fid,)).fetchall()  # fmt: skip
+    assert got[:3] == [("Model.layer", 6), ("Model.forward", 4), ("loop", 13)], got
+    show = subprocess.run([*GF, "show", str(fid), "--db", str(db)], capture_output=True, text=True)
+    assert "read while the copilot held the thread" in show.stdout, show.stdout

@@ -444,6 +444,9 @@ class Engine:
         except CopilotError as e:
             self.copilot = None
             raise EngineError(str(e)) from None
+        # The Python stack is read while a fault's thread is held: find the
+        # interpreter (if any) before the first one.
+        self.evidence.py_reader(self.seize_pid)
 
     def _maps_while_held(self, tid: int) -> None:
         """On the copilot's thread, with a faulted thread held: its process
@@ -458,6 +461,9 @@ class Engine:
                 tgid = self._tgid_of[tid] = int(status.split("\nTgid:", 1)[1].split()[0])
             except (OSError, IndexError, ValueError):
                 return
+        # A CPython thread's Python stack, while it is still at the fault
+        # (pyctl/symbols/pystack.py; ~0.3-0.6 ms, a Python process only).
+        self.evidence.held_pystack(tgid, tid)
         now = time.monotonic()
         if now - self._maps_read_at.get(tgid, 0.0) < 0.1:
             return

@@ -199,6 +199,19 @@ class RunStats:
     loss_causes: dict[str, int] = field(default_factory=dict)
 
 
+def _py_outcome(py: pystack.PyStack, fire_ns: int) -> dict[str, Any]:
+    """outcome.python: how the frames were read (pyctl/evidence/words.py)."""
+    out = {k: v for k, v in py.to_json().items() if k != "frames"}
+    out["fire_ns"] = fire_ns
+    return out
+
+
+def _py_rows(fid: str, py: pystack.PyStack) -> list[tuple]:
+    return [
+        (fid, i, pf.function, pf.file, pf.line, int(pf.entry)) for i, pf in enumerate(py.frames)
+    ]
+
+
 def _fetch_catalog() -> Any:
     try:
         # lazy: the catalog is optional decoration of the evidence (None without it)
@@ -246,9 +259,16 @@ class EvidenceWriter:
         # from the ustacks ring, until the fire becomes rows.
         self.mapwatch: dict[int, MapWatch] = {}
         self.ustacks: dict[int, tuple[int, bytes]] = {}
-        # pid -> its CPython reader (pyctl/symbols/pystack.py); None: no
-        # interpreter in it, or it could not be opened.
-        self.pyreaders: dict[int, pystack.Reader | None] = {}
+        # pid -> its CPython reader (pyctl/symbols/pystack.py; not_python
+        # where it runs none), and its mappings' interpreter key.
+        self.pyreaders: dict[int, pystack.Reader] = {}
+        self._py_keys: dict[int, tuple[object, tuple[tuple[str, int], ...]]] = {}
+        # fault seq -> (fault_id, pid, tid, fire ts): copilot fires whose
+        # Python stack comes with the copilot's hold (_settle_pystacks).
+        self._py_pending: dict[int, tuple[str, int, int, int]] = {}
+        # tid -> Python stacks the copilot's thread read while it held the
+        # thread (held_pystack), oldest first, until a fire's ingest takes one.
+        self.held_py: dict[int, collections.deque[pystack.PyStack]] = {}
         self.anchor_dev: Any = None  # gpufa.ko's device, where loaded (tagged per fault)
         self.on_fire: Callable[[dict[str, Any]], None] | None = None
         self._fired_rows: list[dict[str, Any]] = []  # stored, not yet handed to on_fire
@@ -557,15 +577,23 @@ class EvidenceWriter:
             outcome: dict[str, Any] = {"signal": sp.signo} if ev.action == abi.ACT_SIGNAL else {}
             # The Python stack first: the sooner after the fire, the likelier
             # the thread is still held (a stall) or still in the call.
-            py = self._pystack(ev.pid, ev.tid) if py_left > 0 else None
+            py = self._held_pystack_for(ev.tid, ev.ts_ns)
+            if (
+                py is None
+                and ev.mech == abi.MECH_COPILOT
+                and "copilot" not in outcome
+                and self._python(ev.pid)
+            ):
+                # The copilot has not stopped the thread yet: its read while
+                # it holds it comes with it (_settle_pystacks), not one now
+                # that races the thread.
+                self._py_pending[ev.fault_seq] = (fid, ev.pid, ev.tid, ev.ts_ns)
+            elif py is None and py_left > 0:
+                py = self._pystack(ev.pid, ev.tid)
             if py is not None:
                 py_left -= 1
-                outcome["python"] = {k: v for k, v in py.to_json().items() if k != "frames"}
-                outcome["python"]["fire_ns"] = ev.ts_ns
-                py_rows.extend(
-                    (fid, i, pf.function, pf.file, pf.line, int(pf.entry))
-                    for i, pf in enumerate(py.frames)
-                )
+                outcome["python"] = _py_outcome(py, ev.ts_ns)
+                py_rows.extend(_py_rows(fid, py))
             for out in self._early_outcomes.pop(ev.fault_seq, ()):
                 merge_outcome(outcome, out)
             row["outcome"] = json.dumps(outcome) if outcome else None
@@ -632,29 +660,103 @@ class EvidenceWriter:
     # keeps its rate.
     _PY_READS_PER_BATCH = 32
 
+    def _python(self, pid: int) -> bool:
+        r = self._reader(pid)
+        return r is not None and not r.not_python
+
     def _pystack(self, pid: int, tid: int) -> pystack.PyStack | None:
-        """tid's Python stack now (its process's reader made once, from the
-        mappings kept since attach where there are some); None: no CPython."""
-        if pid not in self.pyreaders:
-            watch = self.mapwatch.get(pid)
-            maps = (
-                [(m.lo, m.offset, m.path) for m in watch.maps().maps] if watch is not None else None
-            )
+        """tid's Python stack now; None: no CPython in pid."""
+        r = self._reader(pid)
+        return None if r is None or r.not_python else r.thread(tid)
+
+    def _reader(self, pid: int) -> pystack.Reader | None:
+        """pid's reader, made once per interpreter: again when the mappings
+        (the watch's, kept since attach) show another one (an exec)."""
+        cur = self.pyreaders.get(pid)
+        watch = self.mapwatch.get(pid)
+        key = None
+        if watch is not None:
+            fm = watch.file_maps()  # the same list while the mappings are
+            if self._py_keys.get(pid, (None,))[0] is not fm:
+                self._py_keys[pid] = (fm, pystack.interpreter_key(
+                    (lo, off, path) for lo, _hi, off, path in fm))  # fmt: skip
+            key = self._py_keys[pid][1]
+        if cur is None or (key is not None and cur.key != key):
+            if cur is not None:
+                cur.close()
             try:
-                r: pystack.Reader | None = pystack.Reader(pid, maps)
+                cur = pystack.Reader(pid)
             except OSError:
-                r = None  # gone already, or no /proc/PID/mem for us
-            if r is not None and r.not_python:
-                r.close()
-                r = None
-            self.pyreaders[pid] = r
-        reader = self.pyreaders[pid]
-        return reader.thread(tid) if reader is not None else None
+                return None  # gone already, or no /proc/PID/mem for us
+            self.pyreaders[pid] = cur
+        return cur
+
+    def _settle_pystacks(self, *, force: bool = False) -> None:
+        """Copilot fires whose Python stack waits for the copilot: its held
+        read once it came; once the copilot is done with the fire without
+        one (its outcome is in), or at the end of the run, a read now, which
+        show then says came after the thread moved on."""
+        rows: list[tuple] = []
+        upd: list[tuple[str, str]] = []
+        for seq, (fid, pid, tid, ts) in list(self._py_pending.items()):
+            py = self._held_pystack_for(tid, ts)
+            if py is None:
+                if not force and seq not in self._early_outcomes:
+                    continue
+                py = self._pystack(pid, tid)
+            del self._py_pending[seq]
+            if py is not None:
+                rows.extend(_py_rows(fid, py))
+                upd.append((json.dumps(_py_outcome(py, ts)), fid))
+        if not upd:
+            return
+        with self.db.conn as c:
+            c.executemany(
+                "INSERT OR REPLACE INTO pyframes (fault_id, depth, function, file, line, "
+                "entry) VALUES (?, ?, ?, ?, ?, ?)",
+                rows,
+            )
+            c.executemany(
+                "UPDATE faults SET outcome = json_set(coalesce(outcome, '{}'), '$.python', "
+                "json(?)) WHERE fault_id = ?",
+                upd,
+            )
+
+    def held_pystack(self, pid: int, tid: int) -> None:
+        """On the copilot's thread, with tid stopped at its fault: its
+        Python stack now, for the fire's ingest to take (a fail is let go
+        within microseconds, before its fire is ingested). The reader is
+        located at the copilot's start (py_reader), not here."""
+        # The reader as the ingest thread left it (never the map watch
+        # here: it is the ingest thread's).
+        r = self.pyreaders.get(pid)
+        st = r.thread(tid) if r is not None and not r.not_python else None
+        if st is not None:
+            q = self.held_py.setdefault(tid, collections.deque(maxlen=8))
+            q.append(st)
+
+    def _held_pystack_for(self, tid: int, ts_ns: int) -> pystack.PyStack | None:
+        """The copilot's held read of tid for a fire at ts_ns: the first
+        read at or after the fire (older ones belong to earlier fires)."""
+        q = self.held_py.get(tid)
+        while q:
+            st = q.popleft()
+            if st.read_ns >= ts_ns:
+                return st
+        return None
+
+    def py_reader(self, pid: int) -> None:
+        """Locate pid's interpreter now (~25 ms the first time per libpython,
+        its symbol tables), off the path of the first injected call."""
+        if pid not in self.pyreaders:
+            try:
+                self.pyreaders[pid] = pystack.Reader(pid)
+            except OSError:
+                pass
 
     def close_pyreaders(self) -> None:
         for r in self.pyreaders.values():
-            if r is not None:
-                r.close()
+            r.close()
         self.pyreaders.clear()
 
     # Stack copies held for fires not yet rowed: beyond this many (a storm
@@ -743,6 +845,8 @@ class EvidenceWriter:
         The others' fire records are still in the ring (every fire is
         recorded: a fire without room for its record does not happen), so
         they wait for the next drain."""
+        if self._py_pending:
+            self._settle_pystacks()
         if not self._early_outcomes:
             return
         c = self.db.conn
@@ -805,6 +909,8 @@ class EvidenceWriter:
         """Copilot fires with no copilot stop (BPF fired, the thread never
         stopped for us) did not happen: say so, never leave them looking
         injected. Their ret is BPF's intended value, not an observed one."""
+        if self._py_pending:
+            self._settle_pystacks(force=True)
         rows = self.db.conn.execute(
             "SELECT fault_id, outcome FROM faults WHERE run_id=? AND mechanism='copilot'",
             (self.run_id,),

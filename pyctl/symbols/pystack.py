@@ -153,6 +153,12 @@ def _py_paths(maps: Iterable[tuple[int, int, str]]) -> list[tuple[str, int]]:
     return [(p, lo - off) for p, (lo, off) in firsts.items()]
 
 
+def interpreter_key(maps: Iterable[tuple[int, int, str]]) -> tuple[tuple[str, int], ...]:
+    """What a process's interpreter is located by: its candidate files and
+    their load bases. Another key (an exec) needs another Reader."""
+    return tuple(sorted(_py_paths(maps)))
+
+
 @dataclass
 class _Runtime:
     addr: int
@@ -204,8 +210,11 @@ class Reader:
         self.runtime: _Runtime | None = None
         self.not_python = False
         self.error = ""
+        self.key: tuple[tuple[str, int], ...] = ()
         try:
-            self._locate(maps if maps is not None else _proc_maps(pid))
+            got = list(maps) if maps is not None else _proc_maps(pid)
+            self.key = interpreter_key(got)
+            self._locate(got)
         except PyStackError as e:
             self.error = str(e)
         except OSError as e:
