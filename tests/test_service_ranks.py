@@ -175,6 +175,76 @@ def test_two_ranks_answer_what_one_rank_answers(tmp_path: Path) -> None:
     assert not rf.exists()
 
 
+def _listen_addr(pid: int, port: int) -> str:
+    """The local address (hex, as /proc/net/tcp has it) pid listens on at port."""
+    want = f":{port:04X}"
+    for line in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]:
+        local, _remote, state = line.split()[1:4]
+        if state == "0A" and local.endswith(want):  # TCP_LISTEN
+            return local.split(":")[0]
+    raise AssertionError(f"pid {pid} does not listen on port {port}")
+
+
+def test_rank1_metrics_listener_is_bounded_like_rank0s(tmp_path: Path) -> None:
+    """Issue 25 items 6 and 14 for rank 1's /metrics (a ThreadingHTTPServer
+    with a thread per connection and no timeouts before): bound to
+    loopback and the line names what is bound; 60 half-sent requests hold
+    at most --max-connections threads, the rest get 503 at once and the
+    held ones 408 within --header-timeout; a whole request is answered
+    afterwards. Before: 60 threads, and the half-sent ones hung."""
+    import socket
+    import time
+    import urllib.request
+
+    rf = tmp_path / "ready.json"
+    s = ServiceProc("--ranks", "2", "--batch-wait", "0", "--ready-file", str(rf),
+                    "--max-connections", "8", "--header-timeout", "3s")  # fmt: skip
+    socks: list[socket.socket] = []
+    try:
+        r1 = _ready(rf)["ranks"][1]
+        url = r1["metrics_url"]
+        host, port = url.split("/")[2].rsplit(":", 1)
+        assert host == "127.0.0.1" and _listen_addr(r1["pid"], int(port)) == "0100007F", url
+        wait_until = time.monotonic() + 30
+        while f"metrics on {url}" not in s.stderr():
+            assert time.monotonic() < wait_until, s.stderr()  # the line names what is bound
+            time.sleep(0.1)
+
+        def threads() -> int:
+            return len(os.listdir(f"/proc/{r1['pid']}/task"))
+
+        def status(c: socket.socket) -> int:
+            # One deadline for all (the old listener answered none of them).
+            c.settimeout(max(0.1, t0 + 20 - time.monotonic()))
+            try:
+                got = c.recv(65536)
+            except (ConnectionResetError, TimeoutError):
+                got = b""
+            return int(got.split()[1]) if got.startswith(b"HTTP/1.1 ") else 0
+
+        base = threads()
+        t0 = time.monotonic()
+        for _ in range(60):
+            c = socket.create_connection((host, int(port)), timeout=10)
+            c.sendall(b"GET /metrics HTTP/1.1\r\n")  # and nothing more
+            socks.append(c)
+        # Accepted in order: the first 8 hold a thread each, the others are
+        # answered at once; once they are, every connection was accepted.
+        shed = [status(c) for c in socks[8:]]
+        peak = threads()
+        held = [status(c) for c in socks[:8]]
+        took = time.monotonic() - t0
+        assert peak <= base + 8, (base, peak)
+        assert shed.count(503) >= len(shed) - 2 and held.count(408) >= 6, (shed, held)
+        assert took < 3 + 10, took  # the header timeout, not forever
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            assert resp.status == 200 and b"gf_service_dist" in resp.read()
+    finally:
+        for c in socks:
+            c.close()
+        assert s.close() == 0, s.stderr()
+
+
 def test_rank1_killed_opens_the_breaker_and_rank0_stays_up(tmp_path: Path) -> None:
     rf = tmp_path / "ready.json"
     s = ServiceProc(

@@ -24,7 +24,6 @@ import socket
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, cast
 
 import torch
@@ -35,6 +34,7 @@ from pyctl.service.batcher import WORKER_NAME, _set_thread_comm
 from pyctl.service.config import ServiceConfig
 from pyctl.service.dist import DistError, Group, need_two_gpus
 from pyctl.service.generate import GenRequest, generate
+from pyctl.service.httpbase import BoundedHandler, BoundedHTTPServer
 from pyctl.service.metrics import CONTENT_TYPE, FollowerMetrics
 from pyctl.service.model import build_model
 from pyctl.service.tp import shard
@@ -48,36 +48,40 @@ def log(msg: str) -> None:
     print(f"gf-service[rank 1]: {msg}", file=sys.stderr, flush=True)
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server: _MetricsServer
+class _Handler(BoundedHandler):
+    """GET /metrics and /health; the transport (bounded threads, read
+    deadlines, JSON refusals) is rank 0's (pyctl/service/httpbase.py)."""
 
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
+    server: _MetricsServer
+    server_version = "gf-service-rank1/0.1"
 
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
         if path == "/metrics":
-            body, ctype, status = self.server.follower.metrics.render(), CONTENT_TYPE, 200
+            self._send(200, self.server.follower.metrics.render(), CONTENT_TYPE)
         elif path == "/health":
             status, obj = self.server.follower.health()
-            body, ctype = json.dumps(obj).encode() + b"\n", "application/json"
+            self._json(status, obj)
         else:
-            body, ctype, status = b'{"error": "GET /metrics or /health"}\n', "application/json", 404
-        self.send_response(status)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+            self._not_found()
+
+    def do_HEAD(self) -> None:
+        self.do_GET()
+
+    def do_POST(self) -> None:
+        self._drain()
+        self._not_found()
+
+    do_PUT = do_DELETE = do_POST
+
+    def _not_found(self) -> None:
+        self._json(404, {"error": "GET /metrics or /health"})
 
 
-class _MetricsServer(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
+class _MetricsServer(BoundedHTTPServer):
     def __init__(self, addr: tuple[str, int], follower: Follower) -> None:
         self.follower = follower
-        super().__init__(addr, _Handler)
+        super().__init__(addr, _Handler, follower.cfg, log)
 
 
 class Follower:

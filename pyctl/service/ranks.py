@@ -67,6 +67,12 @@ def follower_argv(cfg: ServiceConfig, port: int) -> list[str]:
         "--dist-timeout", repr(cfg.dist_timeout_s), "--master-addr", cfg.master_addr,
         "--master-port", str(port), "--host", cfg.host, "--metrics-port", "0",
         "--torch-threads", str(cfg.torch_threads),
+        # Rank 1's /metrics listener holds connections as rank 0's front
+        # end does (pyctl/service/httpbase.py), within the same limits.
+        "--max-connections", str(cfg.max_connections),
+        "--idle-timeout", repr(cfg.idle_timeout_s),
+        "--header-timeout", repr(cfg.header_timeout_s),
+        "--body-timeout", repr(cfg.body_timeout_s),
     ])  # fmt: skip
     if cfg.dist_iface:
         argv += ["--dist-iface", cfg.dist_iface]
