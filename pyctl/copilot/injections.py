@@ -52,17 +52,18 @@ def write_corruption(tid: int, p: abi.Pending) -> str | None:
 def pending_fetcher(
     pending_fd: int,
     on_outcome: Callable[[Any], None],
-    while_held: Callable[[int], None] = lambda tid: None,
+    while_held: Callable[[int, int], None] = lambda tid, fault_seq: None,
 ) -> Callable[[int], Injection | None]:
     """The copilot's fetch: take (and so delete) a stopped thread's pending
-    entry. while_held(tid) runs first, with the thread held (the engine
-    reads its maps then); a corrupt write's outcome goes to on_outcome."""
+    entry. while_held(tid, fault_seq) runs first, with the thread held (the
+    engine reads its maps and its Python stack then); a corrupt write's
+    outcome goes to on_outcome."""
 
     def fetch(tid: int) -> Injection | None:
         p = abi.Pending()
         if not map_lookup_and_delete(pending_fd, C.c_uint32(tid), p):
             return None
-        while_held(tid)
+        while_held(tid, p.fault_seq)
         if p.action == abi.ACT_CORRUPT:
             # The thread is stopped at the return site: write, then let
             # the copilot resume it with ax unchanged (an "after" no-op).
@@ -97,7 +98,7 @@ def start_copilot(
     signo: int,
     pending_fd: int,
     on_outcome: Callable[[Outcome | CorruptOutcome], None],
-    while_held: Callable[[int], None] = lambda tid: None,
+    while_held: Callable[[int, int], None] = lambda tid, fault_seq: None,
 ) -> Copilot:
     """Seize pid's threads and finish the injections BPF hands over;
     raises CopilotError."""

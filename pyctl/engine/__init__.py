@@ -448,7 +448,7 @@ class Engine:
         # interpreter (if any) before the first one.
         self.evidence.py_reader(self.seize_pid)
 
-    def _maps_while_held(self, tid: int) -> None:
+    def _maps_while_held(self, tid: int, fault_seq: int = 0) -> None:
         """On the copilot's thread, with a faulted thread held: its process
         is alive now, so read its maps for the fire's stack (a target that
         exits right after the fault, or a command that exec'd since the
@@ -463,7 +463,7 @@ class Engine:
                 return
         # A CPython thread's Python stack, while it is still at the fault
         # (pyctl/symbols/pystack.py; ~0.3-0.6 ms, a Python process only).
-        self.evidence.held_pystack(tgid, tid)
+        self.evidence.held_pystack(tgid, tid, fault_seq)
         now = time.monotonic()
         if now - self._maps_read_at.get(tgid, 0.0) < 0.1:
             return

@@ -266,9 +266,10 @@ class EvidenceWriter:
         # fault seq -> (fault_id, pid, tid, fire ts): copilot fires whose
         # Python stack comes with the copilot's hold (_settle_pystacks).
         self._py_pending: dict[int, tuple[str, int, int, int]] = {}
-        # tid -> Python stacks the copilot's thread read while it held the
-        # thread (held_pystack), oldest first, until a fire's ingest takes one.
-        self.held_py: dict[int, collections.deque[pystack.PyStack]] = {}
+        # fault seq -> the Python stack the copilot's thread read while it
+        # held the fault's thread (held_pystack), until the fire's ingest
+        # takes it (bounded: a run's end or a thread gone leaves some).
+        self.held_py: dict[int, pystack.PyStack] = {}
         self.anchor_dev: Any = None  # gpufa.ko's device, where loaded (tagged per fault)
         self.on_fire: Callable[[dict[str, Any]], None] | None = None
         self._fired_rows: list[dict[str, Any]] = []  # stored, not yet handed to on_fire
@@ -577,7 +578,7 @@ class EvidenceWriter:
             outcome: dict[str, Any] = {"signal": sp.signo} if ev.action == abi.ACT_SIGNAL else {}
             # The Python stack first: the sooner after the fire, the likelier
             # the thread is still held (a stall) or still in the call.
-            py = self._held_pystack_for(ev.tid, ev.ts_ns)
+            py = self.held_py.pop(ev.fault_seq, None)
             if (
                 py is None
                 and ev.mech == abi.MECH_COPILOT
@@ -699,7 +700,7 @@ class EvidenceWriter:
         rows: list[tuple] = []
         upd: list[tuple[str, str]] = []
         for seq, (fid, pid, tid, ts) in list(self._py_pending.items()):
-            py = self._held_pystack_for(tid, ts)
+            py = self.held_py.pop(seq, None)
             if py is None:
                 if not force and seq not in self._early_outcomes:
                     continue
@@ -722,8 +723,10 @@ class EvidenceWriter:
                 upd,
             )
 
-    def held_pystack(self, pid: int, tid: int) -> None:
-        """On the copilot's thread, with tid stopped at its fault: its
+    _HELD_PY_KEPT = 4096
+
+    def held_pystack(self, pid: int, tid: int, fault_seq: int) -> None:
+        """On the copilot's thread, with tid stopped at fault fault_seq: its
         Python stack now, for the fire's ingest to take (a fail is let go
         within microseconds, before its fire is ingested). The reader is
         located at the copilot's start (py_reader), not here."""
@@ -731,19 +734,13 @@ class EvidenceWriter:
         # here: it is the ingest thread's).
         r = self.pyreaders.get(pid)
         st = r.thread(tid) if r is not None and not r.not_python else None
-        if st is not None:
-            q = self.held_py.setdefault(tid, collections.deque(maxlen=8))
-            q.append(st)
-
-    def _held_pystack_for(self, tid: int, ts_ns: int) -> pystack.PyStack | None:
-        """The copilot's held read of tid for a fire at ts_ns: the first
-        read at or after the fire (older ones belong to earlier fires)."""
-        q = self.held_py.get(tid)
-        while q:
-            st = q.popleft()
-            if st.read_ns >= ts_ns:
-                return st
-        return None
+        if st is not None and fault_seq:
+            self.held_py[fault_seq] = st
+            while len(self.held_py) > self._HELD_PY_KEPT:
+                try:  # the oldest; the ingest thread pops beside us
+                    self.held_py.pop(next(iter(self.held_py)), None)
+                except (RuntimeError, StopIteration):
+                    break
 
     def py_reader(self, pid: int) -> None:
         """Locate pid's interpreter now (~25 ms the first time per libpython,

@@ -210,6 +210,7 @@ class Reader:
         self.runtime: _Runtime | None = None
         self.not_python = False
         self.error = ""
+        self._codes: dict[tuple[int, bytes, bytes, bytes, bytes], tuple[str, str, int, bytes]] = {}
         self.key: tuple[tuple[str, int], ...] = ()
         try:
             got = list(maps) if maps is not None else _proc_maps(pid)
@@ -301,40 +302,57 @@ class Reader:
             cframe = self.mem.u64(ts + o["tstate_cframe"])
             frame = self.mem.u64(cframe + o["cframe_current_frame"]) if cframe else 0
         seen: set[int] = set()
+        fsize = max(o["frame_owner"], o["frame_previous"], o["frame_code"],
+                    o["frame_prev_instr"]) + 8  # fmt: skip
         while frame and len(st.frames) < MAX_FRAMES:
             if frame in seen:
                 raise PyStackError("the frame chain loops (read while the thread ran)")
             seen.add(frame)
-            owner = self.mem.read(frame + o["frame_owner"], 1)[0]
-            code = self.mem.u64(frame + o["frame_code"])
+            # One read per frame: the fields it needs lie in its first bytes.
+            fb = self.mem.read(frame, fsize)
+            owner = fb[o["frame_owner"]]
+            code = _u64(fb, o["frame_code"])
             if rt.version[:2] >= (3, 12) and owner == FRAME_OWNED_BY_CSTACK:
                 if st.frames:
                     st.frames[-1].entry = True
             else:
-                pf = self._code_frame(rt, code, self.mem.u64(frame + o["frame_prev_instr"]))
+                pf = self._code_frame(rt, code, _u64(fb, o["frame_prev_instr"]))
                 if "frame_is_entry" in o:
-                    pf.entry = bool(self.mem.read(frame + o["frame_is_entry"], 1)[0])
+                    pf.entry = bool(fb[o["frame_is_entry"]])
                 st.frames.append(pf)
-            frame = self.mem.u64(frame + o["frame_previous"])
+            frame = _u64(fb, o["frame_previous"])
         if st.frames and not frame:
             st.frames[-1].entry = True  # the outermost: entered from C
 
     def _code_frame(self, rt: _Runtime, code: int, ip: int) -> PyFrame:
         o = rt.off
-        tp = self.mem.u64(code + 8)
-        if self._cstr(self.mem.u64(tp + TP_NAME)) != "code":
-            raise PyStackError(f"{code:#x} is no code object (read while the thread ran)")
-        name = self._unicode(rt, self.mem.u64(code + o["code_qualname"]))
-        fname = self._unicode(rt, self.mem.u64(code + o["code_filename"]))
-        first = struct.unpack("<i", self.mem.read(code + o["code_firstlineno"], 4))[0]
-        table = self._bytes(rt, self.mem.u64(code + o["code_linetable"]))
+        # The code object's head in one read; what it names (type, strings,
+        # line table) read once per code object and kept while the head's
+        # pointers stay the same (a code object freed and another made at
+        # its address has other strings).
+        head = self.mem.read(code, o["code_code_adaptive"])
+        key = (code, head[8:16], head[o["code_qualname"] : o["code_qualname"] + 8],
+               head[o["code_filename"] : o["code_filename"] + 8],
+               head[o["code_linetable"] : o["code_linetable"] + 8])  # fmt: skip
+        hit = self._codes.get(key)
+        if hit is None:
+            if self._cstr(_u64(head, 8) + TP_NAME, deref=True) != "code":
+                raise PyStackError(f"{code:#x} is no code object (read while the thread ran)")
+            name = self._unicode(rt, _u64(head, o["code_qualname"]))
+            fname = self._unicode(rt, _u64(head, o["code_filename"]))
+            first = struct.unpack_from("<i", head, o["code_firstlineno"])[0]
+            table = self._bytes(rt, _u64(head, o["code_linetable"]))
+            hit = self._codes[key] = (name, fname, first, table)
+            if len(self._codes) > 65536:
+                self._codes.clear()
+        name, fname, first, table = hit
         # Code units (2 bytes) from the first instruction; 3.11/3.12's
         # prev_instr is the last one executed, 3.13's instr_ptr the current.
         unit = (ip - (code + o["code_code_adaptive"])) // 2
         return PyFrame(name, fname, line_of(table, first, unit))
 
-    def _cstr(self, addr: int) -> str:
-        b = self.mem.read(addr, 16)
+    def _cstr(self, addr: int, *, deref: bool = False) -> str:
+        b = self.mem.read(self.mem.u64(addr) if deref else addr, 16)
         return b.split(b"\0", 1)[0].decode("ascii", "replace")
 
     def _unicode(self, rt: _Runtime, addr: int) -> str:
@@ -357,6 +375,10 @@ class Reader:
         if n > MAX_LINETABLE:
             raise PyStackError(f"{addr:#x} is no line table (read while the thread ran)")
         return self.mem.read(addr + rt.off["bytes_sval"], n) if n else b""
+
+
+def _u64(b: bytes, off: int) -> int:
+    return int(struct.unpack_from("<Q", b, off)[0])
 
 
 def _varint(b: bytes, i: int) -> tuple[int, int]:
