@@ -342,3 +342,31 @@ def test_a_copilot_fail_keeps_the_frames_of_the_fault(tmp_path: Path) -> None:
     assert got[:3] == [("Model.layer", 6), ("Model.forward", 4), ("loop", 13)], got
     show = subprocess.run([*GF, "show", str(fid), "--db", str(db)], capture_output=True, text=True)
     assert "read while the copilot held the thread" in show.stdout, show.stdout
+
+
+@pytest.mark.root
+def test_a_command_that_exits_after_its_fault_keeps_its_python_frames(tmp_path: Path) -> None:
+    """A command (exec'd after the copilot seized its first image, a shell)
+    that exits right after its fault: the frames were read while the
+    copilot held the thread, by a reader made for the new executable."""
+    if os.geteuid() != 0:
+        pytest.skip("requires root (BPF, ptrace)")
+    script, db = tmp_path / "cmd.py", tmp_path / "gf.db"
+    script.write_text(
+        "import os\ndef layer():\n    return os.getpid()\n"
+        "def forward():\n    return layer()\nfor _ in range(5):\n    forward()\n"
+    )
+    r = subprocess.run(
+        [*GF, "inject", "--lib", "libc", "--fn", "getpid", "--action", "fail", "--ret", "7",
+         "--after", "2", "--max", "1", "--db", str(db), "--", sys.executable, "-I", str(script)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    fid = _fault(db)
+    with sqlite3.connect(db) as c:
+        got = c.execute("SELECT function, line FROM pyframes WHERE fault_id=? ORDER BY depth",
+                        (fid,)).fetchall()  # fmt: skip
+        (outcome,) = c.execute("SELECT outcome FROM faults WHERE fault_id=?", (fid,)).fetchone()
+    assert got == [("layer", 3), ("forward", 5), ("<module>", 7)], (got, outcome)
+    show = subprocess.run([*GF, "show", str(fid), "--db", str(db)], capture_output=True, text=True)
+    assert "read while the copilot held the thread" in show.stdout, show.stdout

@@ -262,6 +262,7 @@ class EvidenceWriter:
         # pid -> its CPython reader (pyctl/symbols/pystack.py; not_python
         # where it runs none), and its mappings' interpreter key.
         self.pyreaders: dict[int, pystack.Reader] = {}
+        self._held_readers: dict[int, pystack.Reader] = {}  # the copilot thread's
         self._py_keys: dict[int, tuple[object, tuple[tuple[str, int], ...]]] = {}
         # fault seq -> (fault_id, pid, tid, fire ts): copilot fires whose
         # Python stack comes with the copilot's hold (_settle_pystacks).
@@ -730,10 +731,19 @@ class EvidenceWriter:
         Python stack now, for the fire's ingest to take (a fail is let go
         within microseconds, before its fire is ingested). The reader is
         located at the copilot's start (py_reader), not here."""
-        # The reader as the ingest thread left it (never the map watch
-        # here: it is the ingest thread's).
-        r = self.pyreaders.get(pid)
-        st = r.thread(tid) if r is not None and not r.not_python else None
+        # This thread's own readers (the ingest thread's and its map watch
+        # are that thread's), made again when the executable changed (a
+        # command's exec after the copilot seized its first image).
+        r = self._held_readers.get(pid)
+        if r is None or r.exe != pystack.exe_id(pid):
+            if r is not None:
+                r.close()
+            try:
+                r = self._held_readers[pid] = pystack.Reader(pid)
+            except OSError:
+                self._held_readers.pop(pid, None)
+                return
+        st = r.thread(tid) if not r.not_python else None
         if st is not None and fault_seq:
             self.held_py[fault_seq] = st
             while len(self.held_py) > self._HELD_PY_KEPT:
@@ -745,16 +755,17 @@ class EvidenceWriter:
     def py_reader(self, pid: int) -> None:
         """Locate pid's interpreter now (~25 ms the first time per libpython,
         its symbol tables), off the path of the first injected call."""
-        if pid not in self.pyreaders:
+        if pid not in self._held_readers:
             try:
-                self.pyreaders[pid] = pystack.Reader(pid)
+                self._held_readers[pid] = pystack.Reader(pid)
             except OSError:
                 pass
 
     def close_pyreaders(self) -> None:
-        for r in self.pyreaders.values():
+        for r in [*self.pyreaders.values(), *self._held_readers.values()]:
             r.close()
         self.pyreaders.clear()
+        self._held_readers.clear()
 
     # Stack copies held for fires not yet rowed: beyond this many (a storm
     # whose rows lag), the oldest are dropped and those fires keep fp stacks.

@@ -130,6 +130,8 @@ class _Mem:
             b = os.pread(self.fd, n, addr)
         except OSError as e:
             raise PyStackError(f"read at {addr:#x}: {e.strerror or e}") from None
+        if not b:  # the mm is gone: the process exited (or exec'd) since
+            raise PyStackError("the process's memory is gone (it exited or exec'd)")
         if len(b) != n:
             raise PyStackError(f"short read at {addr:#x}")
         return b
@@ -212,6 +214,7 @@ class Reader:
         self.error = ""
         self._codes: dict[tuple[int, bytes, bytes, bytes, bytes], tuple[str, str, int, bytes]] = {}
         self.key: tuple[tuple[str, int], ...] = ()
+        self.exe = exe_id(pid)
         try:
             got = list(maps) if maps is not None else _proc_maps(pid)
             self.key = interpreter_key(got)
@@ -424,6 +427,15 @@ def line_of(table: bytes, firstlineno: int, unit: int) -> int | None:
     except IndexError:
         return None
     return None
+
+
+def exe_id(pid: int) -> tuple[int, int]:
+    """(st_dev, st_ino) of pid's executable: another one after an exec."""
+    try:
+        st = os.stat(f"/proc/{pid}/exe")
+    except OSError:
+        return (0, 0)
+    return (st.st_dev, st.st_ino)
 
 
 def _proc_maps(pid: int) -> list[tuple[int, int, str]]:
