@@ -78,7 +78,7 @@ def test_foreign_keys_are_declared_where_rows_refer_to_each_other() -> None:
     }
     for child in ("specs", "funcs", "faults", "links", "calls", "xids", "tok_cases"):
         assert (child, "run_id", "runs") in fks, child
-    for child in ("registers", "args", "stacks", "links", "calls", "xids"):
+    for child in ("registers", "args", "stacks", "pyframes", "links", "calls", "xids"):
         assert (child, "fault_id", "faults") in fks, child
     assert ("experiment_steps", "experiment_id", "experiments") in fks
     assert ("experiment_steps", "run_id", "runs") in fks
