@@ -714,8 +714,8 @@ def test_a_probe_is_parsed_once_at_load_and_the_run_fills_in_facts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from pyctl.experiment import load as F
+    from pyctl.experiment import probe_state as S
     from pyctl.experiment.probes import base
-    from pyctl.experiment.probes import state as S
 
     path = tmp_path / "once.toml"
     path.write_text(ONCE)

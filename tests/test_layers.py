@@ -58,13 +58,6 @@ def test_no_import_runs_up_the_floors() -> None:
     assert "1 kept, 0 broken" in r.stdout, r.stdout[-3000:]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="pyctl/experiment/ (being reshaped by concept) has package cycles: "
-    "run <-> steps (run -> steps, steps.fault; steps.base/fault/traffic/perturb/pressure -> run), "
-    "run <-> evaluate, target -> steps.fault -> target (steps.base/fault -> target), "
-    "model -> probes -> model (probes.state -> model); remove this mark when they are gone",
-)
 def test_no_package_has_a_cycle() -> None:
     r = _lint_imports(REPO, "acyclic")
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-2000:]

@@ -88,7 +88,7 @@ class Plan:
         needs it (a stall, a fail without register writes, a corrupt without
         user writes), BPF register writes for a fail ('regs'), else BPF
         alone ('bpf': a trace, observe, signals, BPF-written corruption: no
-        ptrace at all). One word (experiment/host.py reads the banner)."""
+        ptrace at all). One word: the run banner and the session's armed event carry it."""
         if self.needs_copilot():
             return "copilot"
         if self.regs and any(s.action == "fail" for s in self.specs):

@@ -25,8 +25,8 @@ if TYPE_CHECKING:
     import threading
 
     from pyctl.experiment.model import Experiment
-    from pyctl.experiment.probes.state import ProbeState
-    from pyctl.experiment.run import StepRun
+    from pyctl.experiment.probe_state import ProbeState
+    from pyctl.experiment.steps.base import StepRun
     from pyctl.experiment.target import PidWatch
 
 

@@ -23,7 +23,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,26 +32,14 @@ from pyctl.experiment import corpora
 from pyctl.experiment import evidence as E
 from pyctl.experiment.evaluate import Evaluation
 from pyctl.experiment.metrics_feed import MetricsFeed
-from pyctl.experiment.model import ADMIN_TOKEN_ENV, Experiment, ExperimentError, Step
-from pyctl.experiment.probes.state import ProbeState, build_probes
+from pyctl.experiment.model import ADMIN_TOKEN_ENV, Experiment, ExperimentError
+from pyctl.experiment.probe_state import ProbeState, build_probes
 from pyctl.experiment.rollback import Remedy, rollbacks
-from pyctl.experiment.steps import FaultHostError, RunningFault, kind_of
+from pyctl.experiment.steps import FaultHostError, kind_of
+from pyctl.experiment.steps.base import StepRun
 from pyctl.experiment.steps.fault import FaultHost, LocalFaultHost
 from pyctl.experiment.target import PidWatch, died, start_target
 from pyctl.experiment.verdict import Verdict
-
-
-@dataclass
-class StepRun:
-    step: Step
-    planned_start: float
-    fault: RunningFault | None = None
-    status: str = "planned"
-    error: str = ""
-    ended_at: float | None = None
-    fires: list[tuple[str, float]] = field(default_factory=list)
-    fault_pid: int | None = None  # where its faults went (the step's pid/tid)
-    fault_tid: int | None = None
 
 
 @dataclass

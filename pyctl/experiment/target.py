@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from pyctl.experiment.children import child_argv, child_env
 from pyctl.experiment.model import (
     ADMIN_TOKEN_ENV,
     GPUFAULT,
@@ -30,7 +31,6 @@ from pyctl.experiment.model import (
     Target,
 )
 from pyctl.experiment.reader import Reader
-from pyctl.experiment.steps.fault import child_argv, child_env
 
 
 def parse_target(r: Reader, doc: dict[str, Any]) -> Target:

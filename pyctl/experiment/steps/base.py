@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Collection
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 if TYPE_CHECKING:
-    from pyctl.experiment.model import Step
+    from pyctl.experiment.model import Experiment, Step
     from pyctl.experiment.reader import Reader
-    from pyctl.experiment.run import Run, StepRun
 
 
 class FaultHostError(RuntimeError):
@@ -45,6 +45,34 @@ class RunningFault(Protocol):
 
     @property
     def rc(self) -> int | None: ...
+
+
+class Run(Protocol):
+    """What a step kind reads and writes of the running experiment
+    (pyctl/experiment/run.py's Run is one): a protocol, so that the steps
+    sit below the runner that calls them."""
+
+    exp: Experiment
+    host: Any  # the FaultHost that arms fault steps
+    who: dict[int, tuple[int, int | None]]  # step idx -> (pid, tid) its faults go to
+    lock: Any  # a threading.RLock
+    launching: list[Any]  # children being started (an abort stops them too)
+    traffic_bodies: dict[int, list[tuple[str, bytes]] | None]
+    db_path: str
+    admin_token: str | None
+
+
+@dataclass
+class StepRun:
+    step: Step
+    planned_start: float
+    fault: RunningFault | None = None
+    status: str = "planned"
+    error: str = ""
+    ended_at: float | None = None
+    fires: list[tuple[str, float]] = field(default_factory=list)
+    fault_pid: int | None = None  # where its faults went (the step's pid/tid)
+    fault_tid: int | None = None
 
 
 class EndsOnItsOwn:

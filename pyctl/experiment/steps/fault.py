@@ -23,13 +23,10 @@ from __future__ import annotations
 
 import os
 import sqlite3
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from pyctl import paths
 from pyctl import templates as T
 from pyctl.experiment.steps.base import (
     EndsOnItsOwn,
@@ -44,28 +41,9 @@ if TYPE_CHECKING:
     from pyctl.api.session import IsolatedSession
     from pyctl.experiment.model import Step
     from pyctl.experiment.reader import Reader
-    from pyctl.experiment.run import Run, StepRun
+    from pyctl.experiment.steps.base import Run, StepRun
 
 STOP_GRACE_S = 5.0  # SIGTERM, then SIGKILL (the kernel detaches what is left)
-
-_REPO = str(Path(__file__).resolve().parent.parent.parent)
-
-
-def child_argv(args: list[str], python: str = sys.executable) -> list[str]:
-    """`python -m pyctl ARGS`, isolated (pyctl.paths.module_argv: never a
-    module from the cwd or PYTHONPATH), dying with SIGTERM when this
-    process dies."""
-    return paths.module_argv("pyctl", args, die_with=os.getpid(), python=python)
-
-
-def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of a child: ours, unbuffered. PYTHONPATH names this
-    checkout first for a target.command that runs `python -m pyctl...`
-    itself (gpufault's own children are isolated and ignore it)."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra or {}))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO, env.get("PYTHONPATH", "")) if p)
-    return env
-
 
 @dataclass
 class StepRequest:
@@ -365,6 +343,4 @@ __all__ = [
     "LocalFault",
     "StepRequest",
     "FaultHostError",
-    "child_argv",
-    "child_env",
 ]

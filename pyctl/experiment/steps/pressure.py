@@ -35,7 +35,7 @@ from pyctl.experiment.steps.base import FaultHostError, StepKind, register
 if TYPE_CHECKING:
     from pyctl.experiment.model import Step
     from pyctl.experiment.reader import Reader
-    from pyctl.experiment.run import Run, StepRun
+    from pyctl.experiment.steps.base import Run, StepRun
 
 
 class PressureRun:

@@ -18,7 +18,7 @@ from pyctl.experiment.reader import LOAD_KEYS, Reader, load_fields
 from pyctl.experiment.steps.base import EndsOnItsOwn, StepKind, register
 
 if TYPE_CHECKING:
-    from pyctl.experiment.run import Run, StepRun
+    from pyctl.experiment.steps.base import Run, StepRun
 
 
 class TrafficRun(EndsOnItsOwn):
