@@ -351,7 +351,7 @@ def test_every_import_time_environment_read_is_compared() -> None:
             found[name] = str(path.relative_to(REPO))
     missing = {n: p for n, p in found.items() if n not in wire.IMPORT_TIME_ENV}
     assert not missing, f"read at import, not in wire.IMPORT_TIME_ENV: {missing}"
-    assert "GPUFAULT_RUN_DIR" in found  # the scan sees the known ones
+    assert "GPUFAULT_FIRES_RING_BYTES" in found  # the scan sees the known ones
 
 
 def test_a_request_round_trips() -> None:
