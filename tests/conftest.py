@@ -61,6 +61,11 @@ def pytest_configure(config: pytest.Config) -> None:
     for var, name in (("GPUFAULT_RUN_DIR", "run-"), ("GPUFAULT_CACHE_DIR", "cache-")):
         if var not in os.environ:
             os.environ[var] = _own_dir(name)
+    # Every native frame the tests stored is checked once the session ends
+    # (issue 22; tests/frames_check.py, docs/tests.md).
+    import frames_check
+
+    config.pluginmanager.register(frames_check.Plugin(), "gf-frames-check")
 
 
 def is_root() -> bool:
