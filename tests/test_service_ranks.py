@@ -101,7 +101,7 @@ def test_two_rank_experiment_files_validate(name: str) -> None:
     from pyctl.experiment import load as files
 
     e = files.load(name)
-    assert "--ranks" in e.target.service["args"]
+    assert "--ranks" in e.target.command  # the service shortcut, spelled out as its command
     assert e.steps and all(s.specs for s in e.steps)
 
 
