@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import importlib
 import json
 import os
 import queue
@@ -34,7 +35,7 @@ import struct
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyctl import outchan
 from pyctl.bpf import abi
@@ -42,11 +43,26 @@ from pyctl.bpf.ringbuf import split_span
 from pyctl.engine.mechanism import Attachment, needs_return_probe
 from pyctl.evidence import store, words
 from pyctl.spec import FaultSpec
-from pyctl.symbols import pystack
 from pyctl.symbols.demangle import demangle
-from pyctl.symbols.frames import fire_frames
 from pyctl.symbols.mapwatch import MapWatch
 from pyctl.symbols.symbolize import Symbolizer
+
+if TYPE_CHECKING:
+    from pyctl.symbols import pystack
+else:
+
+    class _OnFirstUse:
+        """A module imported when first used: the Python-frame reader
+        (~4 ms) is needed only at a fire in a Python process, not on
+        trace's way to its first call (bench/bench_attach.py)."""
+
+        def __init__(self, name: str) -> None:
+            self._name = name
+
+        def __getattr__(self, attr: str) -> Any:
+            return getattr(importlib.import_module(self._name), attr)
+
+    pystack = _OnFirstUse("pyctl.symbols.pystack")
 
 CALL_REC = struct.Struct(abi.CALL_RECORD_FMT)
 # Tuple indices of a call record's fields (abi.CALL_IX), named once here
@@ -795,6 +811,9 @@ class EvidenceWriter:
         if ev.stack_bytes <= 0 and copy is None:
             return []
         fp = list(ev.stack[: max(0, min(ev.stack_bytes // 8, abi.MAX_STACK))])
+        # lazy: the unwinder (frames, unwind, cfi: ~13 ms) only at a fire's stack
+        from pyctl.symbols.frames import fire_frames
+
         frames, stop = fire_frames(regs, fp, ev.caller, copy, sym, self.mapwatch.get(ev.pid))
         return [
             (fid, f.depth, abi.s64(f.address), f.symbol, f.module, f.offset, f.build_id,

@@ -15,7 +15,6 @@ import signal as _signal
 from typing import Any
 
 from pyctl.bpf import abi
-from pyctl.catalog.rules import error_rule
 
 U64 = (1 << 64) - 1
 
@@ -57,6 +56,9 @@ def code_name(function: str | None, library: str | None, value: Any) -> str:
     except (TypeError, ValueError):
         return str(value)
     try:
+        # lazy: the catalog's code tables (~15 ms) only when a code is named
+        from pyctl.catalog.rules import error_rule
+
         rule = error_rule(function or "", library or "")
         name = rule.code_name(v) if rule.lib is not None else ""
         # code_name gives the number back for a code its table lacks.
