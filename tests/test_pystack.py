@@ -56,7 +56,10 @@ BLOCK_LINE = 8  # os.read(0, 1): where the thread is when it is read
 
 
 def _pythons() -> list[Path]:
-    return sorted(PYENV.glob("3.1[0-9].*/bin/python3")) if PYENV.is_dir() else []
+    """The host's python3 (every machine has it: a fresh one has no pyenv),
+    then each pyenv version where one is installed."""
+    found = sorted(PYENV.glob("3.1[0-9].*/bin/python3")) if PYENV.is_dir() else []
+    return [Path(sys.executable), *found]
 
 
 def _minor(exe: Path) -> tuple[int, int]:
