@@ -12,18 +12,7 @@
 # (pyctl/data). Writes $OUT/pyframes_hf.txt (`show latest`),
 # $OUT/pyframes_hf.json (`show latest --json`), $OUT/pyframes_hf_check.json.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
-OUT=${OUT:-$PWD/device-out}
-mkdir -p "$OUT"
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 GPUFAULT_NO_EARLY_LOAD=1
-LIBCUDA=$(python3 - <<'PY'
-import ctypes, os
-ctypes.CDLL("libcuda.so.1")
-for line in open("/proc/self/maps"):
-    if "libcuda.so" in line:
-        print(os.path.realpath(line.split()[-1])); break
-PY
-)
+source "$(dirname "$0")/checkout_env.sh" || exit 2
 echo "libcuda: $LIBCUDA $(date -u +%T.%N)"
 W=/root/gf-hf
 mkdir -p $W && chmod 700 $W && rm -f $W/*

@@ -5,18 +5,7 @@
 # and joined to the native stack under its eval-loop frames. Writes
 # $OUT/pyframes_torch.txt (show) and $OUT/pyframes_torch.json.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
-OUT=${OUT:-$PWD/device-out}
-mkdir -p "$OUT"
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 GPUFAULT_NO_EARLY_LOAD=1
-LIBCUDA=$(python3 - <<'PY'
-import ctypes, os
-ctypes.CDLL("libcuda.so.1")
-for line in open("/proc/self/maps"):
-    if "libcuda.so" in line:
-        print(os.path.realpath(line.split()[-1])); break
-PY
-)
+source "$(dirname "$0")/checkout_env.sh" || exit 2
 cat > /tmp/gf-torch-model.py <<'PY'
 import torch
 class Block(torch.nn.Module):

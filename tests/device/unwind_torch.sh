@@ -6,18 +6,7 @@
 # build outputs carried (pyctl/data: BPF objects, libbpf). Writes
 # $OUT/unwind_torch.txt (show's stack) and $OUT/unwind_torch.json.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
-OUT=${OUT:-$PWD/device-out}
-mkdir -p "$OUT"
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 GPUFAULT_NO_EARLY_LOAD=1
-LIBCUDA=$(python3 - <<'PY'
-import ctypes, os
-ctypes.CDLL("libcuda.so.1")
-for line in open("/proc/self/maps"):
-    if "libcuda.so" in line:
-        print(os.path.realpath(line.split()[-1])); break
-PY
-)
+source "$(dirname "$0")/checkout_env.sh" || exit 2
 echo "libcuda: $LIBCUDA"
 cat > /tmp/gf-torch-alloc.py <<'PY'
 import torch
