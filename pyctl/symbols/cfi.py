@@ -47,18 +47,11 @@ def uleb(b: bytes, i: int) -> tuple[int, int]:
 
 
 def sleb(b: bytes, i: int) -> tuple[int, int]:
-    v = shift = 0
-    while True:
-        if i >= len(b):
-            raise CfiError("truncated LEB128")
-        c = b[i]
-        i += 1
-        v |= (c & 0x7F) << shift
-        shift += 7
-        if c < 0x80:
-            if c & 0x40:
-                v -= 1 << shift
-            return v, i
+    """uleb's bits, sign-extended from the last byte's bit 6."""
+    v, j = uleb(b, i)
+    if b[j - 1] & 0x40:
+        v -= 1 << (7 * (j - i))
+    return v, j
 
 
 _FIXED = {
