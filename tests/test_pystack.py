@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 import pytest
+from procio import start_ready
 
 from pyctl.symbols import pystack
 
@@ -224,16 +225,11 @@ def test_frames_equal_py_spys_while_held(tmp_path: Path) -> None:
     try:
         assert tgt.stdout is not None and tgt.stdin is not None
         tid = int(tgt.stdout.readline())
-        gf = subprocess.Popen(
+        gf, _ = start_ready(
             [*GF, "inject", "--pid", str(tgt.pid), "--lib", "libc", "--fn", "getpid",
              "--action", "stall", "--stall", "60s", "--nth", "1", "--duration", "120s",
              "--db", str(db)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
-        assert gf.stdout is not None
-        for line in gf.stdout:  # said once the probes are attached and armed
-            if "Ctrl-C to end" in line:
-                break
         tgt.stdin.write("go\n")
         tgt.stdin.flush()
         _wait(lambda: _state(tgt.pid, tid) == "t", "the copilot's stop")
@@ -317,16 +313,11 @@ def test_a_copilot_fail_keeps_the_frames_of_the_fault(tmp_path: Path) -> None:
     try:
         assert tgt.stdout is not None and tgt.stdin is not None
         tid = int(tgt.stdout.readline())
-        gf = subprocess.Popen(
+        gf, _ = start_ready(
             [*GF, "inject", "--pid", str(tgt.pid), "--lib", "libc", "--fn", "getpid",
              "--action", "fail", "--ret", "0", "--nth", "1", "--duration", "120s",
              "--db", str(db)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
-        assert gf.stdout is not None
-        for line in gf.stdout:
-            if "Ctrl-C to end" in line:
-                break
         tgt.stdin.write("go\n")
         tgt.stdin.flush()
         assert tgt.stdout.readline().strip() == "failed"  # getpid returned 0: injected
