@@ -62,10 +62,27 @@ def pytest_configure(config: pytest.Config) -> None:
         if var not in os.environ:
             os.environ[var] = _own_dir(name)
     # Every native frame the tests stored is checked once the session ends
-    # (issue 22; tests/frames_check.py, docs/tests.md).
-    import frames_check
+    # (issue 22; tests/frames_check.py, docs/tests.md). Loaded by path:
+    # a session whose conftest is this file loaded from elsewhere (the
+    # inner sessions of test_suite_isolation) has no tests/ on sys.path.
+    frames_check = _sibling_module("frames_check")
 
     config.pluginmanager.register(frames_check.Plugin(), "gf-frames-check")
+
+
+def _sibling_module(name: str):  # noqa: ANN202 (a module)
+    """tests/NAME.py as the module NAME, the one already imported if any."""
+    import importlib.util
+    import sys
+
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def is_root() -> bool:

@@ -10,11 +10,13 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import select
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -105,6 +107,35 @@ def _run(d: Path, fifos: Path, tmp_path: Path) -> subprocess.Popen[str]:
     )
 
 
+def _read_fifo(path: Path, writer: subprocess.Popen[str], timeout_s: float = 120.0) -> str:
+    """What the inner session writes into the fifo at path. Opened without
+    blocking and polled, so an inner session that dies before it writes
+    (a conftest that fails to load) fails this test with its output
+    instead of hanging it on open(2) for ever."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        got = b""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            if writer.poll() is not None and not got:
+                out = writer.stdout.read() if writer.stdout else ""
+                pytest.fail(f"the inner session ended (rc {writer.returncode}) before writing {path.name}:\n{out}")
+            if left <= 0:
+                pytest.fail(f"nothing in {path.name} after {timeout_s:.0f} s")
+            # Readable once a writer wrote (or closed after writing); the
+            # 0.5 s is only how often the writer's life is looked at.
+            if select.select([fd], [], [], min(left, 0.5))[0]:
+                chunk = os.read(fd, 4096)
+                if chunk:
+                    got += chunk
+                    continue
+                if got:
+                    return got.decode()
+    finally:
+        os.close(fd)
+
+
 def _netns_dir_mounted() -> bool:
     with open("/proc/self/mountinfo") as f:
         return any(line.split()[4] == "/run/netns" for line in f)
@@ -148,7 +179,7 @@ def test_what_others_make_beside_the_session_does_not_fail_it(tmp_path: Path) ->
         srv = socket.socket(socket.AF_UNIX)
         p = _run(d, fifos, tmp_path)
         try:
-            assert (fifos / "go").read_text() == "go"
+            assert _read_fifo(fifos / "go", p) == "go"
             # Now, while the inner test runs: another gpufault's socket, a
             # netns, gf* files in /tmp (one of them another session's).
             subprocess.run(["ip", "netns", "add", netns], check=True)
