@@ -120,7 +120,8 @@ def _read_fifo(path: Path, writer: subprocess.Popen[str], timeout_s: float = 120
             left = deadline - time.monotonic()
             if writer.poll() is not None and not got:
                 out = writer.stdout.read() if writer.stdout else ""
-                pytest.fail(f"the inner session ended (rc {writer.returncode}) before writing {path.name}:\n{out}")
+                rc = writer.returncode
+                pytest.fail(f"the inner session ended (rc {rc}) before writing {path.name}:\n{out}")
             if left <= 0:
                 pytest.fail(f"nothing in {path.name} after {timeout_s:.0f} s")
             # Readable once a writer wrote (or closed after writing); the

@@ -320,3 +320,102 @@ def test_rust_wheel_frames_equal_perfs(tmp_path: Path) -> None:
     rest = iter(got[k + 1 :])
     assert all(f in rest for f in want[k + 1 :]), f"\ngpufault: {got}\nperf:     {want}"
     assert got[0][0].endswith("encode_char_offsets::<tokenizers::tokenizer::EncodeInput>")
+
+
+# ---- a library whose segments leave a hole (libcuda's layout) ------------------
+
+# norelro + noseparate-code + 2 MiB pages: the data segment's file offset
+# is right after the text (0x5xx) and its vaddr 2 MiB on; 3 MiB of data
+# make its file range cover the page where the loader's no-access hole
+# between the two starts. /proc/PID/maps shows that hole ("---p") at the
+# data segment's first page offset: the layout that had libcuda's frames
+# named 0x200000 past their function on the H200 (docs/gpu-validation.md
+# run 33).
+GAP_LIB = "char big[3 << 20] = {1};\nint gap_fn(int x) { return x * 3 + big[x & 1]; }\n"
+GAP_MAIN = r"""
+#include <stdio.h>
+#include <unistd.h>
+int gap_fn(int);
+int main(void) {
+	int s = 0;
+	puts("ready");
+	fflush(stdout);
+	for (;;) {
+		s += gap_fn(s);
+		usleep(1000);
+	}
+}
+"""
+
+
+def _gap_build(tmp: Path) -> tuple[Path, Path]:
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc missing")
+    (tmp / "gap.c").write_text(GAP_LIB)
+    (tmp / "main.c").write_text(GAP_MAIN)
+    lib, exe = tmp / "libgfgap.so", tmp / "gfgap"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-Wl,-z,noseparate-code", "-Wl,-z,norelro",
+                    "-Wl,-z,max-page-size=0x200000", "-o", str(lib), str(tmp / "gap.c")],
+                   check=True)  # fmt: skip
+    subprocess.run(["gcc", "-O2", "-o", str(exe), str(tmp / "main.c"), str(lib),
+                    f"-Wl,-rpath,{tmp}"], check=True)  # fmt: skip
+    return lib, exe
+
+
+def _gap_fn_range(lib: Path) -> tuple[int, int]:
+    from pyctl import elf
+
+    with elf.ElfFile.open(str(lib)) as f:
+        (sym,) = [s for s in f.symbols(".symtab") if s.name == "gap_fn"]
+        return sym.value, sym.value + sym.size
+
+
+def test_a_segment_hole_does_not_move_the_load_base(tmp_path: Path) -> None:
+    """The maps read at attach (a library mapped before gpufault came):
+    the hole's mapping gives the base the r-xp mapping at offset 0 gives,
+    in both readers (the unwinder's Maps and the symbolizer's file maps)."""
+    lib, exe = _gap_build(tmp_path)
+    p = subprocess.Popen([str(exe)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None and p.stdout.readline() == "ready\n"
+        with open(f"/proc/{p.pid}/maps") as f:
+            mine = [ln.split() for ln in f if ln.rstrip().endswith(str(lib))]
+        text = [int(m[0].split("-")[0], 16) for m in mine if m[1] == "r-xp" and int(m[2], 16) == 0]
+        holes = [m for m in mine if m[1] == "---p"]
+        assert text and holes, mine  # the layout this test is about
+        mw = MapWatch(p.pid)
+        try:
+            assert mw.maps().load_base(str(lib)) == text[0]
+            fm = [(lo, off) for lo, _hi, off, path in mw.file_maps() if path == str(lib)]
+            assert {lo - off for lo, off in fm} == {text[0]}, [(hex(a), hex(b)) for a, b in fm]
+        finally:
+            mw.close()
+    finally:
+        p.kill()
+        p.wait()
+
+
+@pytest.mark.root
+def test_a_segment_hole_library_attached_by_pid_names_its_function(tmp_path: Path) -> None:
+    """Attached by --pid to a process that mapped the library long before:
+    frame #0 is gap_fn at an offset inside gap_fn's symbol, frame #1 main."""
+    lib, exe = _gap_build(tmp_path)
+    lo, hi = _gap_fn_range(lib)
+    db = tmp_path / "gf.db"
+    p = subprocess.Popen([str(exe)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None and p.stdout.readline() == "ready\n"
+        r = subprocess.run([*GF, "inject", "--pid", str(p.pid), "--lib", str(lib), "--fn", "gap_fn",
+                            "--action", "signal", "--signal", "SIGABRT", "--nth", "1",
+                            "--duration", "30s", "--db", str(db)],
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert p.wait(30) == -signal.SIGABRT, r.stderr
+    finally:
+        p.kill()
+        p.wait()
+    with sqlite3.connect(db) as c:
+        (fid,) = c.execute("SELECT fault_id FROM faults").fetchone()
+    rows = _rows(db, fid)
+    assert rows[0][3] == str(lib) and lo <= rows[0][4] < hi, (rows[0], hex(lo), hex(hi))
+    assert rows[0][2].split("!")[-1].startswith("gap_fn"), rows[0]
+    assert rows[1][3] == str(exe) and "main" in rows[1][2], rows[1]

@@ -26,7 +26,7 @@ import os
 import struct
 from pathlib import Path
 
-from pyctl.symbols.unwind import Mapping, Maps, segment_delta
+from pyctl.symbols.unwind import Mapping, Maps, mapping_base
 
 _NR_PERF_EVENT_OPEN = 298  # x86-64
 PERF_TYPE_SOFTWARE, PERF_COUNT_SW_DUMMY = 1, 9
@@ -223,6 +223,6 @@ class MapWatch:
         snap = self.maps()  # the same object while nothing changed: computed once
         if self._file_maps is None or self._file_maps[0] is not snap:
             self._file_maps = (snap, sorted(
-                (m.lo, m.hi, m.offset + segment_delta(m.path, m.offset), m.path)
+                (m.lo, m.hi, m.lo - mapping_base(m), m.path)
                 for m in self._maps.values() if m.path.startswith("/")))  # fmt: skip
         return self._file_maps[1]

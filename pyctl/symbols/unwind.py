@@ -85,8 +85,8 @@ class Maps:
         a file offset that is not its vaddr in, e.g., a Rust wheel's .so)."""
         if path not in self._bases:
             self._bases[path] = min(
-                (m.lo - m.offset - segment_delta(m.path, m.offset) for m in self.maps
-                 if m.path == path), default=0)  # fmt: skip
+                (mapping_base(m) for m in self.maps if m.path == path), default=0
+            )
         return self._bases[path]
 
 
@@ -110,31 +110,58 @@ class FileCfi:
     """One file's unwind data: its CFI and its PT_LOAD segments."""
 
     build_id: str
-    loads: list[tuple[int, int, int]]  # (p_offset, p_vaddr, p_filesz)
+    loads: list[tuple[int, int, int, int]]  # (p_offset, p_vaddr, p_filesz, p_flags)
     table: cfi.Table
 
     def vaddr_of(self, file_off: int) -> int | None:
-        for off, vaddr, size in self.loads:
+        for off, vaddr, size, _flags in self.loads:
             if off <= file_off < off + size:
                 return file_off - off + vaddr
         return None
 
 
-def segment_delta(path: str, file_off: int) -> int:
-    """(p_vaddr - p_offset) of the PT_LOAD holding file_off, less that of
-    the lowest PT_LOAD: how far a mapping's (lo - offset) is from the
-    file's load base. 0 where the file is unknown or its segments agree."""
+def _perm_flags(perms: str) -> int:
+    """A maps line's "r-xp" as PT_LOAD's p_flags (PF_R 4, PF_W 2, PF_X 1)."""
+    r, w, x = (perms + "---")[:3]
+    return (4 if r == "r" else 0) | (2 if w == "w" else 0) | (1 if x == "x" else 0)
+
+
+def segment_delta(path: str, file_off: int, perms: str = "") -> int:
+    """(p_vaddr - p_offset) of the PT_LOAD a mapping at file_off maps,
+    less that of the lowest PT_LOAD: how far a mapping's (lo - offset) is
+    from the file's load base. 0 where the file is unknown or its
+    segments agree.
+
+    A mapping with no access at all ("---p") is no segment's: it is a
+    hole the loader left in its first mapping of the whole file (between
+    segments whose vaddr gaps are larger than their file gaps, as
+    libcuda's are), so it sits at base + offset. Its offset often is the
+    next segment's first page, which made that segment's delta apply and
+    the base come out 2 MiB low (issue 22: libcuda frames named 0x200000
+    past the function). Where a page belongs to two segments, the one
+    whose flags are the mapping's permissions is the one mapped there."""
+    if perms and _perm_flags(perms) == 0:
+        return 0
     fc = load(path) if path.startswith("/") else None
     if fc is None or not fc.loads:
         return 0
     first = min(fc.loads, key=lambda x: x[1])
     # A segment's mapping starts at its p_offset rounded down to a page,
-    # which the previous segment's last page may hold too: that one first.
-    exact = [x for x in fc.loads if x[0] & ~0xFFF == file_off]
-    for off, vaddr, size in exact or fc.loads:
-        if off & ~0xFFF <= file_off < off + max(size, 1):
-            return (vaddr - off) - (first[1] - first[0])
-    return 0
+    # which the previous segment's last page may hold too.
+    holding = [x for x in fc.loads if x[0] & ~0xFFF <= file_off < x[0] + max(x[2], 1)]
+    if not holding:
+        return 0
+    want = _perm_flags(perms) if perms else None
+    off, vaddr, _size, _flags = min(
+        holding, key=lambda x: (x[0] & ~0xFFF != file_off, want is not None and x[3] != want)
+    )
+    return (vaddr - off) - (first[1] - first[0])
+
+
+def mapping_base(m: Mapping) -> int:
+    """Where the file of mapping m has its offset 0 (its load base), from
+    this one mapping and the file's segments."""
+    return m.lo - m.offset - segment_delta(m.path, m.offset, m.perms)
 
 
 _BY_BUILD_ID: dict[str, FileCfi] = {}
@@ -144,10 +171,13 @@ _BY_PATH: dict[str, FileCfi] = {}  # the last read through a path: it may be gon
 reads = 0
 
 
-def _read_elf(path: str) -> tuple[str, list[tuple[int, int, int]], dict[str, tuple[int, bytes]]]:
+Loads = list[tuple[int, int, int, int]]  # (p_offset, p_vaddr, p_filesz, p_flags)
+
+
+def _read_elf(path: str) -> tuple[str, Loads, dict[str, tuple[int, bytes]]]:
     """(build-id, PT_LOADs, frame sections name -> (sh_addr, bytes))."""
     with elf.ElfFile.open(path) as f:
-        loads = [(s.offset, s.vaddr, s.filesz) for s in f.loads]
+        loads = [(s.offset, s.vaddr, s.filesz, s.flags) for s in f.loads]
         frames = {n: (sec.addr, data) for n, (sec, data) in f.frame_sections().items()}
         return f.build_id, loads, frames
 
