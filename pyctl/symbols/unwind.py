@@ -122,8 +122,8 @@ class FileCfi:
 
 def _perm_flags(perms: str) -> int:
     """A maps line's "r-xp" as PT_LOAD's p_flags (PF_R 4, PF_W 2, PF_X 1)."""
-    r, w, x = (perms + "---")[:3]
-    return (4 if r == "r" else 0) | (2 if w == "w" else 0) | (1 if x == "x" else 0)
+    p = (perms + "---")[:3]
+    return (4 if p[0] == "r" else 0) | (2 if p[1] == "w" else 0) | (1 if p[2] == "x" else 0)
 
 
 def segment_delta(path: str, file_off: int, perms: str = "") -> int:
