@@ -51,7 +51,7 @@ def main() -> None:
         # lazy: keeps pyctl.bpf.main_object (+25 modules, ~200 ms) off `trace --help`
         from pyctl.bpf import main_object
 
-        main_object.start_early()
+        main_object.start_early(command_of(argv) or "inject")
     # lazy: pyctl.cli (ast, click, +49 modules, ~300 ms) only when this runs
     from pyctl.cli import main as cli_main
 

@@ -65,6 +65,22 @@ def test_trace_records_every_call_with_args_and_returns(target: Target, tmp_db: 
     assert sorted(c[4] for c in calls) == list(range(1, 1601))
 
 
+def test_a_trace_sets_up_no_stack_copy_and_a_fault_does(target: Target, tmp_db: Path) -> None:
+    """observe never fires, so a trace watches no mappings and its ustacks
+    ring is one page (bpf/main_object.py); a fault that keeps its stack
+    gets both, and --no-stack neither."""
+    from pyctl.bpf.main_object import USTACKS_RING_BYTES, USTACKS_RING_UNUSED
+
+    with armed(tmp_db, target.pid, spec(trace=True)) as eng:
+        assert eng.evidence.mapwatch == {} and eng.ustacks.size == USTACKS_RING_UNUSED
+    with armed(tmp_db, target.pid, spec(action="fail", ret=1, nth=10**9)) as eng:
+        assert list(eng.evidence.mapwatch) == [target.pid]
+        assert eng.ustacks.size == USTACKS_RING_BYTES
+    with armed(tmp_db, target.pid, spec(action="signal", signo=10, nth=10**9,
+                                        capture_stack=False)) as eng:  # fmt: skip
+        assert eng.evidence.mapwatch == {} and eng.ustacks.size == USTACKS_RING_UNUSED
+
+
 def fired_calls(db: Path) -> list[int]:
     return sorted(r[0] for r in q(db, "SELECT call_seq FROM faults"))
 

@@ -50,3 +50,33 @@ def test_gpufault_no_early_load_starts_nothing(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("GPUFAULT_NO_EARLY_LOAD", "1")
     main_object.start_early()
     assert main_object._early is None
+
+
+def test_a_trace_loads_a_one_page_stack_ring_and_an_inject_sized_one_serves_it() -> None:
+    """A trace's specs never fire, so its object's ustacks ring is one page;
+    the inject-sized object (`gpufault serve` preloads that one) serves a
+    trace too, a trace-sized one never serves an inject (its copies would
+    find no room), and an inject run keeps the full ring."""
+    trace, inject = main_object.default_settings("trace"), main_object.default_settings()
+    assert trace.ustacks_ring_bytes == main_object.USTACKS_RING_UNUSED
+    assert inject.ustacks_ring_bytes == main_object.USTACKS_RING_BYTES
+    main_object.start_early("trace")
+    obj = main_object.take_early(trace)
+    assert obj is not None
+    try:
+        assert obj.max_entries(Main.USTACKS) == main_object.USTACKS_RING_UNUSED
+    finally:
+        obj.close()
+    main_object.start_early("inject")
+    obj = main_object.take_early(trace)
+    assert obj is not None  # the larger ring does for a trace
+    try:
+        assert obj.max_entries(Main.USTACKS) == main_object.USTACKS_RING_BYTES
+    finally:
+        obj.close()
+    before = _fds()
+    main_object.start_early("trace")
+    assert main_object.take_early(inject) is None
+    assert _fds() == before
+    # The ring is the only thing that may differ: any other setting must match.
+    assert not trace.served_by(dataclasses.replace(inject, ring_bytes=16 << 20))

@@ -210,6 +210,9 @@ class Object:
         if self._lib.bpf_map__set_max_entries(self.map(mapname), n):
             raise _err(f"cannot size map {mapname}")
 
+    def max_entries(self, mapname: str) -> int:
+        return int(self._lib.bpf_map__max_entries(self.map(mapname)))
+
     def initial_value(self, mapname: str) -> tuple[int, int]:
         """Address and size of a global-data map's contents (before load)."""
         size = C.c_size_t(0)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pyctl.bpf import abi
 from pyctl.bpf.features import MAIN_OBJ, engine_programs, regs_writable, uprobe_multi, user_writable
@@ -45,6 +45,10 @@ FIRES_RING_BYTES = int(os.environ.get("GPUFAULT_FIRES_RING_BYTES", 8 << 20))
 DEFAULT_USTACK_BYTES = 16 << 10
 USTACK_BYTES = int(os.environ.get("GPUFAULT_STACK_COPY_BYTES", DEFAULT_USTACK_BYTES))
 USTACKS_RING_BYTES = 8 << 20
+# A run no spec of which copies a stack at a fire (a `trace`: observe
+# never fires) gets the ring at its smallest, one page: creating and
+# mapping 8 MiB it will never use was ~3.5 ms of its start-up.
+USTACKS_RING_UNUSED = 4096
 
 
 def ustack_pages(nbytes: int) -> int:
@@ -62,6 +66,16 @@ class LoadSettings:
     fires_ring_bytes: int
     copilot_signal: int
     ustack_bytes: int = USTACK_BYTES
+    ustacks_ring_bytes: int = USTACKS_RING_BYTES
+
+    def served_by(self, early: LoadSettings) -> bool:
+        """An object loaded with `early` does for these settings: the same,
+        or a ustacks ring at least as large (`gpufault serve` preloads the
+        inject-sized one, and a served trace takes it)."""
+        return early == self or (
+            replace(early, ustacks_ring_bytes=self.ustacks_ring_bytes) == self
+            and early.ustacks_ring_bytes >= self.ustacks_ring_bytes
+        )
 
 
 def prepare(s: LoadSettings) -> Object:
@@ -73,7 +87,7 @@ def prepare(s: LoadSettings) -> Object:
             obj.set_autoload(p, p in (entry, ret))
         obj.set_max_entries(Main.EVENTS, s.ring_bytes)
         obj.set_max_entries(Main.FIRES, s.fires_ring_bytes)
-        obj.set_max_entries(Main.USTACKS, USTACKS_RING_BYTES)
+        obj.set_max_entries(Main.USTACKS, s.ustacks_ring_bytes)
         obj.set_rodata(
             {
                 Main.COPILOT_SIGNO: ("=I", s.copilot_signal),
@@ -101,14 +115,16 @@ def load(s: LoadSettings) -> Object:
     return obj
 
 
-def default_settings() -> LoadSettings:
-    """What a `trace` or `inject` run with default options will ask for."""
+def default_settings(command: str = "inject") -> LoadSettings:
+    """What a `trace` or `inject` run with default options will ask for
+    (a trace's specs never fire, so it copies no stack)."""
     return LoadSettings(
         programs=engine_programs(regs_writable(), user_writable()),
         multi=uprobe_multi(),
         ring_bytes=DEFAULT_RING_BYTES,
         fires_ring_bytes=FIRES_RING_BYTES,
         copilot_signal=int(DEFAULT_COPILOT_SIGNAL),
+        ustacks_ring_bytes=USTACKS_RING_UNUSED if command == "trace" else USTACKS_RING_BYTES,
     )
 
 
@@ -137,14 +153,14 @@ class _Early:
 _early: _Early | None = None
 
 
-def start_early() -> None:
-    """Begin loading with the default settings (root only: others cannot
-    load, and their run ends at its root check)."""
+def start_early(command: str = "inject") -> None:
+    """Begin loading with command's default settings (root only: others
+    cannot load, and their run ends at its root check)."""
     global _early
     if _early is not None or os.geteuid() != 0 or os.environ.get("GPUFAULT_NO_EARLY_LOAD"):
         return
     try:
-        settings = default_settings()
+        settings = default_settings(command)
         obj = prepare(settings)
     except (BpfError, OSError):
         return
@@ -153,14 +169,15 @@ def start_early() -> None:
 
 
 def take_early(s: LoadSettings) -> Object | None:
-    """The early object when it was loaded with settings s; else None (and
-    the early object, if any, closed). Waits for a load still running."""
+    """The early object when it serves settings s (LoadSettings.served_by);
+    else None (and the early object, if any, closed). Waits for a load
+    still running."""
     global _early
     e, _early = _early, None
     if e is None:
         return None
     e.thread.join()
-    if e.obj is not None and e.settings == s:
+    if e.obj is not None and s.served_by(e.settings):
         return e.obj
     if e.obj is not None:
         e.obj.close()

@@ -64,7 +64,6 @@ FIRE_BATCH = 512
 
 # The fires ring's size: pyctl/bpf/main_object.py says why (tests patch it here).
 FIRES_RING_BYTES = main_object.FIRES_RING_BYTES
-USTACKS_RING_BYTES = main_object.USTACKS_RING_BYTES
 
 
 def __getattr__(name: str) -> Any:
@@ -275,7 +274,8 @@ class Engine:
             # Snapshot the maps now: a process that crashes on its first fault
             # is gone before its fire record is read.
             for p in self.watch:
-                self._watch_maps(p)
+                if self.plan.copies_stacks():
+                    self._watch_maps(p)
                 self.evidence.symbolizers[p] = Symbolizer(p)
             # Last: nothing may fire before the mechanism that carries it out
             # (the copilot holding every thread) and the run row are ready.
@@ -395,7 +395,7 @@ class Engine:
         self.links.load_and_attach(self.atts, self.watch, self._attach_pid())
         self.events = RingReader(self.links.events_fd, self.ring_bytes)
         self.fires = RingReader(self.links.fires_fd, self._fires_ring_bytes)
-        self.ustacks = RingReader(self.links.ustacks_fd, USTACKS_RING_BYTES)
+        self.ustacks = RingReader(self.links.ustacks_fd, self.links.ustacks_ring_bytes)
         self._ep = select.epoll()
         self._ep.register(self.events.fd, select.EPOLLIN)
         self._ep.register(self.fires.fd, select.EPOLLIN)
@@ -543,7 +543,7 @@ class Engine:
                     break
             # The stack copies of those fires (each submitted before its
             # fire record): held in memory until their fires become rows.
-            for rec in self.ustacks.take(USTACKS_RING_BYTES // 4096):
+            for rec in self.ustacks.take(self.ustacks.size // 4096):
                 ev.take_ustack(rec)
             most = self.ring_bytes // CALL_REC.size + 1
             got = 0

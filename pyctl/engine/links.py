@@ -15,7 +15,13 @@ from pyctl.bpf.libbpf import (
     map_lookup,
     map_update,
 )
-from pyctl.bpf.main_object import LoadSettings, load, take_early
+from pyctl.bpf.main_object import (
+    USTACKS_RING_BYTES,
+    USTACKS_RING_UNUSED,
+    LoadSettings,
+    load,
+    take_early,
+)
 from pyctl.bpf.names import Main
 from pyctl.engine.errors import EngineError
 from pyctl.engine.mechanism import Attachment, Plan
@@ -40,6 +46,9 @@ class Links:
             ring_bytes=self.ring_bytes,
             fires_ring_bytes=self.fires_ring_bytes,
             copilot_signal=self.copilot_signal,
+            ustacks_ring_bytes=USTACKS_RING_BYTES
+            if self.plan.copies_stacks()
+            else USTACKS_RING_UNUSED,
         )
         # Loaded already by the entry (pyctl/bpf/main_object.py) when the
         # settings are the defaults it assumed.
@@ -132,6 +141,13 @@ class Links:
     @property
     def ustacks_fd(self) -> int:
         return self.map_fd(Main.USTACKS)
+
+    @property
+    def ustacks_ring_bytes(self) -> int:
+        """The ring's size as loaded (an early object's may be larger than
+        this run asked for: LoadSettings.served_by)."""
+        assert self.obj is not None
+        return self.obj.max_entries(Main.USTACKS)
 
     @property
     def pending_fd(self) -> int:

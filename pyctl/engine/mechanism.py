@@ -100,6 +100,12 @@ class Plan:
         """The (entry, return) program pair to load."""
         return engine_programs(self.regs, self.user_writes)
 
+    def copies_stacks(self) -> bool:
+        """A spec can fire and keeps its stack (observe never fires: a
+        trace copies none, watches no mappings, and its ustacks ring is
+        one page)."""
+        return any(s.capture_stack and s.action != "observe" for s in self.specs)
+
     def needs_copilot(self) -> bool:
         return any(
             s.action == "stall"
