@@ -419,3 +419,78 @@ def test_a_segment_hole_library_attached_by_pid_names_its_function(tmp_path: Pat
     assert rows[0][3] == str(lib) and lo <= rows[0][4] < hi, (rows[0], hex(lo), hex(hi))
     assert rows[0][2].split("!")[-1].startswith("gap_fn"), rows[0]
     assert rows[1][3] == str(exe) and "main" in rows[1][2], rows[1]
+
+
+# ---- CFI kept outside the binary: a debug file, MiniDebugInfo -------------------
+
+DF_SRC = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#define KEEP __asm__ volatile("" ::: "memory")
+__attribute__((noinline)) long df_leaf(long x) { KEEP; return x * 7 + 1; }
+__attribute__((noinline)) long df_mid(long x) { long r = df_leaf(x + 1); KEEP; return r + 3; }
+int main(int argc, char **argv) {
+	long n = argc > 1 ? atol(argv[1]) : 1, s = 0;
+	for (long i = 0; i < n; i++)
+		s += df_mid(i);
+	printf("%ld\n", s);
+	return 0;
+}
+"""
+DF_CHAIN = ["df_leaf", "df_mid", "main", "__libc_start_call_main", "__libc_start_main", "_start"]
+
+
+def _df_build(tmp: Path, where: str) -> Path:
+    """A program built without unwind tables (its CFI only in .debug_frame)
+    and no frame pointers, then stripped; its .debug_frame kept in a
+    debug file beside it (debuglink), in its .gnu_debugdata, or nowhere."""
+    for tool in ("gcc", "objcopy", "strip"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} missing")
+    (tmp / "df.c").write_text(DF_SRC)
+    full, exe = tmp / "df.full", tmp / "df"
+    subprocess.run(["gcc", "-O2", "-g", "-fomit-frame-pointer", "-fno-asynchronous-unwind-tables",
+                    "-fno-unwind-tables", "-rdynamic", "-o", str(full), str(tmp / "df.c")],
+                   check=True)  # fmt: skip
+    subprocess.run(["strip", "--strip-all", "-o", str(exe), str(full)], check=True)
+    if where == "debuglink":
+        dbg = tmp / "df.debug"
+        subprocess.run(["objcopy", "--only-keep-debug", str(full), str(dbg)], check=True)
+        subprocess.run(["objcopy", f"--add-gnu-debuglink={dbg}", str(exe)], check=True, cwd=tmp)
+    elif where == "gnu_debugdata":
+        import lzma
+
+        mini = tmp / "mini"
+        drop = [f"--remove-section=.debug_{s}" for s in ("info", "line", "str", "abbrev")]
+        subprocess.run(["objcopy", "--only-keep-debug", *drop, str(full), str(mini)], check=True)
+        (tmp / "mini.xz").write_bytes(lzma.compress(mini.read_bytes()))
+        subprocess.run(["objcopy", f"--add-section=.gnu_debugdata={tmp / 'mini.xz'}", str(exe)],
+                       check=True)  # fmt: skip
+    from pyctl import elf
+
+    with elf.ElfFile.open(str(exe)) as f:
+        assert ".debug_frame" not in f.frame_sections()  # only elsewhere, if at all
+    return exe
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("where", ["debuglink", "gnu_debugdata", "nowhere"])
+def test_cfi_from_a_debug_file_or_minidebuginfo(tmp_path: Path, where: str) -> None:
+    """A stripped program whose only CFI is .debug_frame, kept in its debug
+    file or its MiniDebugInfo: unwound through every frame to _start; with
+    it nowhere, the walk stops at the first frame and says why."""
+    exe = _df_build(tmp_path, where)
+    db = tmp_path / "gf.db"
+    r = subprocess.run([*GF, "inject", "--lib", str(exe), "--fn", "df_leaf", "--action", "signal",
+                        "--signal", "SIGABRT", "--nth", "1", "--db", str(db), "--", str(exe), "3"],
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 128 + signal.SIGABRT, r.stderr
+    with sqlite3.connect(db) as c:
+        (fid,) = c.execute("SELECT fault_id FROM faults").fetchone()
+    rows = _rows(db, fid)
+    names = [re.sub(r"\+0x[0-9a-f]+$", "", row[2].split("!")[-1]) for row in rows]
+    if where == "nowhere":
+        assert names == ["df_leaf"] and rows[0][7].startswith("no CFI covers"), rows
+    else:
+        assert names == DF_CHAIN, rows
+        assert [row[6] for row in rows] == ["ip"] + ["cfi"] * (len(rows) - 1)

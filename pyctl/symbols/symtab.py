@@ -122,7 +122,8 @@ def _funcs(elf: ElfFile) -> list[tuple[int, int, str, int]]:
     return out
 
 
-def _debug_candidates(path: str, build_id: str, link: str, root: str) -> list[str]:
+def debug_candidates(path: str, build_id: str, link: str, root: str = "") -> list[str]:
+    """Where a debug file of path may be: by build-id, then by debuglink."""
     out = []
     if len(build_id) > 2:
         out.append(f"{root}{DEBUG_ROOT}/.build-id/{build_id[:2]}/{build_id[2:]}.debug")
@@ -164,7 +165,7 @@ def load(path: str, root: str = "") -> Table:
 def _existing_debug(path: str, build_id: str, link: str, root: str) -> list[str]:
     """The debug-file candidates that exist now, as the target sees them:
     part of a cached table's validity (libc6-dbg installed since adds names)."""
-    cands = _debug_candidates(path, build_id, link, root)
+    cands = debug_candidates(path, build_id, link, root)
     return [c[len(root) :] for c in cands if os.path.isfile(c)]
 
 
@@ -202,7 +203,7 @@ def _parse(path: str, root: str, real: str, elf: ElfFile) -> Table:
         except ElfError:
             pass
     link = elf.debuglink
-    for cand in _debug_candidates(path, t.build_id, link, root):
+    for cand in debug_candidates(path, t.build_id, link, root):
         if not os.path.isfile(cand) or os.path.realpath(cand) == os.path.realpath(real):
             continue
         try:

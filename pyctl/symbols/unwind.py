@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 from pyctl import elf
 from pyctl.symbols import cfi
+from pyctl.symbols.symtab import debug_candidates
 
 MAX_FRAMES = 128
 
@@ -175,11 +176,50 @@ Loads = list[tuple[int, int, int, int]]  # (p_offset, p_vaddr, p_filesz, p_flags
 
 
 def _read_elf(path: str) -> tuple[str, Loads, dict[str, tuple[int, bytes]]]:
-    """(build-id, PT_LOADs, frame sections name -> (sh_addr, bytes))."""
+    """(build-id, PT_LOADs, frame sections name -> (sh_addr, bytes)). A
+    file with no .debug_frame of its own takes the one of its MiniDebugInfo
+    or of its debug file (by build-id or debuglink): code built without
+    unwind tables, stripped, keeps its CFI there."""
     with elf.ElfFile.open(path) as f:
         loads = [(s.offset, s.vaddr, s.filesz, s.flags) for s in f.loads]
         frames = {n: (sec.addr, data) for n, (sec, data) in f.frame_sections().items()}
+        if ".debug_frame" not in frames:
+            elsewhere = _debug_frame_elsewhere(path, f)
+            if elsewhere is not None:
+                frames[".debug_frame"] = elsewhere
         return f.build_id, loads, frames
+
+
+def _debug_frame_elsewhere(path: str, f: elf.ElfFile) -> tuple[int, bytes] | None:
+    """.debug_frame from f's .gnu_debugdata, else from its debug file of
+    the same build (the places symtab.py looks for names)."""
+    sources: list[elf.ElfFile] = []
+    mini = f.minidebuginfo()
+    if mini is not None:
+        sources.append(mini)
+    for cand in debug_candidates(path, f.build_id, f.debuglink):
+        try:
+            if os.path.realpath(cand) == os.path.realpath(path) or not os.path.isfile(cand):
+                continue
+            dbg = elf.ElfFile.open(cand)
+        except (OSError, elf.ElfError):
+            continue
+        if f.build_id and dbg.build_id not in ("", f.build_id):
+            dbg.close()  # another build's: its addresses would lie
+            continue
+        sources.append(dbg)
+    try:
+        for src in sources:
+            try:
+                got = src.frame_sections().get(".debug_frame")
+            except elf.ElfError:
+                continue
+            if got is not None:
+                return got[0].addr, got[1]
+        return None
+    finally:
+        for src in sources:
+            src.close()
 
 
 def load(path: str) -> FileCfi | None:
