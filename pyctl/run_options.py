@@ -37,6 +37,9 @@ class RunOptions:
     # --ready-fd: "ready RUN\n" is written here once every probe is live,
     # then it is closed (what a script waits for, -q or not).
     ready_fd: int | None = None
+    # --stack-copy: bytes of user stack copied at each fire for the CFI
+    # unwinder; None: the default (bpf/main_object.py USTACK_BYTES), 0: off.
+    stack_copy_bytes: int | None = None
 
     @property
     def status(self) -> bool:

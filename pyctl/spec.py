@@ -26,6 +26,21 @@ class SpecError(BadInput):
 SIGNALS = {"SIGSEGV", "SIGBUS", "SIGABRT", "SIGKILL", "SIGILL", "SIGFPE", "SIGTERM", "SIGUSR1"}
 
 
+# The most user stack the BPF side copies at a fire (bpf/gpufault.h).
+STACK_COPY_MAX = abi.USTACK_PAGES * abi.USTACK_PAGE
+
+
+def check_stack_copy(n: int, what: str = "--stack-copy") -> int:
+    """A stack copy size in bytes: 0 (none) up to STACK_COPY_MAX; the BPF
+    side copies whole 4 KiB pages, so it is rounded up to one."""
+    if not 0 <= n <= STACK_COPY_MAX:
+        raise SpecError(
+            f"{what}: {n} bytes is outside 0..{STACK_COPY_MAX // 1024}K, what the BPF side "
+            f"copies: give at most {STACK_COPY_MAX // 1024}K (0: frame pointers only)"
+        )
+    return n
+
+
 def parse_int(text: str, what: str) -> int:
     """Decimal, hex (0x), with _ separators and K/M/G (binary) suffixes."""
     t = str(text).strip().replace("_", "")

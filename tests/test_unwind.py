@@ -494,3 +494,34 @@ def test_cfi_from_a_debug_file_or_minidebuginfo(tmp_path: Path, where: str) -> N
     else:
         assert names == DF_CHAIN, rows
         assert [row[6] for row in rows] == ["ip"] + ["cfi"] * (len(rows) - 1)
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("copy", ["0", "32K"])
+def test_stack_copy_size_is_the_runs_choice(tmp_path: Path, copy: str) -> None:
+    """--stack-copy 0: frame pointers only (no frame found by CFI, and the
+    -O2 target has none, so the walk ends at the caller); 32K: the largest
+    copy unwinds as the default does."""
+    _need(NOFP)
+    db = tmp_path / "gf.db"
+    r = subprocess.run([*GF, "inject", "--lib", str(NOFP), "--fn", LEAF[NOFP], "--action",
+                        "signal", "--signal", "SIGABRT", "--nth", "1", "--stack-copy", copy,
+                        "--db", str(db), "--", str(NOFP), "2"],
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 128 + signal.SIGABRT, r.stderr
+    with sqlite3.connect(db) as c:
+        (fid,) = c.execute("SELECT fault_id FROM faults").fetchone()
+    methods = [row[6] for row in _rows(db, fid)]
+    if copy == "0":
+        assert "cfi" not in methods, methods
+    else:
+        assert methods[0] == "ip" and methods[1:] and set(methods[1:]) == {"cfi"}, methods
+
+
+@pytest.mark.parametrize("bad", ["64K", "-1", "lots"])
+def test_a_bad_stack_copy_is_one_line(bad: str) -> None:
+    r = subprocess.run([*GF, "inject", "--lib", "libc", "--fn", "read", "--action", "observe",
+                        f"--stack-copy={bad}", "--", "true"],
+                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "--stack-copy" in r.stderr, r.stderr

@@ -53,7 +53,7 @@ from pyctl.api.errors import (
 from pyctl.api.evidence import Evidence, FaultRecord
 from pyctl.api.target import Target
 from pyctl.paths import module_argv
-from pyctl.spec import FaultSpec
+from pyctl.spec import FaultSpec, SpecError, check_stack_copy
 
 ARM_TIMEOUT_S = 120.0  # attach to a 600k-symbol library takes ~20 s on a slow host
 STOP_GRACE_S = 5.0  # isolated child: SIGTERM, then SIGKILL (the kernel detaches the rest)
@@ -90,6 +90,7 @@ class Settings:
     max_db_bytes: int | None = None
     copilot_signal: int | None = None
     arm_timeout: float = ARM_TIMEOUT_S
+    stack_copy_bytes: int | None = None  # None: the default (16 KiB); 0: frame pointers only
 
     def run_options(self) -> Any:
         # lazy: keeps pyctl.run_options (+11 modules, ~100 ms) off `import gpufault`
@@ -104,6 +105,7 @@ class Settings:
             quiet=True,
             xids=self.xids,
             max_db_bytes=DEFAULT_MAX_DB_BYTES if self.max_db_bytes is None else self.max_db_bytes,
+            stack_copy_bytes=self.stack_copy_bytes,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -638,6 +640,7 @@ def arm(
     copilot_signal: int | None = None,
     arm_timeout: float = ARM_TIMEOUT_S,
     on_fire: Callable[[Fire], None] | None = None,
+    stack_copy_bytes: int | None = None,
 ) -> Session | IsolatedSession:
     """Arm `spec` (one FaultSpec or several) in `target` (a pid, an argv
     list, or a Target) and return once every probe is attached and the
@@ -649,6 +652,11 @@ def arm(
         raise BadInput(f"duration: {duration:g} is negative: give seconds, or 0 for no limit")
     if not db:
         raise BadInput("db: give the evidence database's path")
+    if stack_copy_bytes is not None:
+        try:
+            check_stack_copy(stack_copy_bytes, "stack_copy_bytes")
+        except SpecError as e:
+            raise BadInput(str(e)) from None
     check_prerequisites()
     settings = Settings(
         db=str(db),
@@ -659,6 +667,7 @@ def arm(
         max_db_bytes=max_db_bytes,
         copilot_signal=copilot_signal,
         arm_timeout=arm_timeout,
+        stack_copy_bytes=stack_copy_bytes,
     )
     s: Session | IsolatedSession
     s = IsolatedSession(specs, tgt, settings) if isolate else Session(specs, tgt, settings)

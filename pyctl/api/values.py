@@ -14,9 +14,11 @@ from __future__ import annotations
 
 from pyctl.evidence.store import DEFAULT_DB
 from pyctl.spec import (
+    STACK_COPY_MAX,
     ReturnCode,
     SpecError,
     catalog_library,
+    check_stack_copy,
     parse_code,
     parse_duration,
     parse_int,
@@ -39,6 +41,8 @@ def code_names(lib: str = "cuda") -> list[str]:
 
 __all__ = [
     "DEFAULT_DB",
+    "STACK_COPY_MAX",
+    "check_stack_copy",
     "ReturnCode",
     "SpecError",
     "catalog_library",

@@ -22,6 +22,7 @@ from pyctl.cli.options import (
     fault_target_options,
     no_stack_option,
     run_options,
+    stack_copy_option,
 )
 
 
@@ -120,6 +121,7 @@ action_options = bundle(
     ),
     click.option("--trace", is_flag=True, help="also record every call"),
     no_stack_option,
+    stack_copy_option,
 )
 
 

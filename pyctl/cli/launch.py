@@ -87,6 +87,7 @@ RUN_PARAMS = frozenset(
         "ready_fd",
         "xids",
         "metrics_addr",
+        "stack_copy",
     }
 )
 
@@ -108,6 +109,7 @@ def run_settings(
     max_db_size: int | None = None,
     metrics_addr: str | None = None,
     ready_fd: int | None = None,
+    stack_copy: int | None = None,
 ) -> RunOptions:
     """The RunOptions of a command line, from run_options' values (already
     converted by the value types)."""
@@ -122,6 +124,7 @@ def run_settings(
         max_db_bytes=DEFAULT_MAX_DB_BYTES if max_db_size is None else max_db_size,
         metrics_addr=metrics_addr,
         ready_fd=ready_fd,
+        stack_copy_bytes=stack_copy,
     )
 
 

@@ -290,6 +290,23 @@ max_db_size_option = click.option(
 
 no_stack_option = click.option("--no-stack", is_flag=True, help="do not capture user stacks")
 
+def _stack_copy(_ctx: click.Context, _param: click.Parameter, value: int | None) -> int | None:
+    try:
+        return None if value is None else S.check_stack_copy(value)
+    except S.SpecError as e:
+        raise BadValue(str(e)) from None
+
+
+stack_copy_option = click.option(
+    "--stack-copy",
+    type=SIZE,
+    default=None,
+    callback=_stack_copy,
+    help="user stack copied at each fire for unwinding without frame pointers "
+    f"(default 16K, at most {S.STACK_COPY_MAX // 1024}K, whole 4K pages; 0: none, "
+    "frame pointers only); deeper stacks (Python services) need more",
+)
+
 json_option = click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 
 

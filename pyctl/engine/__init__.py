@@ -47,7 +47,7 @@ from pyctl.engine.links import Links
 from pyctl.engine.mechanism import Attachment, Plan, needs_return_probe, plan
 from pyctl.evidence import store
 from pyctl.run_options import DEFAULT_MAX_DB_BYTES, RunOptions
-from pyctl.spec import FaultSpec, SpecError
+from pyctl.spec import FaultSpec, SpecError, check_stack_copy
 from pyctl.symbols import resolve
 from pyctl.symbols.mapwatch import MapWatch, MapWatchError
 from pyctl.symbols.symbolize import Symbolizer, read_maps
@@ -117,6 +117,7 @@ class Engine:
         max_db_bytes: int = DEFAULT_MAX_DB_BYTES,
         options: RunOptions | None = None,
         tid: int | None = None,
+        stack_copy_bytes: int | None = None,
     ):
         if options is not None:
             # A run's settings in one object (pyctl/run_options.py): the CLI's,
@@ -125,6 +126,15 @@ class Engine:
             max_db_bytes = options.max_db_bytes
             if options.copilot_signal:
                 copilot_signal = options.copilot_signal
+            if options.stack_copy_bytes is not None:
+                stack_copy_bytes = options.stack_copy_bytes
+        self.stack_copy_bytes = (
+            main_object.USTACK_BYTES if stack_copy_bytes is None else stack_copy_bytes
+        )
+        try:
+            check_stack_copy(self.stack_copy_bytes, "stack_copy_bytes")
+        except SpecError as e:
+            raise EngineError(str(e)) from None
         # The run's thread and --duration reach each spec's BPF copy when it
         # is armed (_write_spec), never the specs themselves.
         self.tid = tid or 0
@@ -391,6 +401,7 @@ class Engine:
             ring_bytes=self.ring_bytes,
             fires_ring_bytes=self._fires_ring_bytes,
             copilot_signal=self.copilot_signal,
+            ustack_bytes=self.stack_copy_bytes,
         )
         self.links.load_and_attach(self.atts, self.watch, self._attach_pid())
         self.events = RingReader(self.links.events_fd, self.ring_bytes)

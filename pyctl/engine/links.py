@@ -16,6 +16,7 @@ from pyctl.bpf.libbpf import (
     map_update,
 )
 from pyctl.bpf.main_object import (
+    USTACK_BYTES,
     USTACKS_RING_BYTES,
     USTACKS_RING_UNUSED,
     LoadSettings,
@@ -31,9 +32,16 @@ class Links:
     """One run's loaded object and its links, as the plan says."""
 
     def __init__(
-        self, plan: Plan, *, ring_bytes: int, fires_ring_bytes: int, copilot_signal: int
+        self,
+        plan: Plan,
+        *,
+        ring_bytes: int,
+        fires_ring_bytes: int,
+        copilot_signal: int,
+        ustack_bytes: int = USTACK_BYTES,
     ) -> None:
         self.plan = plan
+        self.ustack_bytes = ustack_bytes
         self.ring_bytes = ring_bytes
         self.fires_ring_bytes = fires_ring_bytes
         self.copilot_signal = copilot_signal
@@ -46,8 +54,9 @@ class Links:
             ring_bytes=self.ring_bytes,
             fires_ring_bytes=self.fires_ring_bytes,
             copilot_signal=self.copilot_signal,
+            ustack_bytes=self.ustack_bytes,
             ustacks_ring_bytes=USTACKS_RING_BYTES
-            if self.plan.copies_stacks()
+            if self.plan.copies_stacks() and self.ustack_bytes
             else USTACKS_RING_UNUSED,
         )
         # Loaded already by the entry (pyctl/bpf/main_object.py) when the
