@@ -64,9 +64,15 @@ while IFS= read -r -t 120 line <&4; do
     if [[ $line == READY* ]]; then TPID=$(echo "$line" | cut -d' ' -f2); break; fi
 done
 [ -n "$TPID" ] || { echo "FAIL: target never said READY"; exit 1; }
+# The driver's layout (the segment hole that once named its frames 0x200000
+# off at a --pid attach): its mappings in the target and its PT_LOADs.
+grep -F "$(basename "$LIBCUDA")" /proc/$TPID/maps >"$OUT/libcuda_maps.txt"
+python3 -c "import sys; from pyctl import elf; f = elf.ElfFile.open(sys.argv[1]); [print(hex(s.offset), hex(s.vaddr), hex(s.filesz), s.flags) for s in f.loads]" "$LIBCUDA" >>"$OUT/libcuda_maps.txt"
+cat "$OUT/libcuda_maps.txt"
 t0=$(date +%s%N)
 python3 -m pyctl inject --pid "$TPID" --lib "$LIBCUDA" --fn cuMemAlloc_v2 --action fail \
     --ret CUDA_ERROR_OUT_OF_MEMORY --sticky --duration 150s --db "$DB" --ready-fd 3 \
+    --stack-copy "${STACK_COPY:-32K}" \
     3>$W/ready >$W/inject.log 2>&1 &
 INJ=$!
 read -r -t 120 rl <$W/ready
@@ -106,6 +112,9 @@ for fid in fids:
         "stop": doc.get("stack_stop"),
         "order_libcuda_alloc_eval": [cuda, alloc, evalf],
         "ordered": None not in (cuda, alloc, evalf) and cuda < alloc < evalf,
+        "frame0": syms[0] if syms else None,
+        "frame0_is_cuMemAlloc_v2": bool(syms) and "!cuMemAlloc_v2+0x0" in syms[0],
+        "cudart": [s for s in syms if "libcudart" in s][:4],
         "forward": [f for f in fns if f.endswith(".forward")],
         "generate": [f for f in fns if "generate" in f or f.endswith("._sample")],
         "top_python": fns[:3], "bottom_python": fns[-2:]})
