@@ -261,7 +261,12 @@ def test_one_server_per_socket_and_a_stale_socket_is_replaced(tmp_path: Path) ->
 @needs_target
 def test_a_server_that_does_not_answer_is_skipped(tmp_path: Path) -> None:
     """A listener that never accepts (a hung server): the client gives up
-    after client.ANSWER_S with one line and runs the command itself."""
+    after client.ANSWER_S with one line and runs the command itself, and
+    it handed nothing over: the connection left in the hung listener's
+    queue holds no request and none of the caller's descriptors (they
+    were sent before the server had accepted: a late accept could run the
+    command twice, and the queued stderr kept the caller's reader from
+    ever seeing its end, which hung this test when the controller died)."""
     import socket
 
     from pyctl.resident import client
@@ -283,6 +288,11 @@ def test_a_server_that_does_not_answer_is_skipped(tmp_path: Path) -> None:
         assert len(t.victim(3)) == 3
         ctl.send_signal(signal.SIGINT)
         assert finish(ctl, timeout=60) and ctl.returncode == 0
+        conn, _ = hung.accept()  # the connection the client made and gave up on
+        with conn:
+            conn.settimeout(5)
+            data, anc, _flags, _addr = conn.recvmsg(65536, socket.CMSG_SPACE(16 * 4))
+        assert (data, anc) == (b"", []), (data[:80], anc)
     finally:
         hung.close()
         t.close()
@@ -301,12 +311,13 @@ def test_a_caller_that_is_not_root_is_refused() -> None:
             "import array, socket; s = socket.socket(socket.AF_UNIX);"
             f"s.connect({str(sock)!r});"
             "s.sendmsg([b'\\0\\0\\0\\0'], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,"
-            " array.array('i', (0, 1, 2)))]); print(s.recv(16)[:1].decode())"
+            " array.array('i', (0, 1, 2)))]); g = s.recv(1);"
+            "print(g.decode() + s.recv(16)[:1].decode())"
         )
         r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
                             "/usr/bin/python3", "-c", code], capture_output=True, text=True,
                            timeout=30)  # fmt: skip
-        assert r.stdout.strip() == "N", r.stderr
+        assert r.stdout.strip() == "HN", r.stderr  # the greeting, then "not served"
         os.chmod(run_dir, 0o700)
         assert srv.poll() is None
 
@@ -415,6 +426,10 @@ def _fake_server(sock_path: Path) -> tuple[int, int]:
                 os.write(w, b"none")
                 os._exit(0)
             conn.settimeout(30)
+            try:
+                conn.sendall(b"H")  # the greeting a real server sends: no help to it
+            except OSError:
+                pass
             got, fds = 0, 0
             while True:
                 data, anc, _f, _a = conn.recvmsg(65536, socket.CMSG_SPACE(16 * 4))

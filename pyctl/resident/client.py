@@ -66,6 +66,19 @@ def _connect(s: socket.socket) -> None:
         os.close(fd)
 
 
+def _await_hello(s: socket.socket) -> None:
+    """Wait, at most ANSWER_S, for the byte the server sends once it has
+    accepted this connection. Nothing is sent before it: a hung server
+    (its listener alive, its accept loop not) would otherwise hold this
+    process's stdin, stdout and stderr in its queue for as long as it
+    lives (the caller's reader of stderr never sees its end), and could
+    run the command late, after it ran here. Raises TimeoutError."""
+    s.settimeout(ANSWER_S)
+    if s.recv(1) != wire.HELLO:
+        raise ConnectionError("not gpufault serve's greeting")
+    s.settimeout(None)
+
+
 def _recv_exact(s: socket.socket, n: int) -> bytes:
     buf = b""
     while len(buf) < n:
@@ -101,6 +114,7 @@ def _hand_over(s: socket.socket, argv: list[str]) -> int | None:
     except OSError:  # none listening, a stale socket, not root (0700 dir)
         return None
     try:
+        _await_hello(s)
         umask = os.umask(0)
         os.umask(umask)
         req = wire.encode_request(argv, os.getcwd(), umask, dict(os.environ),
@@ -153,6 +167,7 @@ def ping() -> tuple[int, bool] | None:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
         _connect(s)
+        _await_hello(s)
         s.settimeout(ANSWER_S)
         s.sendall(wire.LEN.pack(len(wire.PING)) + wire.PING)
         head = _recv_exact(s, 1 + wire.LEN.size)

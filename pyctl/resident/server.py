@@ -158,6 +158,7 @@ class Server:
 
     def _handle(self, conn: socket.socket) -> None:
         conn.settimeout(5.0)  # a request is one message; a stuck client is dropped
+        conn.sendall(wire.HELLO)  # accepted: only now does a client send its descriptors
         pid, uid = peer(conn)
         fds: list[int] = []
         try:

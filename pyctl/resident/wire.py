@@ -105,6 +105,9 @@ def decode_request(body: bytes) -> tuple[str, str, int, list[str], dict[str, str
 
 
 PING = b"ping"
+# The server's first byte on an accepted connection: a client sends its
+# request (and descriptors) only after it (client._await_hello).
+HELLO = b"H"
 
 
 def pong(pid: int, fp: str) -> bytes:
