@@ -226,6 +226,7 @@ def _perf(tmp: Path, lib: Path, symbol: str, cmd: list[str]) -> list[tuple[str, 
 
 
 @pytest.mark.root
+@pytest.mark.usefixtures("tracefs_mounted")  # perf probe mounts it and leaves it
 @pytest.mark.parametrize("target", [NOFP, NOFP_CC], ids=["c", "cxx"])
 def test_unwound_frames_equal_perfs(tmp_path: Path, target: Path) -> None:
     _need(target)
@@ -293,6 +294,7 @@ def test_mapwatch_sees_an_exec_after_attach() -> None:
 
 
 @pytest.mark.root
+@pytest.mark.usefixtures("tracefs_mounted")  # perf probe mounts it and leaves it
 def test_rust_wheel_frames_equal_perfs(tmp_path: Path) -> None:
     """HF tokenizers' Rust extension (no frame pointers) called from
     Python: the Rust frames, pyo3's trampolines, libpython's C frames and
