@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import bisect
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -133,6 +134,25 @@ def debug_candidates(path: str, build_id: str, link: str, root: str = "") -> lis
     return out
 
 
+def debug_files(
+    path: str, build_id: str, link: str, real: str, root: str = ""
+) -> Iterator[tuple[str, ElfFile]]:
+    """path's debug files of its own build (by build-id, then debuglink),
+    each open while the caller looks at it; real: path's own file, never
+    its own debug file. Names (here) and CFI (unwind.py) both read them."""
+    for cand in debug_candidates(path, build_id, link, root):
+        if not os.path.isfile(cand) or os.path.realpath(cand) == os.path.realpath(real):
+            continue
+        try:
+            dbg = ElfFile.open(cand)
+        except (OSError, ElfError):
+            continue
+        with dbg:
+            if build_id and dbg.build_id not in ("", build_id):
+                continue  # a debug file of another build: its names and CFI would lie
+            yield cand, dbg
+
+
 def load(path: str, root: str = "") -> Table:
     """The function table of path (as the target sees it; root: the
     target's /proc/PID/root for a container). Raises OSError/ElfError."""
@@ -203,15 +223,10 @@ def _parse(path: str, root: str, real: str, elf: ElfFile) -> Table:
         except ElfError:
             pass
     link = elf.debuglink
-    for cand in debug_candidates(path, t.build_id, link, root):
-        if not os.path.isfile(cand) or os.path.realpath(cand) == os.path.realpath(real):
-            continue
+    for cand, dbg in debug_files(path, t.build_id, link, real, root):
         try:
-            with ElfFile.open(cand) as dbg:
-                if t.build_id and dbg.build_id not in ("", t.build_id):
-                    continue  # a debug file of another build: its names would lie
-                extra = _funcs(dbg)
-        except (OSError, ElfError):
+            extra = _funcs(dbg)
+        except ElfError:
             continue
         if extra:
             entries += extra

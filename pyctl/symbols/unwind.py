@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 from pyctl import elf
 from pyctl.symbols import cfi
-from pyctl.symbols.symtab import debug_candidates
+from pyctl.symbols.symtab import debug_files
 
 MAX_FRAMES = 128
 
@@ -193,33 +193,24 @@ def _read_elf(path: str) -> tuple[str, Loads, dict[str, tuple[int, bytes]]]:
 def _debug_frame_elsewhere(path: str, f: elf.ElfFile) -> tuple[int, bytes] | None:
     """.debug_frame from f's .gnu_debugdata, else from its debug file of
     the same build (the places symtab.py looks for names)."""
-    sources: list[elf.ElfFile] = []
     mini = f.minidebuginfo()
     if mini is not None:
-        sources.append(mini)
-    for cand in debug_candidates(path, f.build_id, f.debuglink):
-        try:
-            if os.path.realpath(cand) == os.path.realpath(path) or not os.path.isfile(cand):
-                continue
-            dbg = elf.ElfFile.open(cand)
-        except (OSError, elf.ElfError):
-            continue
-        if f.build_id and dbg.build_id not in ("", f.build_id):
-            dbg.close()  # another build's: its addresses would lie
-            continue
-        sources.append(dbg)
+        with mini:
+            got = _own_debug_frame(mini)
+        if got is not None:
+            return got
+    for _cand, dbg in debug_files(path, f.build_id, f.debuglink, path):
+        if (got := _own_debug_frame(dbg)) is not None:
+            return got
+    return None
+
+
+def _own_debug_frame(f: elf.ElfFile) -> tuple[int, bytes] | None:
     try:
-        for src in sources:
-            try:
-                got = src.frame_sections().get(".debug_frame")
-            except elf.ElfError:
-                continue
-            if got is not None:
-                return got[0].addr, got[1]
+        got = f.frame_sections().get(".debug_frame")
+    except elf.ElfError:
         return None
-    finally:
-        for src in sources:
-            src.close()
+    return None if got is None else (got[0].addr, got[1])
 
 
 def load(path: str) -> FileCfi | None:
