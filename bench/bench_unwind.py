@@ -109,6 +109,7 @@ def unwinding() -> dict:
     from pyctl.engine import Engine
     from pyctl.spec import FaultSpec
     from pyctl.symbols import unwind
+    from pyctl.symbols.maps import Maps
 
     exe = REPO / "build" / "targets" / "gf_nofp_cc"
     held: list[tuple[dict, tuple[int, bytes]]] = []
@@ -143,7 +144,7 @@ def unwinding() -> dict:
     unwind._BY_KEY.clear()
     unwind._BY_BUILD_ID.clear()
     unwind._BY_PATH.clear()
-    maps = unwind.Maps(list(maps.maps))  # no memo: the first stack reads the tables
+    maps = Maps(list(maps.maps))  # no memo: the first stack reads the tables
     t0 = time.perf_counter()
     first = unwind.unwind(held[0][0], unwind.Stack(*held[0][1]), maps)
     cold = time.perf_counter() - t0

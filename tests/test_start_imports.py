@@ -11,8 +11,14 @@ import sys
 # numpy where installed) for the store; the copilot for SIGCHLD's mask;
 # secrets and socket for a run id and a host name; ctypes.util (with
 # subprocess and tempfile) for finding libbpf and libstdc++ by short name,
-# subprocess for `-- CMD` and tempfile for cache writes (~20 ms together).
+# subprocess for `-- CMD` and tempfile for cache writes (~20 ms together);
+# the stack machinery (the map watch, the unwinder and its CFI decoder, the
+# Python-frame reader), which a trace never fires (~7-10 ms).
 KEPT_OFF = (
+    "pyctl.symbols.mapwatch",
+    "pyctl.symbols.unwind",
+    "pyctl.symbols.cfi",
+    "pyctl.symbols.pystack",
     "sqlite_utils",
     "dateutil",
     "pluggy",

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from pyctl.symbols import cfi, unwind
+from pyctl.symbols import cfi, maps, unwind
 from pyctl.symbols.mapwatch import MapWatch
 
 REPO = Path(__file__).resolve().parent.parent
@@ -82,9 +82,9 @@ def test_cfi_rows_equal_pyelftools(path: str) -> None:
     assert checked > min(100, 4 * len(fdes))
 
 
-def _maps_of(path: Path, lo: int) -> unwind.Maps:
+def _maps_of(path: Path, lo: int) -> maps.Maps:
     size = path.stat().st_size
-    return unwind.Maps([unwind.Mapping(lo, lo + ((size + 4095) & ~4095), 0, "r-xp", str(path))])
+    return maps.Maps([maps.Mapping(lo, lo + ((size + 4095) & ~4095), 0, "r-xp", str(path))])
 
 
 def test_walk_stops_at_an_address_outside_every_mapping() -> None:

@@ -49,7 +49,6 @@ from pyctl.evidence import store
 from pyctl.run_options import DEFAULT_MAX_DB_BYTES, RunOptions
 from pyctl.spec import FaultSpec, SpecError, check_stack_copy
 from pyctl.symbols import resolve
-from pyctl.symbols.mapwatch import MapWatch, MapWatchError
 from pyctl.symbols.symbolize import Symbolizer, read_maps
 
 DEFAULT_COPILOT_SIGNAL = main_object.DEFAULT_COPILOT_SIGNAL
@@ -282,11 +281,12 @@ class Engine:
                 raise EngineError(f"{self.db_path}: {e}") from None
             self._open_anchors()
             # Snapshot the maps now: a process that crashes on its first fault
-            # is gone before its fire record is read.
-            for p in self.watch:
-                if self.plan.copies_stacks():
+            # is gone before its fire record is read. A run that keeps no
+            # stack (a trace, --no-stack) names no frame: none of it.
+            if self.plan.copies_stacks():
+                for p in self.watch:
                     self._watch_maps(p)
-                self.evidence.symbolizers[p] = Symbolizer(p)
+                    self.evidence.symbolizers[p] = Symbolizer(p)
             # Last: nothing may fire before the mechanism that carries it out
             # (the copilot holding every thread) and the run row are ready.
             self.arm()
@@ -302,6 +302,10 @@ class Engine:
         killed right after its fault. Without perf events (a kernel or a
         sandbox that refuses them), the maps read at attach and refreshed
         while it lives, as before."""
+        # lazy: only a run that copies stacks watches mappings (a trace's
+        # start-up does not import the perf reader; bench/bench_attach.py)
+        from pyctl.symbols.mapwatch import MapWatch, MapWatchError
+
         try:
             self.evidence.mapwatch[pid] = MapWatch(pid)
         except (MapWatchError, OSError):
@@ -512,6 +516,8 @@ class Engine:
                     )
             except EngineError:
                 pass  # ambiguous now: keep the range we had
+        if not self.plan.copies_stacks():
+            return
         for p in self.watch:
             sym = self.evidence.symbolizers.get(p)
             if sym is None:

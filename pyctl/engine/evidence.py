@@ -44,11 +44,11 @@ from pyctl.engine.mechanism import Attachment, needs_return_probe
 from pyctl.evidence import store, words
 from pyctl.spec import FaultSpec
 from pyctl.symbols.demangle import demangle
-from pyctl.symbols.mapwatch import MapWatch
 from pyctl.symbols.symbolize import Symbolizer
 
 if TYPE_CHECKING:
     from pyctl.symbols import pystack
+    from pyctl.symbols.mapwatch import MapWatch
 else:
 
     class _OnFirstUse:

@@ -26,7 +26,7 @@ import os
 import struct
 from pathlib import Path
 
-from pyctl.symbols.unwind import Mapping, Maps, mapping_base
+from pyctl.symbols.maps import Mapping, Maps, mapping_base
 
 _NR_PERF_EVENT_OPEN = 298  # x86-64
 PERF_TYPE_SOFTWARE, PERF_COUNT_SW_DUMMY = 1, 9

@@ -24,14 +24,14 @@ why not pyelftools').
 
 from __future__ import annotations
 
-import bisect
 import os
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pyctl import elf
 from pyctl.symbols import cfi
+from pyctl.symbols.maps import Loads, Maps
 from pyctl.symbols.symtab import debug_files
 
 MAX_FRAMES = 128
@@ -44,51 +44,6 @@ DWARF_OF = {
 }  # fmt: skip
 # What a called function must preserve (SysV): all a caller's CFI refers to.
 CALLEE_SAVED = (3, 6, 12, 13, 14, 15)
-
-
-@dataclass(frozen=True)
-class Mapping:
-    lo: int
-    hi: int
-    offset: int  # file offset of lo
-    perms: str  # "r-xp"
-    path: str  # as the target sees it ('' for anonymous)
-
-    @property
-    def executable(self) -> bool:
-        return "x" in self.perms
-
-
-class Maps:
-    """A process's mappings as they were at a fire (pyctl/symbols/mapwatch.py
-    keeps them current), searchable by address."""
-
-    def __init__(self, maps: Sequence[Mapping]) -> None:
-        self.maps = sorted(maps, key=lambda m: m.lo)
-        self._los = [m.lo for m in self.maps]
-        self.cfi_memo: dict[str, FileCfi | None] = {}
-        self._bases: dict[str, int] = {}
-
-    def find(self, addr: int) -> Mapping | None:
-        i = bisect.bisect_right(self._los, addr) - 1
-        if i >= 0 and addr < self.maps[i].hi:
-            return self.maps[i]
-        return None
-
-    def exec_at(self, addr: int) -> Mapping | None:
-        m = self.find(addr)
-        return m if m is not None and m.executable and m.path else None
-
-    def load_base(self, path: str) -> int:
-        """Where the file's offset 0 would be mapped: what symtab's offsets
-        (and the stacks table's) are relative to. From any one mapping
-        and the file's segments (perf reports only the executable one, at
-        a file offset that is not its vaddr in, e.g., a Rust wheel's .so)."""
-        if path not in self._bases:
-            self._bases[path] = min(
-                (mapping_base(m) for m in self.maps if m.path == path), default=0
-            )
-        return self._bases[path]
 
 
 @dataclass
@@ -121,58 +76,12 @@ class FileCfi:
         return None
 
 
-def _perm_flags(perms: str) -> int:
-    """A maps line's "r-xp" as PT_LOAD's p_flags (PF_R 4, PF_W 2, PF_X 1)."""
-    p = (perms + "---")[:3]
-    return (4 if p[0] == "r" else 0) | (2 if p[1] == "w" else 0) | (1 if p[2] == "x" else 0)
-
-
-def segment_delta(path: str, file_off: int, perms: str = "") -> int:
-    """(p_vaddr - p_offset) of the PT_LOAD a mapping at file_off maps,
-    less that of the lowest PT_LOAD: how far a mapping's (lo - offset) is
-    from the file's load base. 0 where the file is unknown or its
-    segments agree.
-
-    A mapping with no access at all ("---p") is no segment's: it is a
-    hole the loader left in its first mapping of the whole file (between
-    segments whose vaddr gaps are larger than their file gaps, as
-    libcuda's are), so it sits at base + offset. Its offset often is the
-    next segment's first page, which made that segment's delta apply and
-    the base come out 2 MiB low (issue 22: libcuda frames named 0x200000
-    past the function). Where a page belongs to two segments, the one
-    whose flags are the mapping's permissions is the one mapped there."""
-    if perms and _perm_flags(perms) == 0:
-        return 0
-    fc = load(path) if path.startswith("/") else None
-    if fc is None or not fc.loads:
-        return 0
-    first = min(fc.loads, key=lambda x: x[1])
-    # A segment's mapping starts at its p_offset rounded down to a page,
-    # which the previous segment's last page may hold too.
-    holding = [x for x in fc.loads if x[0] & ~0xFFF <= file_off < x[0] + max(x[2], 1)]
-    if not holding:
-        return 0
-    want = _perm_flags(perms) if perms else None
-    off, vaddr, _size, _flags = min(
-        holding, key=lambda x: (x[0] & ~0xFFF != file_off, want is not None and x[3] != want)
-    )
-    return (vaddr - off) - (first[1] - first[0])
-
-
-def mapping_base(m: Mapping) -> int:
-    """Where the file of mapping m has its offset 0 (its load base), from
-    this one mapping and the file's segments."""
-    return m.lo - m.offset - segment_delta(m.path, m.offset, m.perms)
-
-
 _BY_BUILD_ID: dict[str, FileCfi] = {}
 _BY_KEY: dict[tuple[int, int, float], FileCfi] = {}
 _BY_PATH: dict[str, FileCfi] = {}  # the last read through a path: it may be gone
 # Unwinding data is read once per file per controller; tests count reads.
 reads = 0
 
-
-Loads = list[tuple[int, int, int, int]]  # (p_offset, p_vaddr, p_filesz, p_flags)
 
 
 def _read_elf(path: str) -> tuple[str, Loads, dict[str, tuple[int, bytes]]]:
