@@ -242,3 +242,66 @@ def test_experiment_tables_script_makes_the_schemas_tables() -> None:
     ref = schema.reference()
     for n in schema.EXPERIMENT_TABLES:
         assert schema.shape(con, n) == schema.shape(ref, n), n
+
+
+def _sqlite_master(path: Path) -> list[tuple]:
+    con = sqlite3.connect(path)
+    try:
+        return con.execute(
+            "SELECT type, name, sql FROM sqlite_master ORDER BY type, name"
+        ).fetchall()
+    finally:
+        con.close()
+
+
+def test_a_new_database_takes_its_views_from_the_cache_and_they_are_the_built_ones(
+    tmp_path: Path,
+) -> None:
+    """A new file's views come from the disk cache in a later process,
+    without the catalogs (their import is most of a new database's open
+    before a trace attaches), and the file is the same as one whose views
+    were built; an entry of another shape is not used."""
+    import os
+    import subprocess
+    import sys
+
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    code = (
+        "import sys, sqlite3\n"
+        "from pyctl.evidence import schema\n"
+        "con = sqlite3.connect(sys.argv[1]); schema.ensure_schema(con); con.commit()\n"
+        "print(sorted(m for m in sys.modules if m.startswith('pyctl.catalog')))\n"
+    )
+    env = dict(os.environ, GPUFAULT_CACHE_DIR=str(cache))
+
+    def new_db(name: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-c", code, str(tmp_path / name)],
+            env=env, capture_output=True, text=True, check=True, cwd=REPO,
+        )  # fmt: skip
+        return done.stdout.strip()
+
+    assert new_db("built.db") != "[]"  # a miss builds them from the catalogs
+    assert new_db("cached.db") == "[]"
+    assert _sqlite_master(tmp_path / "cached.db") == _sqlite_master(tmp_path / "built.db")
+    # The entry is what views() keys by; a torn or foreign one is not used.
+    (entry,) = (cache / "views").iterdir()
+    entry.write_bytes(__import__("pickle").dumps({"faults_readable": "SELECT 1"}))
+    assert new_db("after-foreign.db") != "[]"
+    assert _sqlite_master(tmp_path / "after-foreign.db") == _sqlite_master(tmp_path / "built.db")
+
+
+def test_a_new_file_and_an_empty_version_0_file_get_the_same_schema(tmp_path: Path) -> None:
+    fresh = sqlite3.connect(tmp_path / "fresh.db")
+    schema.ensure_schema(fresh)
+    fresh.commit()
+    fresh.close()
+    # Version 0 with a table some store made: the migration path.
+    old = sqlite3.connect(tmp_path / "old.db")
+    old.execute(schema.BY_NAME["runs"].create_sql())
+    old.commit()
+    schema.ensure_schema(old)
+    old.commit()
+    old.close()
+    assert _sqlite_master(tmp_path / "fresh.db") == _sqlite_master(tmp_path / "old.db")
