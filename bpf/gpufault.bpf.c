@@ -532,6 +532,13 @@ static __always_inline int do_entry(struct gf_regs *ctx, const bool regs_ok)
 	s = bpf_map_lookup_elem(&specs, &si);
 	if (!s || !(s->flags & GF_F_ENABLED))
 		return 0;
+	/* Armed before its probes go in, entry probes first (links.py): until
+	 * the controller sets GF_F_RETPROBE, once the return probe is in too,
+	 * a call is an entry-only one. A fault carried out at the return
+	 * counts nothing until then: it could fire and never happen. */
+	if (!(s->flags & GF_F_RETPROBE) &&
+	    ((s->flags & GF_F_AFTER) || s->action == GF_ACT_CORRUPT))
+		return 0;
 	/* Who and the predicate first: armed-not-matching costs little. */
 	id = bpf_get_current_pid_tgid();
 	if (s->tgid && s->tgid != id >> 32)

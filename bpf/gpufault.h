@@ -51,7 +51,7 @@ enum gf_spec_flags {
 	GF_F_CAP_STACK = 1 << 5, /* keep the user stack in fire events */
 	GF_F_REGS = 1 << 6,	/* use the regs mechanism (set by controller) */
 	GF_F_COPILOT = 1 << 7,	/* use the copilot mechanism */
-	GF_F_RETPROBE = 1 << 8,	/* a return probe is attached for this spec */
+	GF_F_RETPROBE = 1 << 8,	/* its return probe is attached (set after) */
 	GF_F_CAP_USTACK = 1 << 9, /* copy the top of the user stack at a fire */
 };
 

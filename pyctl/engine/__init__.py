@@ -171,6 +171,7 @@ class Engine:
         self.armed = False
         self._armed_cfgs: dict[int, abi.Spec] = {}  # what arm() wrote, per spec
         self._db_created = False
+        self.attached = False  # the probes are in: calls reach them
         # Said once the probes are in (the CLI's start lines), or None.
         self.attach_note: str | None = None
         # What the run cannot do until the target loads something (said once).
@@ -265,7 +266,7 @@ class Engine:
             raise EngineError(str(e)) from None
         self._db_created = bool(getattr(self.db, "gf_created", False))
         try:
-            self._load_and_attach()
+            self._load()
             if self.plan.needs_copilot():
                 self._start_copilot()
             try:
@@ -287,12 +288,16 @@ class Engine:
                 for p in self.watch:
                     self._watch_maps(p)
                     self.evidence.symbolizers[p] = Symbolizer(p)
-            # Last: nothing may fire before the mechanism that carries it out
-            # (the copilot holding every thread) and the run row are ready.
+            # Nothing may fire before the mechanism that carries it out (the
+            # copilot holding every thread) and the run row are ready; and
+            # the specs are armed before the probes go in, so the first call
+            # that reaches a probe counts (tests/test_first_calls.py: armed
+            # after attaching, the calls of the first ms were seen by no one).
             self.arm()
+            self._attach()
         except BaseException:
             self.close(status="refused")
-            if self._db_created and not self.armed:
+            if self._db_created and not self.attached:
                 store.remove_db(Path(self.db_path))
             raise
 
@@ -352,9 +357,10 @@ class Engine:
                 )
 
     def arm(self) -> None:
-        """Write the specs (probes attached with every spec disarmed, so a
-        call before this point neither counts nor fires). Deadlines and
-        windows count from now."""
+        """Write the specs, before the probes are attached (_attach): the
+        first call that reaches a probe counts and may fire. Deadlines and
+        windows count from now, the attach's few ms included (a deadline
+        never ends later than asked)."""
         assert self.links is not None
         self._armed_at = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
         self._resolve_callers()
@@ -373,6 +379,7 @@ class Engine:
             tid=self.tid,
             duration_s=self.duration,
             caller=(rng.lo, rng.hi) if rng else None,
+            returns_live=self.attached,
         )
         self.links.write_spec(i, cfg)
         self._armed_cfgs[i] = cfg
@@ -397,7 +404,7 @@ class Engine:
                     changed.append(i)
         return changed
 
-    def _load_and_attach(self) -> None:
+    def _load(self) -> None:
         self.plan.multi = uprobe_multi()
         self._fires_ring_bytes = FIRES_RING_BYTES
         self.links = Links(
@@ -407,13 +414,25 @@ class Engine:
             copilot_signal=self.copilot_signal,
             ustack_bytes=self.stack_copy_bytes,
         )
-        self.links.load_and_attach(self.atts, self.watch, self._attach_pid())
+        self.links.load(self.watch)
         self.events = RingReader(self.links.events_fd, self.ring_bytes)
         self.fires = RingReader(self.links.fires_fd, self._fires_ring_bytes)
         self.ustacks = RingReader(self.links.ustacks_fd, self.links.ustacks_ring_bytes)
         self._ep = select.epoll()
         self._ep.register(self.events.fd, select.EPOLLIN)
         self._ep.register(self.fires.fd, select.EPOLLIN)
+
+    def _attach(self) -> None:
+        """The probes, last (armed already): from here calls reach them.
+        Entry probes first, then return probes (Links.attach); then the
+        specs that have return probes say so (F_RETPROBE), the same
+        config otherwise: a call is entry-only until then."""
+        assert self.links is not None
+        self.links.attach(self.atts, self._attach_pid())
+        self.attached = True
+        for i in range(len(self.specs)):
+            if any(a.retprobe for a in self.atts if a.spec == i):
+                self._write_spec(i)
 
     def _attach_pid(self) -> int | None:
         """The pid the kernel filters probes by: the target's, unless its main

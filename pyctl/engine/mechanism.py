@@ -153,12 +153,15 @@ class Plan:
         tid: int,
         duration_s: float,
         caller: tuple[int, int] | None = None,
+        returns_live: bool = True,
     ) -> abi.Spec:
         """Spec i's BPF copy as armed: its mechanism flags (regs or copilot,
         return probe) from this plan; the run's target, --duration and the
-        --caller range (None: not mapped yet) where the spec asks for them."""
+        --caller range (None: not mapped yet) where the spec asks for them.
+        returns_live: its return probes are attached (F_RETPROBE; the
+        engine arms before attaching, bpf/gpufault.bpf.c do_entry)."""
         sp = self.specs[i]
-        has_ret = any(a.retprobe for a in atts if a.spec == i)
+        has_ret = returns_live and any(a.retprobe for a in atts if a.spec == i)
         cfg = sp.to_bpf(start_mono_ns=start_mono_ns, tgid=tgid, tid=tid, duration_s=duration_s)
         if has_ret:
             cfg.flags |= abi.F_RETPROBE
