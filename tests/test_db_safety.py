@@ -456,3 +456,37 @@ def test_the_full_read_is_skipped_only_for_the_file_as_last_closed(
     monkeypatch.setenv("GPUFAULT_CACHE_DIR", "")  # no cache: always whole
     store.open_db(db).close()
     assert seen[-1] is True
+
+
+def test_a_reader_left_open_keeps_the_file_known_whole_until_it_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A script or Datasette that opened the store after gpufault closed
+    it, and stays open, leaves an empty -wal: the file is still all there
+    is, so the next run does not read every page (bench_attach's reader
+    made every trace start pay a quick_check of the whole store). Once
+    the reader writes, its frames are in the -wal: read whole."""
+    seen: list[bool] = []
+    check = store._validate
+
+    def spy(loc: Any, p: Path, *, pages: bool = True) -> None:
+        seen.append(pages)
+        check(loc, p, pages=pages)
+
+    monkeypatch.setattr(store, "_validate", spy)
+    db = tmp_path / "gf.db"
+    gf_db(db)
+    reader = sqlite3.connect(db)
+    try:
+        reader.execute("SELECT count(*) FROM runs").fetchone()
+        wal = Path(f"{db}-wal")
+        assert wal.exists() and wal.stat().st_size == 0
+        store.open_db(db).close()
+        assert seen == [False]
+        reader.execute("INSERT INTO runs (run_id, status) VALUES ('theirs', 'x')")
+        reader.commit()
+        assert wal.stat().st_size > 0
+        store.open_db(db).close()
+        assert seen == [False, True]
+    finally:
+        reader.close()

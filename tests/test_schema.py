@@ -305,3 +305,34 @@ def test_a_new_file_and_an_empty_version_0_file_get_the_same_schema(tmp_path: Pa
     old.commit()
     old.close()
     assert _sqlite_master(tmp_path / "fresh.db") == _sqlite_master(tmp_path / "old.db")
+
+
+def test_check_takes_a_file_as_created_without_the_reference_and_refuses_another_shape(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """check() on every open of an existing file: one whose tables are the
+    CREATEs ensure_schema runs is taken at once; one whose table of ours
+    differs (at the current version) is compared shape by shape and
+    refused, as before."""
+    ours = sqlite3.connect(tmp_path / "ours.db")
+    schema.ensure_schema(ours)
+    ours.commit()
+
+    def no_reference() -> sqlite3.Connection:
+        raise AssertionError("a file as created needs no reference schema")
+
+    with monkeypatch.context() as m:
+        m.setattr(schema, "reference", no_reference)
+        schema.check(ours)
+    theirs = sqlite3.connect(tmp_path / "theirs.db")
+    theirs.executescript(
+        "CREATE TABLE runs (run_id TEXT PRIMARY KEY, note TEXT); "
+        f"PRAGMA user_version={schema.SCHEMA_VERSION};"
+    )
+    with pytest.raises(schema.SchemaError, match="table runs is not schema"):
+        schema.check(theirs)
+    # Same columns, other text (a store's own CREATE): still accepted.
+    spaced = sqlite3.connect(tmp_path / "spaced.db")
+    spaced.execute(schema.BY_NAME["runs"].create_sql().replace("(", " ( ", 1))
+    spaced.execute(f"PRAGMA user_version={schema.SCHEMA_VERSION}")
+    schema.check(spaced)

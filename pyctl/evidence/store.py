@@ -322,8 +322,12 @@ def _open_writable(loc: dbfile.Located, p: Path) -> Database:
             except dbfile.UnsafePath as e:
                 raise StoreError(str(e)) from None
             if head:
-                # A file with a -wal is not as last closed: read it whole.
-                whole = loc.lstat("-wal") is None and _known_whole(fst)
+                # A file with frames in its -wal is not as last closed: read
+                # it whole. An empty -wal holds nothing (a reader that opened
+                # the file after our last close and is still open, as any
+                # script or Datasette does): the file is its content.
+                wal = loc.lstat("-wal")
+                whole = (wal is None or wal.st_size == 0) and _known_whole(fst)
                 _validate(loc, p, pages=not whole)
             # Evidence is root's alone: a file already checked to be root's
             # and gpufault's (or empty), never a foreign one.
