@@ -23,6 +23,7 @@ from pyctl.cli.report import report
 from pyctl.experiment import corpora
 from pyctl.experiment import load as F
 from pyctl.experiment import model as M
+from pyctl.experiment.verdict import expectation_words
 
 
 def _user_error(msg: str) -> click.ClickException:
@@ -234,7 +235,15 @@ def validate(name: str, sets: dict[str, str]) -> None:
 
 
 @experiment.command()
-@click.argument("name")
+@click.argument("name", required=False)
+@click.option(
+    "--all",
+    "run_all",
+    is_flag=True,
+    help="run every experiment `list` shows, one after the other; exit 0 unless one "
+    "ends other than its file expects",
+)
+@click.option("--match", metavar="GLOB", help="with --all: only the names matching GLOB")
 @set_option("override a knob")
 @db_option()
 @click.option("--json", "as_json", is_flag=True, help="print the result as JSON at the end")
@@ -247,7 +256,9 @@ def validate(name: str, sets: dict[str, str]) -> None:
     help="with --metrics-addr: at the end, wait at most this long for one more scrape",
 )
 def run(
-    name: str,
+    name: str | None,
+    run_all: bool,
+    match: str | None,
     sets: dict[str, str],
     db_path: str,
     as_json: bool,
@@ -256,17 +267,34 @@ def run(
 ) -> None:
     """Run an experiment: baseline, method, recovery, verdict.
 
-    Exit status: 0 pass, 1 fail, 2 error or bad input, 3 aborted.
+    Exit status: 0 pass, 1 fail, 2 error or bad input, 3 aborted. A file
+    that expects another verdict ([expect] verdict = "fail") exits 0 when
+    it gets that one. One that needs a GPU the host lacks is refused (exit
+    2) before anything starts; with --all it is skipped.
 
     \b
     Examples:
       gpufault experiment run control --db /tmp/exp.db
       gpufault experiment run tokenizer-stall --set stall=80ms
+      gpufault experiment run --all --db /tmp/all.db
     """
     # lazy: keeps pyctl.experiment.run (hmac, secrets, +9 modules) off `--help`
     from pyctl.experiment import run as runner
+    from pyctl.experiment.target import missing_on_host
 
+    if run_all or match:
+        if name or not run_all or metrics_addr or as_json:
+            raise _user_error(
+                "--all runs every experiment (--match narrows it): give no NAME, "
+                "--metrics-addr or --json with it"
+            )
+        _run_all(match, sets, str(db_path))
+        return
+    if not name:
+        raise _user_error("give an experiment NAME (see `gpufault experiment list`) or --all")
     e = _load(name, sets)
+    if (why := missing_on_host(e.target)) is not None:
+        raise _user_error(f"{e.ident} {why}: run it on a GPU host")
     db = str(db_path)
     echo = (lambda s: click.echo(s, err=True)) if as_json else click.echo
     linger = metrics_linger
@@ -290,8 +318,9 @@ def run(
         if metrics is not None:
             metrics.close(final_scrape_s=linger)  # Prometheus reads the verdict first
     v = out.verdict
+    words = expectation_words(v.verdict, out.expected, out.interrupted is not None)
     line = (
-        f"verdict {v.verdict.upper()}: {v.reason}  [experiment {out.experiment_id}, "
+        f"verdict {v.verdict.upper()}{words}: {v.reason}  [experiment {out.experiment_id}, "
         f"{out.ended_at - out.started_at:.1f}s; evidence in {db}: gpufault experiment "
         f"results {out.experiment_id} --db {db}]"
     )
@@ -302,8 +331,10 @@ def run(
                 {
                     "experiment_id": out.experiment_id,
                     "verdict": v.verdict,
+                    "expected": out.expected,
+                    "as_expected": out.as_expected,
                     "reason": v.reason,
-                    "exit_code": out.exit_code,
+                    "exit_code": out.expected_exit,
                     "db": db,
                     "started_at": out.started_at,
                     "ended_at": out.ended_at,
@@ -323,7 +354,76 @@ def run(
         )
     else:
         click.echo(line)
-    sys.exit(out.exit_code)
+    sys.exit(out.expected_exit)
+
+
+def _run_all(match: str | None, sets: dict[str, str], db: str) -> None:
+    """`run --all`: every experiment in turn, in one store; a table at the
+    end; exit 0 unless one ended other than its file expects (1), or a
+    signal stopped the set (3). A --set goes to the files that have that
+    knob (--set device=cuda on a GPU host); one that no file has is bad
+    input, said before anything runs."""
+    # lazy: keeps pyctl.experiment.run (hmac, secrets, +9 modules) off `--help`
+    from fnmatch import fnmatchcase
+
+    from pyctl.experiment import run as runner
+    from pyctl.experiment.target import missing_on_host
+
+    names = [n for n in F.all_names() if match is None or fnmatchcase(n, match)]
+    if not names:
+        raise _user_error(f"--match {match}: no experiment of that name: see `experiment list`")
+    loaded: list[tuple[str, M.Experiment | None, str]] = []
+    used: set[str] = set()
+    for n in names:
+        try:
+            knobs = F.load(n).knobs
+            mine = {k: v for k, v in sets.items() if k in knobs}
+            used |= set(mine)
+            loaded.append((n, F.load(n, mine), ""))
+        except M.ExperimentError as bad:
+            loaded.append((n, None, str(bad)))
+    if unused := sorted(set(sets) - used):
+        raise _user_error(f"--set {unused[0]}: no experiment here has that knob: drop it")
+    rows: list[tuple[str, str, str, str]] = []  # name, verdict, expected, what
+    stopped = False
+    for n, e, load_error in loaded:
+        if e is None:
+            click.echo(f"== {n}: does not load: {load_error}")
+            rows.append((n, "error", "pass", "SURPRISE: does not load"))
+            continue
+        if (why := missing_on_host(e.target)) is not None:
+            click.echo(f"== {n}: skipped: {why}")
+            rows.append((n, "-", e.expect.verdict, "skipped"))
+            continue
+        click.echo(f"== {n} (expects {e.expect.verdict.upper()})")
+        try:
+            out = runner.run(e, db, echo=click.echo)
+        except (M.ExperimentError, BadInput) as refused:
+            click.echo(f"   {refused}")
+            rows.append((n, "error", e.expect.verdict, "SURPRISE: " + str(refused)[:60]))
+            continue
+        v = out.verdict
+        click.echo(
+            f"verdict {v.verdict.upper()}"
+            f"{expectation_words(v.verdict, out.expected, out.interrupted is not None)}: "
+            f"{v.reason}  [experiment {out.experiment_id}, {out.ended_at - out.started_at:.1f}s]"
+        )
+        rows.append((n, v.verdict, out.expected, "as expected" if out.as_expected else "SURPRISE"))
+        if out.interrupted is not None:
+            stopped = True
+            break
+    width = max(len(r[0]) for r in rows)
+    click.echo(f"\n{'experiment':{width}}  verdict  expected  outcome")
+    for n, got, want, what in rows:
+        click.echo(f"{n:{width}}  {got.upper():7}  {want.upper():8}  {what}")
+    surprises = sum(1 for r in rows if r[3].startswith("SURPRISE"))
+    skipped = sum(1 for r in rows if r[3] == "skipped")
+    ran = len(rows) - skipped
+    click.echo(
+        f"{ran} run, {ran - surprises} as expected, {surprises} surprise(s), {skipped} skipped"
+        f"{', stopped by a signal' if stopped else ''}; evidence in {db}"
+    )
+    sys.exit(3 if stopped else 1 if surprises else 0)
 
 
 @experiment.command()

@@ -205,7 +205,7 @@ def load_file(path: Path, sets: dict[str, str] | None = None) -> Experiment:
             f"({steps_end:g}s): lengthen it or drop it",
         )
     aborts = _aborts(r, rendered, probes)
-    expect = _expect(r, rendered, probes, load_ is not None)
+    expect = _expect(r, rendered, probes, load_ is not None, target.device)
     need = (expect.recovered_within or 0) + (
         expect.recovery_hold if expect.recovered_within is not None else 0
     )
@@ -388,9 +388,41 @@ def _aborts(r: Reader, doc: dict[str, Any], probes: dict[str, Any]) -> list[Abor
     return out
 
 
-def _expect(r: Reader, doc: dict[str, Any], probes: dict[str, Any], has_load: bool) -> Expect:
-    t = r.table(doc, "expect", {"alert_fired", "degradation_worked", "recovered_within", "linked"})
+VERDICT_WORDS = ("pass", "fail", "error", "aborted")
+
+
+def _expected_verdict(r: Reader, t: dict[str, Any], device: str | None) -> str:
+    """[expect] verdict: a word, or a table by the service's device with
+    an optional "default" (a leak that fails on the CPU double passes on
+    141 GB: verdict = { cpu-double = "fail", default = "pass" })."""
+    v = t.get("verdict", "pass")
+    how = (
+        f"expected one of {' / '.join(repr(w) for w in VERDICT_WORDS)}, or a table by "
+        'device (verdict = { cpu-double = "fail", default = "pass" })'
+    )
+    if isinstance(v, dict):
+        if not v or not all(isinstance(k, str) and x in VERDICT_WORDS for k, x in v.items()):
+            raise r.err("expect.verdict", how)
+        v = v.get(device or "", v.get("default", "pass"))
+    if v not in VERDICT_WORDS:
+        raise r.err("expect.verdict", how)
+    return str(v)
+
+
+def _expect(
+    r: Reader,
+    doc: dict[str, Any],
+    probes: dict[str, Any],
+    has_load: bool,
+    device: str | None = None,
+) -> Expect:
+    t = r.table(
+        doc,
+        "expect",
+        {"alert_fired", "degradation_worked", "recovered_within", "linked", "verdict"},
+    )
     e = Expect()
+    e.verdict = _expected_verdict(r, t, device)
     if "linked" in t:
         lk = t["linked"]
         if (

@@ -81,6 +81,14 @@ class Target:
     # A fresh secret gpufault puts into this variable of the command it
     # starts; its perturb steps send it (the service's --perturb-control).
     admin_token_env: str | None = None
+    # The reference service's --device (None for another target), and what
+    # the target needs of the host (`requires`; a cuda device needs "gpu").
+    device: str | None = None
+    requires: tuple[str, ...] = ()
+
+    @property
+    def needs_gpu(self) -> bool:
+        return "gpu" in self.requires
 
 
 @dataclass
@@ -162,6 +170,10 @@ class Expect:
     # Evidence rows that must name one of the experiment's fault IDs: "xid"
     # (the NVIDIA driver's Xid tracepoint), "anchor" (gpufa.ko's anchors).
     linked: tuple[str, ...] = ()
+    # The verdict this file expects on the target's device (`verdict` in
+    # [expect]): a run that ends so exits 0 and says so; anything else is
+    # a surprise (docs/experiments.md, "Expected verdicts").
+    verdict: str = "pass"
 
 
 LINKABLE = {"xid": "xids", "anchor": "anchors"}  # expectation word -> evidence table

@@ -27,6 +27,12 @@ class ExperimentVerdict:
     ended_at: float
     exit_code: int
     fault_runs: list[str] = field(default_factory=list)  # each fault step's run id
+    expected: str = "pass"  # the file's [expect] verdict
+
+    @property
+    def as_expected(self) -> bool:
+        """The verdict is the one the file expects (a declared fail, say)."""
+        return self.verdict == self.expected
 
     @property
     def passed(self) -> bool:
@@ -90,6 +96,7 @@ def run_experiment(
         ended_at=out.ended_at,
         exit_code=out.exit_code,
         fault_runs=[s.fault.run_id for s in out.steps if s.fault is not None],
+        expected=out.expected,
     )
     if raise_on_error and v.verdict not in ("pass", "fail"):
         raise ExperimentFailed(f"experiment {v.experiment_id} {v.verdict}: {v.reason}")

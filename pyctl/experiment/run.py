@@ -39,7 +39,7 @@ from pyctl.experiment.steps import FaultHostError, kind_of
 from pyctl.experiment.steps.base import StepRun
 from pyctl.experiment.steps.fault import FaultHost, LocalFaultHost
 from pyctl.experiment.target import PidWatch, died, start_target
-from pyctl.experiment.verdict import Verdict
+from pyctl.experiment.verdict import Verdict, expected_exit
 
 
 @dataclass
@@ -51,10 +51,22 @@ class Outcome:
     ended_at: float
     abort_at: float | None
     steps: list[StepRun]
+    expected: str = "pass"  # the file's [expect] verdict
+    interrupted: str | None = None  # the signal that ended the run, if one did
 
     @property
     def exit_code(self) -> int:
+        """The verdict's own status (0 pass, 1 fail, 2 error, 3 aborted)."""
         return self.verdict.exit_code
+
+    @property
+    def as_expected(self) -> bool:
+        return self.verdict.verdict == self.expected and self.interrupted is None
+
+    @property
+    def expected_exit(self) -> int:
+        """The CLI's status: 0 when the verdict is the one the file expects."""
+        return expected_exit(self.verdict.verdict, self.expected, self.interrupted is not None)
 
 
 class Run(Evaluation):
@@ -270,7 +282,10 @@ class Run(Evaluation):
             if self.metrics is not None:
                 self.metrics.set_verdict(verdict.verdict)
             ended = time.time()
-            return Outcome(xid, verdict, self.db_path, started, ended, self.abort_at, self.steps)
+            return Outcome(
+                xid, verdict, self.db_path, started, ended, self.abort_at, self.steps,
+                expected=self.exp.expect.verdict, interrupted=self.interrupted,
+            )  # fmt: skip
         finally:
             if self.pid_watch is not None:
                 self.pid_watch.stop()

@@ -32,12 +32,54 @@ from pyctl.experiment.model import (
 )
 from pyctl.experiment.reader import Reader
 
+# What a target may need of the host ([target] requires): an experiment
+# that needs what the host lacks is skipped with one line, not started.
+REQUIREMENTS = ("gpu",)
+
+
+def host_has_gpu() -> bool:
+    """An NVIDIA GPU the driver knows (its /proc entries; /dev/nvidiaN where
+    /proc/driver is not mounted in, as in some containers)."""
+    gpus = Path("/proc/driver/nvidia/gpus")
+    try:
+        if any(gpus.iterdir()):
+            return True
+    except OSError:
+        pass
+    return any(re.fullmatch(r"nvidia\d+", n) for n in _dev_names())
+
+
+def _dev_names() -> list[str]:
+    try:
+        return os.listdir("/dev")
+    except OSError:
+        return []
+
+
+def missing_on_host(t: Target) -> str | None:
+    """What the target needs that this host lacks, as the one line a
+    skipped experiment prints; None when nothing is missing."""
+    if t.needs_gpu and not host_has_gpu():
+        why = f"its service runs on {t.device}" if t.device else 'it requires ["gpu"]'
+        return f"needs a GPU ({why}) and this host has none"
+    return None
+
 
 def parse_target(r: Reader, doc: dict[str, Any]) -> Target:
     t = r.table(
         doc,
         "target",
-        {"url", "pid", "command", "ready", "service", "start_timeout", "env", "admin_token_env"},
+        {
+            "url",
+            "pid",
+            "command",
+            "ready",
+            "service",
+            "start_timeout",
+            "env",
+            "admin_token_env",
+            "requires",
+        },
         required=True,
     )
     url = r.str_(t, "target", "url", "") or None
@@ -51,6 +93,14 @@ def parse_target(r: Reader, doc: dict[str, Any]) -> Target:
         command = r.command(t, "target", "command")
     env = r.env(t, "target", "env")
     admin_token_env = r.str_(t, "target", "admin_token_env", "") or None
+    requires = t.get("requires", [])
+    if not isinstance(requires, list) or not all(x in REQUIREMENTS for x in requires):
+        raise r.err(
+            "target.requires",
+            f"expected a list of {' / '.join(repr(x) for x in REQUIREMENTS)} "
+            '(requires = ["gpu"]: skipped with one line on a host without one)',
+        )
+    device = None
     if "service" in t:
         # The reference service is a command like any other: this shortcut
         # only spells its command line, ready line and admin token variable;
@@ -73,6 +123,9 @@ def parse_target(r: Reader, doc: dict[str, Any]) -> Target:
             )
         env.update(r.env(s, "target.service", "env"))
         command = [GPUFAULT, "service", "--port", "0", "--device", dev, *args]
+        device = dev
+        if dev.startswith("cuda"):
+            requires = [*requires, "gpu"]
         if admin_token_env is None and "--perturb-control" in args:
             admin_token_env = ADMIN_TOKEN_ENV
     if admin_token_env is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", admin_token_env):
@@ -99,6 +152,8 @@ def parse_target(r: Reader, doc: dict[str, Any]) -> Target:
         start_timeout=r.duration(t, "target", "start_timeout", "90s"),
         env=env,
         admin_token_env=admin_token_env,
+        device=device,
+        requires=tuple(dict.fromkeys(requires)),
     )
 
 
@@ -418,10 +473,13 @@ _WHY = re.compile(r"terminate called|what\(\)|Error|error:|Traceback|Fatal|Abort
 
 
 __all__ = [
+    "REQUIREMENTS",
     "PidWatch",
     "TargetProcess",
     "check_target",
     "died",
+    "host_has_gpu",
+    "missing_on_host",
     "parse_target",
     "rank_facts",
     "start_target",

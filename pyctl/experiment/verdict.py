@@ -12,7 +12,9 @@ Order matters (the first that applies wins):
 A target that died during the run is said first in any of them (it is
 what a user must hear first: a step that never fired, a guard's abort or
 a breach usually follows from it); alone, it is a fail.
-Exit status of `gpufault experiment run`: 0 pass, 1 fail, 2 error, 3 aborted.
+Exit status of `gpufault experiment run`: 0 pass, 1 fail, 2 error, 3 aborted;
+a file that expects its verdict ([expect] verdict) exits 0 when it gets it
+(expected_exit).
 """
 
 from __future__ import annotations
@@ -55,4 +57,25 @@ def decide(f: Findings) -> Verdict:
     return Verdict("pass", "steady state held, every expectation met")
 
 
-__all__ = ["EXIT", "Findings", "Verdict", "decide"]
+def expected_exit(verdict: str, expected: str, interrupted: bool = False) -> int:
+    """The exit status of a run whose file expects `expected`: 0 when the
+    verdict is that one; a surprise keeps its own status (a pass where a
+    fail was expected is 1: the expected failure did not happen). A run a
+    signal interrupted is aborted whatever was expected."""
+    if interrupted:
+        return EXIT["aborted"]
+    if verdict == expected:
+        return 0
+    return EXIT[verdict] or 1
+
+
+def expectation_words(verdict: str, expected: str, interrupted: bool = False) -> str:
+    """What the verdict line adds: '(expected)', or the surprise."""
+    if expected == "pass" and verdict == "pass":
+        return ""
+    if verdict == expected and not interrupted:
+        return " (expected)"
+    return f" (expected {expected.upper()}: a surprise)"
+
+
+__all__ = ["EXIT", "Findings", "Verdict", "decide", "expectation_words", "expected_exit"]
