@@ -461,7 +461,11 @@ def evidence(tmp_path: Path) -> dict:
 #           by the process that mounted it, when its last goes: two
 #           workers' links at once can leave it mounted;
 #  tracefs  tracefs_mounted unmounts what it mounted, under the other
-#           worker's test that found it mounted.
+#           worker's test that found it mounted;
+#  experiments  the runs of whole experiments: a service, open-loop load
+#           and p99/recovery bounds of tens of ms each; two at once on two
+#           cores broke each other's steady state (`-n 3`: a p99 of 99 ms
+#           for a 50 ms bound before the method, a recovery 5.66 s for 5).
 # (A whole file per worker was tried first: test_experiment_classes.py
 # alone then took 22 minutes of one worker on the loaded machine.)
 _NETNS_FILES = {
@@ -471,14 +475,20 @@ _NETNS_FILES = {
     "test_hooks_cli.py",
     "test_suite_isolation.py",
 }
+_EXPERIMENT_FILES = {
+    "test_experiment_classes.py",
+    "test_experiment_run.py",
+    "test_experiment_expect.py",
+    "test_experiment_pressure.py",
+    "test_observe_experiment.py",
+    "test_chaostoolkit.py",
+}
 # Longest first (measured, GF_TEST_TIMES): the scheduler hands out work in
 # this order, so no long test starts last while the other worker idles.
 _FIRST = (
+    "experiments",
     "vm",
     "netns",
-    "test_experiment_classes.py",
-    "test_chaostoolkit.py",
-    "test_experiment_run.py",
     "test_experiment_class4_5.py",
 )
 
@@ -490,6 +500,8 @@ def _group(item: pytest.Item) -> str | None:
         return "vm"
     if item.path.name in _NETNS_FILES:
         return "netns"
+    if item.path.name in _EXPERIMENT_FILES:
+        return "experiments"
     if "tracefs_mounted" in getattr(item, "fixturenames", ()):
         return "tracefs"
     return None

@@ -40,9 +40,13 @@ def test_the_exit_status_a_file_that_expects_its_verdict_gets() -> None:
         assert expected_exit(got, want) == rc, (got, want)
     # A signal's abort is never what a file expected, even an aborting one.
     assert expected_exit("aborted", "aborted", interrupted=True) == 3
+    # A target's death the file does not allow is a surprise, not its fail.
+    assert expected_exit("fail", "fail", died=True) == 1
     assert expectation_words("pass", "pass") == ""
+    assert expectation_words("fail", "pass") == ""  # the usual file reads as it did
     assert expectation_words("fail", "fail") == " (expected)"
     assert expectation_words("pass", "fail") == " (expected FAIL: a surprise)"
+    assert expectation_words("fail", "fail", died=True) == " (expected FAIL: a surprise)"
 
 
 def _expect_block(verdict: str) -> str:
@@ -61,6 +65,9 @@ def test_expect_verdict_is_a_word_or_a_table_by_device(tmp_path: Path) -> None:
     assert F.load("worker-hang-abort").expect.verdict == "aborted"
     assert F.load("cuda-oom-leak-held").expect.verdict == "fail"  # on the double
     assert F.load("cuda-oom-leak-held", {"device": "cuda"}).expect.verdict == "pass"
+    # The one whose finding is that the service aborts says it may die.
+    assert F.load("cuda-corrupt-xid-linked").expect.target_may_die
+    assert not F.load("tokenizer-stall").expect.target_may_die
 
 
 @pytest.mark.parametrize(

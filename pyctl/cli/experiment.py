@@ -280,6 +280,8 @@ def run(
     """
     # lazy: keeps pyctl.experiment.run (hmac, secrets, +9 modules) off `--help`
     from pyctl.experiment import run as runner
+
+    # lazy: pyctl.experiment.target (socket, subprocess) only when one runs
     from pyctl.experiment.target import missing_on_host
 
     if run_all or match:
@@ -318,7 +320,7 @@ def run(
         if metrics is not None:
             metrics.close(final_scrape_s=linger)  # Prometheus reads the verdict first
     v = out.verdict
-    words = expectation_words(v.verdict, out.expected, out.interrupted is not None)
+    words = expectation_words(v.verdict, out.expected, out.interrupted is not None, out.died)
     line = (
         f"verdict {v.verdict.upper()}{words}: {v.reason}  [experiment {out.experiment_id}, "
         f"{out.ended_at - out.started_at:.1f}s; evidence in {db}: gpufault experiment "
@@ -363,10 +365,13 @@ def _run_all(match: str | None, sets: dict[str, str], db: str) -> None:
     signal stopped the set (3). A --set goes to the files that have that
     knob (--set device=cuda on a GPU host); one that no file has is bad
     input, said before anything runs."""
-    # lazy: keeps pyctl.experiment.run (hmac, secrets, +9 modules) off `--help`
+    # lazy: fnmatch (re) only for --match
     from fnmatch import fnmatchcase
 
+    # lazy: keeps pyctl.experiment.run (hmac, secrets, +9 modules) off `--help`
     from pyctl.experiment import run as runner
+
+    # lazy: pyctl.experiment.target (socket, subprocess) only when one runs
     from pyctl.experiment.target import missing_on_host
 
     names = [n for n in F.all_names() if match is None or fnmatchcase(n, match)]
@@ -405,7 +410,7 @@ def _run_all(match: str | None, sets: dict[str, str], db: str) -> None:
         v = out.verdict
         click.echo(
             f"verdict {v.verdict.upper()}"
-            f"{expectation_words(v.verdict, out.expected, out.interrupted is not None)}: "
+            f"{expectation_words(v.verdict, out.expected, out.interrupted is not None, out.died)}: "
             f"{v.reason}  [experiment {out.experiment_id}, {out.ended_at - out.started_at:.1f}s]"
         )
         rows.append((n, v.verdict, out.expected, "as expected" if out.as_expected else "SURPRISE"))

@@ -419,10 +419,14 @@ def _expect(
     t = r.table(
         doc,
         "expect",
-        {"alert_fired", "degradation_worked", "recovered_within", "linked", "verdict"},
-    )
+        {
+            "alert_fired", "degradation_worked", "recovered_within", "linked", "verdict",
+            "target_may_die",
+        },
+    )  # fmt: skip
     e = Expect()
     e.verdict = _expected_verdict(r, t, device)
+    e.target_may_die = r.bool_(t, "expect", "target_may_die", False)
     if "linked" in t:
         lk = t["linked"]
         if (

@@ -174,6 +174,9 @@ class Expect:
     # [expect]): a run that ends so exits 0 and says so; anything else is
     # a surprise (docs/experiments.md, "Expected verdicts").
     verdict: str = "pass"
+    # The target may die on the way to that verdict (a fault that aborts
+    # it is the finding): otherwise a death is a surprise.
+    target_may_die: bool = False
 
 
 LINKABLE = {"xid": "xids", "anchor": "anchors"}  # expectation word -> evidence table

@@ -53,6 +53,7 @@ class Outcome:
     steps: list[StepRun]
     expected: str = "pass"  # the file's [expect] verdict
     interrupted: str | None = None  # the signal that ended the run, if one did
+    died: bool = False  # the target died, and the file does not say it may
 
     @property
     def exit_code(self) -> int:
@@ -61,12 +62,14 @@ class Outcome:
 
     @property
     def as_expected(self) -> bool:
-        return self.verdict.verdict == self.expected and self.interrupted is None
+        return self.expected_exit == 0
 
     @property
     def expected_exit(self) -> int:
         """The CLI's status: 0 when the verdict is the one the file expects."""
-        return expected_exit(self.verdict.verdict, self.expected, self.interrupted is not None)
+        return expected_exit(
+            self.verdict.verdict, self.expected, self.interrupted is not None, self.died
+        )
 
 
 class Run(Evaluation):
@@ -285,6 +288,8 @@ class Run(Evaluation):
             return Outcome(
                 xid, verdict, self.db_path, started, ended, self.abort_at, self.steps,
                 expected=self.exp.expect.verdict, interrupted=self.interrupted,
+                died=bool(getattr(self, "target_died", None))
+                and not self.exp.expect.target_may_die,
             )  # fmt: skip
         finally:
             if self.pid_watch is not None:

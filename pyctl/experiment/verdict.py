@@ -57,23 +57,31 @@ def decide(f: Findings) -> Verdict:
     return Verdict("pass", "steady state held, every expectation met")
 
 
-def expected_exit(verdict: str, expected: str, interrupted: bool = False) -> int:
+def expected_exit(
+    verdict: str, expected: str, interrupted: bool = False, died: bool = False
+) -> int:
     """The exit status of a run whose file expects `expected`: 0 when the
     verdict is that one; a surprise keeps its own status (a pass where a
     fail was expected is 1: the expected failure did not happen). A run a
-    signal interrupted is aborted whatever was expected."""
+    signal interrupted is aborted whatever was expected; a target that
+    died is a surprise unless the file says it may ([expect]
+    target_may_die): a crash is not the fail a file declares."""
     if interrupted:
         return EXIT["aborted"]
-    if verdict == expected:
+    if verdict == expected and not died:
         return 0
     return EXIT[verdict] or 1
 
 
-def expectation_words(verdict: str, expected: str, interrupted: bool = False) -> str:
-    """What the verdict line adds: '(expected)', or the surprise."""
-    if expected == "pass" and verdict == "pass":
+def expectation_words(
+    verdict: str, expected: str, interrupted: bool = False, died: bool = False
+) -> str:
+    """What the verdict line adds for a file that expects another verdict
+    than a pass: '(expected)', or the surprise. Nothing for the usual
+    file, whose fail reads as it always did."""
+    if expected == "pass":
         return ""
-    if verdict == expected and not interrupted:
+    if verdict == expected and not interrupted and not died:
         return " (expected)"
     return f" (expected {expected.upper()}: a surprise)"
 

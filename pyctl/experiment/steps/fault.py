@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 
 STOP_GRACE_S = 5.0  # SIGTERM, then SIGKILL (the kernel detaches what is left)
 
+
 @dataclass
 class StepRequest:
     """What a FaultHost needs to arm one step."""
