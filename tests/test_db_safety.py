@@ -428,13 +428,9 @@ def test_a_foreign_database_is_refused_untouched(target: Target, tmp_path: Path,
     assert [r[3] for r in target.victim(3)] == [2, 3, 4]
 
 
-def test_the_full_read_is_skipped_only_for_the_file_as_last_closed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """quick_check costs seconds on a large store: a file exactly as a
-    writer last closed it (size, mtime, ctime) was read whole already.
-    A write in between, by anyone, moves its ctime: read whole again."""
-    seen: list[bool] = []  # each open's `pages`: read every page
+def _pages_read(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Each later open's `pages` (True: it read every page, quick_check)."""
+    seen: list[bool] = []
     check = store._validate
 
     def spy(loc: Any, p: Path, *, pages: bool = True) -> None:
@@ -442,6 +438,16 @@ def test_the_full_read_is_skipped_only_for_the_file_as_last_closed(
         check(loc, p, pages=pages)
 
     monkeypatch.setattr(store, "_validate", spy)
+    return seen
+
+
+def test_the_full_read_is_skipped_only_for_the_file_as_last_closed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """quick_check costs seconds on a large store: a file exactly as a
+    writer last closed it (size, mtime, ctime) was read whole already.
+    A write in between, by anyone, moves its ctime: read whole again."""
+    seen = _pages_read(monkeypatch)
     db = tmp_path / "gf.db"
     gf_db(db)  # made and closed by store.open_db: noted as whole
     store.open_db(db).close()
@@ -466,14 +472,7 @@ def test_a_reader_left_open_keeps_the_file_known_whole_until_it_writes(
     is, so the next run does not read every page (bench_attach's reader
     made every trace start pay a quick_check of the whole store). Once
     the reader writes, its frames are in the -wal: read whole."""
-    seen: list[bool] = []
-    check = store._validate
-
-    def spy(loc: Any, p: Path, *, pages: bool = True) -> None:
-        seen.append(pages)
-        check(loc, p, pages=pages)
-
-    monkeypatch.setattr(store, "_validate", spy)
+    seen = _pages_read(monkeypatch)
     db = tmp_path / "gf.db"
     gf_db(db)
     reader = sqlite3.connect(db)
