@@ -417,7 +417,7 @@ def test_stall_in_gloo_allreduce_on_rank1_makes_the_service_slower(tmp_path: Pat
         ctl, _ = start_ready(
             [sys.executable, "-m", "pyctl", "inject", "--pid", str(r1), "--db",
              str(tmp_path / "gf.db"), "-q", "--lib", _libtorch_cpu(), "--fn", GLOO_ALLREDUCE,
-             "--action", "stall", "--stall", "20ms", "--prob", "5%", "--duration", "60s"],
+             "--action", "stall", "--stall", "20ms", "--prob", "15%", "--duration", "60s"],
         )  # fmt: skip
         t_armed = time.time()
         time.sleep(10)  # the fault window
@@ -428,19 +428,28 @@ def test_stall_in_gloo_allreduce_on_rank1_makes_the_service_slower(tmp_path: Pat
         samples = load.samples()
         base = window_stats(samples, t_base - 8, t_base)
         stall = window_stats(samples, t_armed, t_end)
-        fires = [ln for ln in (err or "").splitlines() if "fires" in ln]
+        from pyctl.api import open_evidence
+
+        with open_evidence(tmp_path / "gf.db") as ev:
+            fires = len(ev.faults())
         print(
-            f"gloo::allreduce 20 ms stall on 5 %: p50/p99 {base.p50 * 1e3:.1f}/"
+            f"gloo::allreduce 20 ms stall on 15 %: p50/p99 {base.p50 * 1e3:.1f}/"
             f"{base.p99 * 1e3:.1f} ms -> {stall.p50 * 1e3:.1f}/{stall.p99 * 1e3:.1f} ms "
-            f"({base.count}/{stall.count} requests); {' '.join(fires)}"
+            f"({base.count}/{stall.count} requests); {fires} fires"
         )
         assert base.error_rate == 0 and stall.error_rate == 0
+        # A window without fires is a different failure than a judge that
+        # finds nothing; say which (CI's run once printed neither).
+        assert fires > 0, err
         # The experiment judge, not one p99 of 160 requests against another
         # (a single slow baseline request once made it 104 ms, above the
         # stalled window's 64 ms, though p50 and p95 rose by 8 and 13 ms).
-        # 20 ms, not the experiment's 5 ms: with ~16 allreduce calls a
-        # request, 5 ms on 5 % adds ~4 ms to a p50 that CI's loaded machine
-        # once put at 48 ms, and the judge rightly found nothing (p = 0.79).
+        # 20 ms on 15 %, not the experiment's 5 ms on 5 %: rank 1 calls
+        # allreduce ~40-50 times a second under this load (batches, not
+        # requests), so 20 ms on 5 % held it ~0.5 s in 10 s, which a CI run
+        # whose baseline p50 was already 195 ms did not show (p = 0.89); on
+        # 25 % (~2.5 s held) a loaded machine's p99 reached 4.7 s, near the
+        # load's 10 s timeout. 15 % holds it ~1.5 s.
         j = judge(
             [x.latency for x in load.samples(t_base - 8, t_base)],
             [x.latency for x in load.samples(t_armed, t_end)],
