@@ -40,6 +40,9 @@ class RunOptions:
     # --stack-copy: bytes of user stack copied at each fire for the CFI
     # unwinder; None: the default (bpf/main_object.py USTACK_BYTES), 0: off.
     stack_copy_bytes: int | None = None
+    # Who the target is besides its pid (a selector's labels: rank, the
+    # selector, the container's name), written into the run's targets row.
+    target_labels: tuple[tuple[str, object], ...] = ()
 
     @property
     def status(self) -> bool:

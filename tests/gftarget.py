@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -16,14 +17,23 @@ ALLOC = re.compile(r"alloc i=(\d+) ret=(-?\d+) ptr=(\S+)")
 
 
 class Target:
-    def __init__(self) -> None:
+    def __init__(self, exe: str | Path = TARGET, env: dict[str, str] | None = None,
+                 prefix: Sequence[str] = ()) -> None:  # fmt: skip
+        """exe: the program to run (a link to gf_target names the process
+        after the link); prefix: a wrapper's argv (unshare ...) before it."""
         self.p = subprocess.Popen(
-            [str(TARGET)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
-        )
+            [*prefix, str(exe)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            bufsize=1, env=env,
+        )  # fmt: skip
         assert self.p.stdout is not None
         first = self.p.stdout.readline()
         assert first.startswith("ready"), first
         self.pid = self.p.pid
+        if prefix:
+            # `unshare --fork` runs gf_target as its child: that is the target.
+            from pyctl.targets.procfs import descendants
+
+            self.pid = next(q for q in descendants(self.p.pid) if q)
 
     def cmd(self, line: str) -> list[str]:
         """Send one command; return its output lines (up to 'done')."""

@@ -42,7 +42,7 @@ _WHERE = {
     "trace": "runs",
     "Counters": "session", "Fire": "session", "IsolatedSession": "session",
     "Session": "session", "arm": "session",
-    "Target": "target",
+    "Target": "target", "SessionGroup": "group",
     # The CLI's other commands, as data and text (docs/api.md "Everything else").
     "DoctorReport": "doctor",
     "probe_sites": "probes", "catalog_functions": "probes",
@@ -89,6 +89,7 @@ if TYPE_CHECKING:
     )
     from pyctl.api.evidence import Evidence, FaultRecord, open_evidence
     from pyctl.api.faults import Fault
+    from pyctl.api.group import SessionGroup
     from pyctl.api.probes import catalog_functions, probe_sites
     from pyctl.api.reading import fault_list, show, timeline
     from pyctl.api.runs import trace
@@ -104,6 +105,7 @@ __all__ = [
     "arm",
     "Session",
     "IsolatedSession",
+    "SessionGroup",
     "Counters",
     "Fire",
     "trace",

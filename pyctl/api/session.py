@@ -40,7 +40,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyctl.api import errors as E
 from pyctl.api.errors import (
@@ -54,6 +54,9 @@ from pyctl.api.evidence import Evidence, FaultRecord
 from pyctl.api.target import Target
 from pyctl.paths import module_argv
 from pyctl.spec import FaultSpec, SpecError, check_stack_copy
+
+if TYPE_CHECKING:
+    from pyctl.api.group import SessionGroup
 
 ARM_TIMEOUT_S = 120.0  # attach to a 600k-symbol library takes ~20 s on a slow host
 STOP_GRACE_S = 5.0  # isolated child: SIGTERM, then SIGKILL (the kernel detaches the rest)
@@ -92,7 +95,7 @@ class Settings:
     arm_timeout: float = ARM_TIMEOUT_S
     stack_copy_bytes: int | None = None  # None: the default (16 KiB); 0: frame pointers only
 
-    def run_options(self) -> Any:
+    def run_options(self, target_labels: tuple[tuple[str, Any], ...] = ()) -> Any:
         # lazy: keeps pyctl.run_options (+11 modules, ~100 ms) off `import gpufault`
         from pyctl.run_options import DEFAULT_MAX_DB_BYTES, RunOptions
 
@@ -106,6 +109,7 @@ class Settings:
             xids=self.xids,
             max_db_bytes=DEFAULT_MAX_DB_BYTES if self.max_db_bytes is None else self.max_db_bytes,
             stack_copy_bytes=self.stack_copy_bytes,
+            target_labels=tuple(target_labels),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -318,7 +322,7 @@ class Session(_Base):
             runner = Runner(
                 self.specs,
                 self.target.to_runner(),
-                self.settings.run_options(),
+                self.settings.run_options(self.target.labels),
                 echo=self.notices.append,
             )
             self._runner = runner
@@ -641,7 +645,7 @@ def arm(
     arm_timeout: float = ARM_TIMEOUT_S,
     on_fire: Callable[[Fire], None] | None = None,
     stack_copy_bytes: int | None = None,
-) -> Session | IsolatedSession:
+) -> Session | IsolatedSession | SessionGroup:
     """Arm `spec` (one FaultSpec or several) in `target` (a pid, an argv
     list, or a Target) and return once every probe is attached and the
     faults can fire. Raises a GpufaultError subclass (BadInput,
@@ -669,6 +673,14 @@ def arm(
         arm_timeout=arm_timeout,
         stack_copy_bytes=stack_copy_bytes,
     )
+    if tgt.selector or tgt.thread_name:
+        members = tgt.members(sorted({sp.lib for sp in specs if sp.lib}))
+        if len(members) > 1:
+            # lazy: pyctl.api.group only for a target of several processes
+            from pyctl.api.group import SessionGroup
+
+            return SessionGroup.arm(specs, members, settings, on_fire=on_fire)
+        tgt = members[0]
     s: Session | IsolatedSession
     s = IsolatedSession(specs, tgt, settings) if isolate else Session(specs, tgt, settings)
     s.on_fire = on_fire

@@ -79,6 +79,12 @@ RUN_PARAMS = frozenset(
         "pid",
         "tid",
         "cmd",
+        "container",
+        "cgroup",
+        "pod",
+        "comm",
+        "ranks_of",
+        "thread_name",
         "db_path",
         "max_db_size",
         "duration",
@@ -154,7 +160,20 @@ def start(
     run = dict(run)
     target = {k: run.pop(k, None) for k in ("pid", "tid")}
     cmd = run.pop("cmd", None) or ()
-    run_specs(specs, run_settings(kind, **run), cmd=cmd, on_end=on_end, **target)
+    chosen = {k: run.pop(k, None) for k in SELECTOR_PARAMS}
+    options = run_settings(kind, **run)
+    if any(v not in (None, "") for v in chosen.values()):
+        # lazy: pyctl.cli.selected (the selectors' resolution) only when one is given
+        from pyctl.cli.selected import run_selected
+
+        run_selected(specs, options, chosen, pid=target["pid"], tid=target["tid"], cmd=cmd,
+                     on_end=on_end)  # fmt: skip
+        return
+    run_specs(specs, options, cmd=cmd, on_end=on_end, **target)
+
+
+# The target selectors' option names (pyctl/cli/options.py target_options).
+SELECTOR_PARAMS = ("container", "cgroup", "pod", "comm", "ranks_of", "thread_name")
 
 
 class _NoMetrics:

@@ -216,11 +216,26 @@ def bundle(*decorators: Callable[[F], F]) -> Callable[[F], F]:
 
 
 def target_options(fn: F) -> F:
-    """-p/--pid and --tid: a running process, or one of its threads."""
+    """-p/--pid and --tid: a running process, or one of its threads; or a
+    selector of processes by where they run (docs/containers.md)."""
     return bundle(
         click.option("-p", "--pid", type=int, help="a running process (all of its threads)"),
         click.option("--tid", type=int, help="only this thread (its process is the target)"),
-    )(fn)
+        click.option("--container", metavar="NAME|ID",
+                     help="every process of a container (crun, runc, containerd, Docker, "
+                     "CRI-O, Podman) that maps the library"),
+        click.option("--cgroup", metavar="PATH",
+                     help="every process in this cgroup or below it that maps the library"),
+        click.option("--pod", metavar="NS/NAME[/CONTAINER]",
+                     help="every process of a Kubernetes pod on this node that maps the library"),
+        click.option("--comm", metavar="NAME",
+                     help="every process of this name (a glob matches several)"),
+        click.option("--ranks-of", "ranks_of", type=int, metavar="PID",
+                     help="the ranks of a job: PID and its descendants that map the library, "
+                     "each tagged with its rank"),
+        click.option("--thread", "thread_name", metavar="NAME",
+                     help="only the threads of this name (of --pid or the selection)"),
+    )(fn)  # fmt: skip
 
 
 def duration_option(*, help: str, required: bool = False, default: Any = None) -> Callable[[F], F]:
@@ -289,6 +304,7 @@ max_db_size_option = click.option(
 )
 
 no_stack_option = click.option("--no-stack", is_flag=True, help="do not capture user stacks")
+
 
 def _stack_copy(_ctx: click.Context, _param: click.Parameter, value: int | None) -> int | None:
     try:

@@ -138,6 +138,7 @@ class Engine:
         # is armed (_write_spec), never the specs themselves.
         self.tid = tid or 0
         self.duration = options.duration if options is not None else 0.0
+        self.target_labels = dict(options.target_labels) if options is not None else {}
         self.specs = [s.validate() for s in specs]
         self.pid = pid
         self.db_path = db_path
@@ -278,6 +279,12 @@ class Engine:
                     capabilities={"regs": self.regs, "copilot_signal": self.copilot_signal},
                 )
                 self.evidence.write_plan(self.pid, self.tid, self.duration)
+                if self.pid:
+                    # lazy: only a run with a process target reads its identity
+                    from pyctl.targets import identity
+
+                    row = identity.of(self.pid, self.tid or None, self.target_labels)
+                    self.evidence.write_target(row)
             except sqlite3.Error as e:
                 raise EngineError(f"{self.db_path}: {e}") from None
             self._open_anchors()

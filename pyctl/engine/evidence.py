@@ -336,6 +336,11 @@ class EvidenceWriter:
                 for a in self.atts
             )
 
+    def write_target(self, row: dict[str, Any]) -> None:
+        """Who the target process is (pyctl/targets/identity.py), at start."""
+        with self.db.conn:
+            self.db["targets"].insert({"run_id": self.run_id, **row})
+
     def drain_anchors(self) -> None:
         if self.anchor_dev is None:
             return

@@ -39,7 +39,9 @@ from pyctl.bpf import abi
 #    found) and stop (on a fault's last frame: why the walk ended).
 # 4: funcs' aliases (a probe site's other names; symbol is the canonical one).
 # 5: pyframes (a CPython thread's Python stack at the fire).
-SCHEMA_VERSION = 5
+# 6: targets (who a run's target process is: host and container pids,
+#    namespaces, cgroup, container, pod, rank, the selector that chose it).
+SCHEMA_VERSION = 6
 
 
 class SchemaError(Exception):
@@ -258,6 +260,31 @@ TABLES: tuple[Table, ...] = (
         ),
         pk=("fault_id", "depth"),
         fks=(_fault(),),
+    ),
+    Table(
+        "targets",
+        (
+            "run_id TEXT",
+            "host_pid INTEGER",
+            "host_tid INTEGER",
+            "ns_pid INTEGER",
+            "ns_tid INTEGER",
+            "ns_depth INTEGER",
+            "pid_ns INTEGER",
+            "mnt_ns INTEGER",
+            "comm TEXT",
+            "cgroup TEXT",
+            "container_id TEXT",
+            "container_name TEXT",
+            "runtime TEXT",
+            "pod_namespace TEXT",
+            "pod_name TEXT",
+            "pod_uid TEXT",
+            "rank INTEGER",
+            "selector TEXT",
+        ),
+        pk=("run_id",),
+        fks=(_run(),),
     ),
     Table(
         "pyframes",
@@ -798,12 +825,19 @@ def _from_4(conn: sqlite3.Connection, ref: sqlite3.Connection) -> None:
     _conform(conn, ref)
 
 
+def _from_5(conn: sqlite3.Connection, ref: sqlite3.Connection) -> None:
+    """5 -> 6: the targets table (created with the missing tables; older
+    runs have no target identity recorded)."""
+    _conform(conn, ref)
+
+
 MIGRATIONS: dict[int, Callable[[sqlite3.Connection, sqlite3.Connection], None]] = {
     0: _from_0,
     1: _from_1,
     2: _from_2,
     3: _from_3,
     4: _from_4,
+    5: _from_5,
 }
 assert sorted(MIGRATIONS) == list(range(SCHEMA_VERSION)), "a migration per earlier version"
 
