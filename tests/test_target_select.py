@@ -191,6 +191,9 @@ def test_ranks_of_a_launcher_are_its_descendants_ranked_by_their_environment(
             assert [r[3] for r in ranks[0].victim(2)] == [-3, 3]
             assert [r[3] for r in ranks[1].victim(2)] == [-3, 3]
             assert g.wait_fires(2, 10)
+        shown = subprocess.run([*GF, "show", g.run_ids[1], "--db", str(db)],
+                               capture_output=True, text=True, timeout=60).stdout  # fmt: skip
+        assert f"  target    rank 1, chosen by ranks-of={launcher.pid}\n" in shown, shown
         rows = _rows(db, "SELECT rank, host_pid, selector FROM targets ORDER BY rank")
         assert rows == [(0, pids[1], f"ranks-of={launcher.pid}"),
                         (1, pids[0], f"ranks-of={launcher.pid}")]  # fmt: skip
@@ -298,6 +301,11 @@ def test_container_by_name_from_the_runtimes_state(named: str, tmp_path: Path) -
                            "pod_namespace, pod_name, pod_uid, selector FROM targets")  # fmt: skip
         assert row == (t.pid, 1, _CID, "server", "containerd", "serving", "llm-0", _POD_UID,
                        "container=server"), row  # fmt: skip
+        shown = subprocess.run([*GF, "show", "latest", "--db", str(db)], capture_output=True,
+                               text=True, timeout=60).stdout  # fmt: skip
+        want = (f"  target    container server (containerd, id {_CID[:12]}), pod serving/llm-0, "
+                "its pid 1 in its PID namespace, chosen by container=server")  # fmt: skip
+        assert want in shown, shown
         # An id prefix names it too; a name that is not there is one line.
         p, line = _inject_ready(t.pid, ["--container", _CID[:10]], db)
         assert line.startswith("ready"), _end(p)

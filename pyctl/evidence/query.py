@@ -190,6 +190,8 @@ def fault_chain(db: Any, fault_id: str) -> dict[str, Any] | None:
         (f["run_id"],),
     )
 
+    target = _rows(db, "SELECT * FROM targets WHERE run_id=?", (f["run_id"],))
+
     try:
         spec_json = json.loads(spec[0]["json"]) if spec and spec[0]["json"] else None
     except ValueError:
@@ -209,7 +211,36 @@ def fault_chain(db: Any, fault_id: str) -> dict[str, Any] | None:
         "anchors": anchors,
         "xids": xids,
         "experiment": exp[0] if exp else None,
+        "target": target[0] if target else None,
     }
+
+
+def target_words(t: dict[str, Any] | None) -> str:
+    """Who the target was beyond its host pid (container, pod, the
+    container's pid, rank, selector); "" for a process of the host armed
+    by --pid, where the thread line says it all."""
+    if not t:
+        return ""
+    bits = []
+    if t.get("container_id"):
+        name = t.get("container_name") or ""
+        cid = str(t["container_id"])[:12]
+        who = (
+            f"{name} ({t.get('runtime') or '?'}, id {cid})"
+            if name and name != t["container_id"]
+            else f"{cid} ({t.get('runtime') or '?'})"
+        )
+        bits.append(f"container {who}")
+    if t.get("pod_name"):
+        bits.append(f"pod {t.get('pod_namespace')}/{t['pod_name']}")
+    if t.get("ns_depth"):
+        tid = f" tid {t['ns_tid']}" if t.get("ns_tid") else ""
+        bits.append(f"its pid {t['ns_pid']}{tid} in its PID namespace")
+    if t.get("rank") is not None:
+        bits.append(f"rank {t['rank']}")
+    if t.get("selector"):
+        bits.append(f"chosen by {t['selector']}")
+    return ", ".join(bits)
 
 
 def _action_line(f: dict[str, Any]) -> str:
@@ -258,6 +289,7 @@ def render_chain(doc: dict[str, Any]) -> str:
         f"in {f['library']}",
         f"  build-id  {f['build_id'] or '-'}",
         f"  thread    pid {f['pid']} tid {f['tid']} ({f['comm']})",
+        *([f"  target    {tw}"] if (tw := target_words(doc.get("target"))) else []),
         f"  time      {words.wall_time(f.get('wall'), '%Y-%m-%d %H:%M:%S.%f')[:23]}",
         *(
             [
