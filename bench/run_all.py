@@ -24,6 +24,7 @@ RUNS = [
     ("loadgen-host.json", ["bench_loadgen.py"]),
     ("aggregate-host.json", ["bench_aggregate.py"]),
     ("attach-host.json", ["bench_attach.py"]),
+    ("select-host.json", ["bench_select.py"]),
     ("probe-cost-host.json", ["bench_probe_cost.py", "4"]),
 ]
 

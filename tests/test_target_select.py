@@ -78,8 +78,12 @@ def test_comm_arms_in_every_process_of_that_name_and_tags_each_run(
     a, b = Target(named), Target(named)
     try:
         db = tmp_path / "gf.db"
-        with gpufault.arm(Fault.fail(*VICTIM, ret=-5, nth=2), gpufault.Target.comm(
-                Path(named).name), db=db, duration=30) as g:  # fmt: skip
+        sel = gpufault.Target.comm(Path(named).name)
+        # arm() is one process: it says so, and arms nothing.
+        with pytest.raises(BadInput, match=r"is 2 processes .*: arm them with gpufault.arm_all"):
+            gpufault.arm(Fault.fail(*VICTIM, ret=-5, nth=2), sel, db=db)
+        assert not db.exists()
+        with gpufault.arm_all(Fault.fail(*VICTIM, ret=-5, nth=2), sel, db=db, duration=30) as g:
             assert isinstance(g, gpufault.SessionGroup) and len(g.sessions) == 2
             assert sorted(t.pid for t in g.members) == sorted([a.pid, b.pid])
             assert [r[3] for r in a.victim(3)] == [2, -5, 4]
@@ -184,7 +188,7 @@ def test_ranks_of_a_launcher_are_its_descendants_ranked_by_their_environment(
         db = tmp_path / "gf.db"
         # ranks_of keeps the processes that map the library: the launcher
         # (a Python interpreter) is not one.
-        with gpufault.arm(Fault.fail(*VICTIM, ret=-3, nth=1), gpufault.Target.ranks_of(
+        with gpufault.arm_all(Fault.fail(*VICTIM, ret=-3, nth=1), gpufault.Target.ranks_of(
                 launcher.pid), db=db, duration=30) as g:  # fmt: skip
             assert [t.pid for t in g.members] == [pids[1], pids[0]]  # rank 0 first
             assert [dict(t.labels)["rank"] for t in g.members] == [0, 1]

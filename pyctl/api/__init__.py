@@ -41,7 +41,7 @@ _WHERE = {
     "Fault": "faults",
     "trace": "runs",
     "Counters": "session", "Fire": "session", "IsolatedSession": "session",
-    "Session": "session", "arm": "session",
+    "Session": "session", "arm": "session", "arm_all": "session",
     "Target": "target", "SessionGroup": "group",
     # The CLI's other commands, as data and text (docs/api.md "Everything else").
     "DoctorReport": "doctor",
@@ -93,7 +93,7 @@ if TYPE_CHECKING:
     from pyctl.api.probes import catalog_functions, probe_sites
     from pyctl.api.reading import fault_list, show, timeline
     from pyctl.api.runs import trace
-    from pyctl.api.session import Counters, Fire, IsolatedSession, Session, arm
+    from pyctl.api.session import Counters, Fire, IsolatedSession, Session, arm, arm_all
     from pyctl.api.target import Target
     from pyctl.spec import FaultSpec
 
@@ -103,6 +103,7 @@ __all__ = [
     "FaultSpec",
     "Target",
     "arm",
+    "arm_all",
     "Session",
     "IsolatedSession",
     "SessionGroup",

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from pyctl.api.evidence import Evidence, FaultRecord
 from pyctl.api.target import Target
-from pyctl.spec import FaultSpec
 
 
 class SessionGroup:
@@ -27,27 +26,21 @@ class SessionGroup:
         self._fires: list[Any] = []
         self.on_fire: Callable[[Any], None] | None = None
 
-    @classmethod
-    def arm(
-        cls, specs: list[FaultSpec], members: Sequence[Target], settings: Any, *,
-        on_fire: Callable[[Any], None] | None = None,
-    ) -> SessionGroup:  # fmt: skip
-        # lazy: the session module imports this one's name for its types only
-        from pyctl.api.session import IsolatedSession
-
-        group = cls([IsolatedSession(specs, m, settings) for m in members])
-        group.on_fire = on_fire
-        for s in group.sessions:
-            s.on_fire = group._fired
+    def arm_all(self, on_fire: Callable[[Any], None] | None = None) -> SessionGroup:
+        """Launch every member's child at once, wait for each to arm; if
+        one cannot, disarm the others and raise its error."""
+        self.on_fire = on_fire
+        for s in self.sessions:
+            s.on_fire = self._fired
         try:
-            for s in group.sessions:
+            for s in self.sessions:
                 s.launch()  # every child arms at once
-            for s in group.sessions:
+            for s in self.sessions:
                 s.wait_armed()
         except BaseException:
-            group.disarm()
+            self.disarm()
             raise
-        return group
+        return self
 
     # --- fires -----------------------------------------------------------
     def _fired(self, f: Any) -> None:
@@ -94,11 +87,9 @@ class SessionGroup:
 
     @property
     def counters(self) -> Any:
-        # lazy: the session module imports this one's name for its types only
-        from pyctl.api.session import Counters
-
+        """The members' Counters, summed (a Counters)."""
         cs = [s.counters for s in self.sessions]
-        return Counters(sum(c.calls for c in cs), sum(c.fires for c in cs),
+        return type(cs[0])(sum(c.calls for c in cs), sum(c.fires for c in cs),
                         sum(c.lost for c in cs), sum(c.unfinished for c in cs))  # fmt: skip
 
     @property

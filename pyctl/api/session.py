@@ -251,6 +251,7 @@ class _Base:
 
         # lazy: keeps pyctl.evidence.store (+10 modules) off `import gpufault`
         from pyctl.evidence import store
+
         try:
             d = store.open_db(self.db, readonly=True)
         except Exception as e:  # noqa: BLE001 - StoreError: one line
@@ -631,6 +632,36 @@ def _child_env(extra: dict[str, str] | None) -> dict[str, str]:
     return env
 
 
+def _settings(
+    db: str | os.PathLike[str], duration: float, kind: str, xids: bool,
+    max_db_bytes: int | None, copilot_signal: int | None, arm_timeout: float,
+    stack_copy_bytes: int | None,
+) -> Settings:  # fmt: skip
+    """A session's Settings from arm()'s keywords, checked (BadInput), and
+    the host's prerequisites (MissingPrerequisite)."""
+    if duration < 0:
+        raise BadInput(f"duration: {duration:g} is negative: give seconds, or 0 for no limit")
+    if not db:
+        raise BadInput("db: give the evidence database's path")
+    if stack_copy_bytes is not None:
+        try:
+            check_stack_copy(stack_copy_bytes, "stack_copy_bytes")
+        except SpecError as e:
+            raise BadInput(str(e)) from None
+    check_prerequisites()
+    return Settings(
+        db=str(db),
+        duration=float(duration),
+        kind=kind,
+        argv=("gpufault-api", *sys.argv[:1]),
+        xids=xids,
+        max_db_bytes=max_db_bytes,
+        copilot_signal=copilot_signal,
+        arm_timeout=arm_timeout,
+        stack_copy_bytes=stack_copy_bytes,
+    )
+
+
 def arm(
     spec: FaultSpec | Sequence[FaultSpec],
     target: Target | int | Sequence[str],
@@ -645,41 +676,23 @@ def arm(
     arm_timeout: float = ARM_TIMEOUT_S,
     on_fire: Callable[[Fire], None] | None = None,
     stack_copy_bytes: int | None = None,
-) -> Session | IsolatedSession | SessionGroup:
+) -> Session | IsolatedSession:
     """Arm `spec` (one FaultSpec or several) in `target` (a pid, an argv
     list, or a Target) and return once every probe is attached and the
     faults can fire. Raises a GpufaultError subclass (BadInput,
     MissingPrerequisite, TargetGone) with nothing left behind."""
     specs = _specs(spec)
     tgt = Target.of(target)
-    if duration < 0:
-        raise BadInput(f"duration: {duration:g} is negative: give seconds, or 0 for no limit")
-    if not db:
-        raise BadInput("db: give the evidence database's path")
-    if stack_copy_bytes is not None:
-        try:
-            check_stack_copy(stack_copy_bytes, "stack_copy_bytes")
-        except SpecError as e:
-            raise BadInput(str(e)) from None
-    check_prerequisites()
-    settings = Settings(
-        db=str(db),
-        duration=float(duration),
-        kind=kind,
-        argv=("gpufault-api", *sys.argv[:1]),
-        xids=xids,
-        max_db_bytes=max_db_bytes,
-        copilot_signal=copilot_signal,
-        arm_timeout=arm_timeout,
-        stack_copy_bytes=stack_copy_bytes,
-    )
+    settings = _settings(db, duration, kind, xids, max_db_bytes, copilot_signal, arm_timeout,
+                         stack_copy_bytes)  # fmt: skip
     if tgt.selector or tgt.thread_name:
         members = tgt.members(sorted({sp.lib for sp in specs if sp.lib}))
         if len(members) > 1:
-            # lazy: pyctl.api.group only for a target of several processes
-            from pyctl.api.group import SessionGroup
-
-            return SessionGroup.arm(specs, members, settings, on_fire=on_fire)
+            raise BadInput(
+                f"{tgt.describe()} is {len(members)} processes "
+                f"({', '.join(str(m.pid) for m in members[:8])}): arm them with "
+                "gpufault.arm_all(), which returns a SessionGroup"
+            )
         tgt = members[0]
     s: Session | IsolatedSession
     s = IsolatedSession(specs, tgt, settings) if isolate else Session(specs, tgt, settings)
@@ -687,8 +700,43 @@ def arm(
     return s.start()
 
 
+def arm_all(
+    spec: FaultSpec | Sequence[FaultSpec],
+    target: Target,
+    *,
+    db: str | os.PathLike[str],
+    duration: float = 0.0,
+    kind: str = "api",
+    xids: bool = True,
+    max_db_bytes: int | None = None,
+    copilot_signal: int | None = None,
+    arm_timeout: float = ARM_TIMEOUT_S,
+    on_fire: Callable[[Fire], None] | None = None,
+    stack_copy_bytes: int | None = None,
+) -> SessionGroup:
+    """Arm `spec` in every process `target` selects (Target.container,
+    .cgroup, .pod, .comm, .ranks_of, .threads; a plain pid is a group of
+    one): one isolated session each, armed in parallel, all or nothing.
+    Returns a SessionGroup; raises like arm() with nothing left behind."""
+    # lazy: pyctl.api.group only for a target of several processes
+    from pyctl.api.group import SessionGroup
+
+    specs = _specs(spec)
+    if not isinstance(target, Target) or target.command:
+        raise BadInput(
+            "arm_all: give a gpufault.Target of running processes "
+            "(Target.container(NAME), .comm(NAME), .ranks_of(PID), .process(PID))"
+        )
+    settings = _settings(db, duration, kind, xids, max_db_bytes, copilot_signal, arm_timeout,
+                         stack_copy_bytes)  # fmt: skip
+    members = target.members(sorted({sp.lib for sp in specs if sp.lib}))
+    group = SessionGroup([IsolatedSession(specs, m, settings) for m in members])
+    return group.arm_all(on_fire)
+
+
 __all__ = [
     "arm",
+    "arm_all",
     "Session",
     "IsolatedSession",
     "Settings",

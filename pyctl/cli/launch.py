@@ -167,7 +167,7 @@ def start(
         from pyctl.cli.selected import run_selected
 
         run_selected(specs, options, chosen, pid=target["pid"], tid=target["tid"], cmd=cmd,
-                     on_end=on_end)  # fmt: skip
+                     on_end=on_end, run_one=run_specs, ready=ready)  # fmt: skip
         return
     run_specs(specs, options, cmd=cmd, on_end=on_end, **target)
 

@@ -65,24 +65,25 @@ def run_selected(
     tid: int | None,
     cmd: Sequence[str],
     on_end: Callable[[Any], None] | None,
+    run_one: Callable[..., None],
+    ready: Callable[[int, str], None],
 ) -> None:
+    """run_one: launch's run_specs (one process); ready: its --ready-fd
+    writer (passed in: launch imports this module)."""
     tgt = selected_target(chosen, pid=pid, tid=tid, cmd=cmd)
     try:
         members = tgt.members(sorted({s.lib for s in specs if s.lib}))
     except GpufaultError as e:
         raise UserError(str(e)) from None
     if len(members) == 1:
-        # lazy: the foreground path, as --pid takes it
-        from pyctl.cli.launch import run_specs
-
         m = members[0]
-        run_specs(specs, replace(options, target_labels=m.labels), pid=m.pid, tid=m.tid,
+        run_one(specs, replace(options, target_labels=m.labels), pid=m.pid, tid=m.tid,
                   on_end=on_end)  # fmt: skip
         return
     if options.metrics_addr:
         raise UserError(f"--metrics-addr serves one run; {tgt.describe()} is "
                         f"{len(members)} processes: give --pid of one, or drop it")  # fmt: skip
-    _run_group(specs, options, tgt, members, on_end)
+    _run_group(specs, options, tgt, members, on_end, ready)
 
 
 def _member_line(t: Target) -> str:
@@ -95,11 +96,11 @@ def _member_line(t: Target) -> str:
 
 def _run_group(
     specs: list[FaultSpec], options: RunOptions, tgt: Target, members: list[Target],
-    on_end: Callable[[Any], None] | None,
+    on_end: Callable[[Any], None] | None, ready: Callable[[int, str], None],
 ) -> None:  # fmt: skip
     # lazy: the library's session group only for a selection of several
     from pyctl.api.group import SessionGroup
-    from pyctl.api.session import Settings
+    from pyctl.api.session import IsolatedSession, Settings
 
     say = (lambda line: None) if options.quiet else (lambda line: click.echo(line, err=True))
     settings = Settings(
@@ -118,7 +119,8 @@ def _run_group(
 
     try:
         try:
-            group = SessionGroup.arm(specs, members, settings, on_fire=fired)
+            group = SessionGroup([IsolatedSession(specs, m, settings) for m in members])
+            group.arm_all(fired)
         except GpufaultError as e:
             raise UserError(str(e)) from None
         verb = "Tracing" if options.kind == "trace" else "Injecting"
@@ -128,9 +130,6 @@ def _run_group(
         for t, r in zip(group.members, group.run_ids, strict=True):
             say(f"  {_member_line(t)}: run {r}")
         if options.ready_fd is not None:
-            # lazy: launch's ready line
-            from pyctl.cli.launch import ready
-
             ready(options.ready_fd, " ".join(group.run_ids))
         deadline = time.monotonic() + options.duration if options.duration else None
         while not stop.is_set() and group.active:

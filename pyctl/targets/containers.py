@@ -158,7 +158,8 @@ def _docker() -> Iterable[dict[str, Any]]:
         cfg = _json(f"{base}/{cid}/config.v2.json")
         if not isinstance(cfg, dict):
             continue
-        st = cfg.get("State") if isinstance(cfg.get("State"), dict) else {}
+        raw = cfg.get("State")
+        st: dict[str, Any] = raw if isinstance(raw, dict) else {}
         pid = st.get("Pid") if st.get("Running") else None
         yield {"id": cid, "name": str(cfg.get("Name") or "").lstrip("/"), "runtime": "docker",
                "init_pid": pid if isinstance(pid, int) and pid > 0 else None}  # fmt: skip
