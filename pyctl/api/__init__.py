@@ -38,6 +38,7 @@ _WHERE = {
     "BadInput": "errors", "EvidenceWriteError": "errors", "ExperimentFailed": "errors",
     "GpufaultError": "errors", "MissingPrerequisite": "errors", "TargetGone": "errors",
     "Evidence": "evidence", "FaultRecord": "evidence", "open_evidence": "evidence",
+    "merge_evidence": "evidence",
     "Fault": "faults",
     "trace": "runs",
     "Counters": "session", "Fire": "session", "IsolatedSession": "session",
@@ -87,7 +88,7 @@ if TYPE_CHECKING:
         MissingPrerequisite,
         TargetGone,
     )
-    from pyctl.api.evidence import Evidence, FaultRecord, open_evidence
+    from pyctl.api.evidence import Evidence, FaultRecord, merge_evidence, open_evidence
     from pyctl.api.faults import Fault
     from pyctl.api.group import SessionGroup
     from pyctl.api.probes import catalog_functions, probe_sites
@@ -111,6 +112,7 @@ __all__ = [
     "Fire",
     "trace",
     "Evidence",
+    "merge_evidence",
     "FaultRecord",
     "open_evidence",
     "GpufaultError",

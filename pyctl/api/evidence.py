@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -143,4 +143,21 @@ def open_evidence(db_path: str | os.PathLike[str]) -> Evidence:
     return Evidence(db_path)
 
 
-__all__ = ["Evidence", "FaultRecord", "open_evidence"]
+def merge_evidence(
+    sources: Sequence[str | os.PathLike[str]], into: str | os.PathLike[str]
+) -> list[Any]:
+    """Merge several databases (nodes, ranks, agents) into `into`, created
+    if missing, in one transaction: every run and experiment of each
+    source once (one already there, the same, is skipped; another under
+    the same id is refused with `into` untouched). Returns per source a
+    SourceStats (runs_added, runs_skipped, rows per table, .line())."""
+    # lazy: keeps pyctl.evidence.merge off `import gpufault`
+    from pyctl.evidence import merge
+
+    try:
+        return merge.merge(sources, into)
+    except Exception as e:  # noqa: BLE001 - MergeError, StoreError: one line
+        raise translate(e) from e
+
+
+__all__ = ["Evidence", "FaultRecord", "merge_evidence", "open_evidence"]

@@ -34,6 +34,7 @@ COMMANDS = (
     "pyctl.cli.tokenizer:tokenizer",
     "pyctl.cli.service:service",
     "pyctl.cli.experiment:experiment",
+    "pyctl.cli.evidence:evidence",
 )
 
 # Groups whose sub-commands take a NAME of one of our files: their `name`
