@@ -61,7 +61,8 @@ def _plant_experiment(db: Path, xid: str) -> None:
     con = sqlite3.connect(db)
     try:
         con.execute(
-            "INSERT INTO experiments (id, name, version, verdict) VALUES (?, 'e', 1, 'pass')", (xid,)
+            "INSERT INTO experiments (id, name, version, verdict) VALUES (?, 'e', 1, 'pass')",
+            (xid,),
         )
         con.execute("INSERT INTO probe_samples (experiment_id, probe, phase) VALUES (?, 'p', 'b')",
                     (xid,))  # fmt: skip
