@@ -92,3 +92,40 @@ def probe_sites(lib: str, pid: int | None = None, patterns: Sequence[str] = ()) 
 
 
 __all__ = ["ProbeSites", "catalog_functions", "probe_sites", "render_catalog"]
+
+
+@dataclass(frozen=True)
+class SpecSites:
+    """Where one spec's probes would go in a process: its library as
+    resolved there, and the functions its pattern names."""
+
+    spec: str  # the spec's one-line description
+    library: str
+    functions: tuple[str, ...]
+
+    def line(self) -> str:
+        fns = ", ".join(self.functions[:4]) + (
+            f" and {len(self.functions) - 4} more" if len(self.functions) > 4 else ""
+        )
+        return f"{self.spec}: {fns} in {self.library}"
+
+
+def check_specs(specs: Sequence[Any], pid: int | None = None) -> list[SpecSites]:
+    """Resolve every spec's library and functions as arming would (in
+    pid's maps and mount namespace when given), without arming anything:
+    BadInput with arming's one line for the first that cannot be."""
+    # lazy: keeps the engine's planner (pyctl.symbols, pyctl.bpf) off `import gpufault`
+    from pyctl.engine.errors import EngineError
+    from pyctl.engine.mechanism import plan
+    from pyctl.exceptions import BadInput
+
+    try:
+        atts = plan(list(specs), pid)
+    except EngineError as e:
+        raise BadInput(str(e)) from None
+    out = []
+    for i, sp in enumerate(specs):
+        mine = [a for a in atts if a.spec == i]
+        lib = mine[0].lib.display if mine else str(sp.lib)
+        out.append(SpecSites(sp.describe(), lib, tuple(dict.fromkeys(a.sym.name for a in mine))))
+    return out

@@ -8,6 +8,7 @@ armed), 3 aborted (a guard probe, Ctrl-C or SIGTERM).
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 import time
 from typing import Any
@@ -30,11 +31,56 @@ def _user_error(msg: str) -> click.ClickException:
     return UserError(msg)
 
 
-def _load(name: str, sets: dict[str, str]) -> M.Experiment:
+def _load(name: str, sets: dict[str, str], target: dict[str, Any] | None = None) -> M.Experiment:
     try:
-        return F.load(name, sets)
+        return F.load(name, sets, target)
     except M.ExperimentError as e:
         raise _user_error(str(e)) from None
+
+
+def _target_table(
+    url: str | None, pid: int | None, command: str | None, ready: str | None
+) -> dict[str, Any] | None:
+    """--url/--pid/--command/--ready as the [target] table they replace
+    (None: the file's own)."""
+    if pid is None and command is None:
+        if url or ready:
+            raise _user_error("--url and --ready go with --pid PID or --command CMD: add one")
+        return None
+    if pid is not None and command is not None:
+        raise _user_error("--pid and --command both name the process: keep one")
+    t: dict[str, Any] = {}
+    if url:
+        t["url"] = url
+    if pid is not None:
+        t["pid"] = pid
+    if command is not None:
+        try:
+            t["command"] = shlex.split(command)
+        except ValueError as e:
+            raise _user_error(f"--command: {e}: quote it as a shell would") from None
+    if ready is not None:
+        t["ready"] = ready
+    return t
+
+
+def target_options(fn: Any) -> Any:
+    """Point a file at another server: its url, and its pid or the command
+    that starts it (the file's [target] is replaced)."""
+    for opt in reversed((
+        click.option("--url", metavar="URL",
+                     help="the server's base URL (with --pid or --command)"),
+        click.option("--pid", type=int, metavar="PID",
+                     help="inject into this running server instead of the file's target"),
+        click.option("--command", metavar="CMD",
+                     help="start this server instead of the file's target (one shell-quoted "
+                     "string; {ready_file} is a private path)"),
+        click.option("--ready", metavar="REGEX",
+                     help="with --command: the stderr line that says it is up (a (?P<url>...) "
+                     "group gives the url)"),
+    )):  # fmt: skip
+        fn = opt(fn)
+    return fn
 
 
 @click.group("experiment")
@@ -223,15 +269,47 @@ def show(name: str, sets: dict[str, str]) -> None:
 @experiment.command()
 @click.argument("name")
 @set_option("validate with these knob values")
-def validate(name: str, sets: dict[str, str]) -> None:
+@click.option(
+    "--target",
+    "target_pid",
+    type=int,
+    metavar="PID",
+    help="also resolve each fault step's libraries and functions in this process",
+)
+def validate(name: str, sets: dict[str, str], target_pid: int | None) -> None:
     """Check an experiment file (keys, types, templates, faults, probes).
 
+    With --target PID, every fault step's libraries and functions are
+    resolved in that running process, as arming would, and the first one
+    it lacks is refused: before a run's baseline, not after it.
+
     \b
-    Example:
+    Examples:
       gpufault experiment validate ./my-experiment.toml
+      gpufault experiment validate cuda-oom-degrade --target 4242
     """
     e = _load(name, sets)
-    click.echo(f"{e.path}: ok ({e.ident}, {len(e.steps)} step(s), {len(e.probes)} probe(s))")
+    lines = []
+    if target_pid is not None:
+        # lazy: the fault steps' check (the engine's planner) only with --target
+        from pyctl.experiment.steps.fault import check_step
+
+        for s in e.steps:
+            if not s.specs:
+                continue
+            if s.pid or s.tid:
+                lines.append(f"  step {s.idx + 1} ({s.name}): in {s.pid or s.tid}, not checked "
+                             "(that process is known once the target runs)")  # fmt: skip
+                continue
+            try:
+                lines += [f"  step {s.idx + 1} ({s.name}): {x}" for x in check_step(s, target_pid)]
+            except M.ExperimentError as err:
+                raise _user_error(f"{e.path}: {err}") from None
+    where = f", resolved in pid {target_pid}" if target_pid is not None else ""
+    click.echo(f"{e.path}: ok ({e.ident}, {len(e.steps)} step(s), {len(e.probes)} probe(s)"
+               f"{where})")  # fmt: skip
+    for ln in lines:
+        click.echo(ln)
 
 
 @experiment.command()
@@ -248,6 +326,7 @@ def validate(name: str, sets: dict[str, str]) -> None:
 @db_option()
 @click.option("--json", "as_json", is_flag=True, help="print the result as JSON at the end")
 @metrics_addr_option
+@target_options
 @click.option(
     "--metrics-linger",
     type=Duration(allow_zero=True),
@@ -264,8 +343,16 @@ def run(
     as_json: bool,
     metrics_addr: str | None,
     metrics_linger: float,
+    url: str | None,
+    pid: int | None,
+    command: str | None,
+    ready: str | None,
 ) -> None:
     """Run an experiment: baseline, method, recovery, verdict.
+
+    --pid PID (or --command CMD) with --url URL runs the file against
+    another server: every fault step's libraries and functions are
+    resolved in it before the baseline starts.
 
     Exit status: 0 pass, 1 fail, 2 error or bad input, 3 aborted. A file
     that expects another verdict ([expect] verdict = "fail") exits 0 when
@@ -277,6 +364,7 @@ def run(
       gpufault experiment run control --db /tmp/exp.db
       gpufault experiment run tokenizer-stall --set stall=80ms
       gpufault experiment run --all --db /tmp/all.db
+      gpufault experiment run cuda-oom-degrade --url http://127.0.0.1:8000 --pid 4242
     """
     # lazy: keeps pyctl.experiment.run (hmac, secrets, +9 modules) off `--help`
     from pyctl.experiment import run as runner
@@ -284,7 +372,11 @@ def run(
     # lazy: pyctl.experiment.target (socket, subprocess) only when one runs
     from pyctl.experiment.target import missing_on_host
 
+    target = _target_table(url, pid, command, ready)
     if run_all or match:
+        if target is not None:
+            raise _user_error("--all runs the shipped files against their own targets: "
+                              "give one NAME with --url/--pid/--command")  # fmt: skip
         if name or not run_all or metrics_addr or as_json:
             raise _user_error(
                 "--all runs every experiment (--match narrows it): give no NAME, "
@@ -294,7 +386,7 @@ def run(
         return
     if not name:
         raise _user_error("give an experiment NAME (see `gpufault experiment list`) or --all")
-    e = _load(name, sets)
+    e = _load(name, sets, target)
     if (why := missing_on_host(e.target)) is not None:
         raise _user_error(f"{e.ident} {why}: run it on a GPU host")
     db = str(db_path)

@@ -110,9 +110,13 @@ def all_names() -> dict[str, Path]:
     return out
 
 
-def load(name_or_file: str, sets: dict[str, str] | None = None) -> Experiment:
+def load(
+    name_or_file: str, sets: dict[str, str] | None = None, target: dict[str, Any] | None = None
+) -> Experiment:
+    """target: a [target] table that replaces the file's (`experiment run
+    --url/--pid/--command`); the file's `requires` stays."""
     path = find(name_or_file)
-    exp = load_file(path, sets)
+    exp = load_file(path, sets, target)
     if "@v" in name_or_file and "/" not in name_or_file:
         want = name_or_file.split("@v", 1)[1]
         if str(exp.version) != want:
@@ -123,7 +127,9 @@ def load(name_or_file: str, sets: dict[str, str] | None = None) -> Experiment:
     return exp
 
 
-def load_file(path: Path, sets: dict[str, str] | None = None) -> Experiment:
+def load_file(
+    path: Path, sets: dict[str, str] | None = None, target: dict[str, Any] | None = None
+) -> Experiment:
     try:
         doc = tomllib.loads(path.read_text())
     except OSError as e:
@@ -177,8 +183,16 @@ def load_file(path: Path, sets: dict[str, str] | None = None) -> Experiment:
                     f"({', '.join(TARGET_FACTS)}, rankN_pid, rankN_tid): add [knobs.{ph}]",
                 )
     rendered = {k: render(v, values) for k, v in doc.items() if k != "knobs"}
-
-    target = parse_target(r, rendered)
+    if target is not None:
+        raw = rendered.get("target")
+        own: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        needs = list(own.get("requires") or [])
+        svc = own.get("service")
+        if isinstance(svc, dict) and str(svc.get("device", "cpu")).startswith("cuda"):
+            needs.append("gpu")  # the file's service ran on a GPU: its faults need one
+        rendered["target"] = {**target, **({"requires": needs} if needs else {})}
+    tr = Reader(f"{path} (its target from --url/--pid/--command)") if target is not None else r
+    parsed_target = parse_target(tr, rendered)
     load_ = _load(r, rendered)
     probes, probe_where = _probes(r, rendered)
     steady = _steady(r, rendered, probes, probe_where)
@@ -205,7 +219,7 @@ def load_file(path: Path, sets: dict[str, str] | None = None) -> Experiment:
             f"({steps_end:g}s): lengthen it or drop it",
         )
     aborts = _aborts(r, rendered, probes)
-    expect = _expect(r, rendered, probes, load_ is not None, target.device)
+    expect = _expect(r, rendered, probes, load_ is not None, parsed_target.device)
     need = (expect.recovered_within or 0) + (
         expect.recovery_hold if expect.recovered_within is not None else 0
     )
@@ -233,7 +247,7 @@ def load_file(path: Path, sets: dict[str, str] | None = None) -> Experiment:
         baseline=baseline,
         method_window=method_window,
         recovery=recovery,
-        target=target,
+        target=parsed_target,
         load=load_,
         steady=steady,
         probes=probes,

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pyctl import templates as T
+from pyctl.exceptions import BadInput
+from pyctl.experiment.model import ExperimentError
 from pyctl.experiment.steps.base import (
     EndsOnItsOwn,
     FaultHostError,
@@ -248,6 +250,14 @@ class FaultKind(StepKind):
     name = "fault"
     words = ("template", "fault")
 
+    def prepare(self, run: Run, step: Step, facts: dict[str, Any]) -> None:
+        """Its aim, and its libraries and functions resolved in that
+        process now: a name it does not have is one line before the
+        baseline, not a failed step after it."""
+        super().prepare(run, step, facts)
+        pid = run.who[step.idx][0]
+        check_step(step, pid)
+
     def parse(self, r: Reader, key: str, m: dict[str, Any], step: Step) -> Step:
         sets: dict[str, str] = {}
         fault = None
@@ -345,3 +355,18 @@ __all__ = [
     "StepRequest",
     "FaultHostError",
 ]
+
+
+def check_step(step: Step, pid: int) -> list[str]:
+    """Every spec of a fault step resolved in pid (pyctl.api.probes.
+    check_specs); ExperimentError naming the step when one cannot be."""
+    # lazy: the engine's planner only when a step is checked
+    from pyctl.api.probes import check_specs
+
+    if not step.specs:
+        return []
+    try:
+        sites = check_specs(step.specs, pid)
+    except BadInput as e:
+        raise ExperimentError(f"step {step.idx + 1} ({step.name}) in pid {pid}: {e}") from None
+    return [s.line() for s in sites]
