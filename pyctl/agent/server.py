@@ -158,14 +158,11 @@ class _Conn:
         self.closed.set()
 
     def close(self) -> None:
-        """Flush what is queued, then close."""
+        """Flush what is queued, then close (lingering: see _linger)."""
         self.out.put(None)
         self._writer.join(5)
         self.closed.set()
-        try:
-            self.sock.close()
-        except OSError:
-            pass
+        _linger(self.sock)
 
 
 class AgentServer:
@@ -657,8 +654,29 @@ def _refuse(c: socket.socket, why: str) -> None:
         c.sendall(protocol.encode("error", message=f"refused: {why}"))
     except OSError:
         pass
+    _linger(c)
+
+
+def _linger(c: socket.socket, limit: int = 1 << 20, timeout: float = 1.0) -> None:
+    """Close after the peer has our last line: a close with its unread
+    requests in our buffer would reset the connection, and the reset can
+    reach the peer before the error line it was meant to read."""
+    try:
+        c.shutdown(socket.SHUT_WR)
+        c.settimeout(timeout)
+        got = 0
+        while got < limit:
+            chunk = c.recv(65536)
+            if not chunk:
+                break
+            got += len(chunk)
+    except (OSError, ValueError):
+        pass
     finally:
-        c.close()
+        try:
+            c.close()
+        except OSError:
+            pass
 
 
 def _number(v: object, what: str) -> float:
