@@ -596,6 +596,11 @@ class AgentServer:
             "peer": sess.peer,
             "lease_s": lease.lease_s,
             "renewals": lease.renewals,
+            # wall time of the watcher's expiry: what a reader compares fire walls with
+            "lease_expired_at": (
+                None if lease.expired_at is None
+                else round(time.time() - (time.monotonic() - lease.expired_at), 4)
+            ),  # fmt: skip
             "since_last_renewal_s": round(
                 (lease.expired_at or time.monotonic()) - lease.renewed, 4
             ),
