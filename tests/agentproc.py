@@ -14,8 +14,12 @@ from pyctl.paths import module_argv
 
 
 class AgentProc:
-    def __init__(self, args: list[str], *, timeout: float = 30.0) -> None:
-        self.p = subprocess.Popen(module_argv("pyctl", ["agent", "serve", *args]),
+    def __init__(
+        self, args: list[str], *, timeout: float = 30.0, prefix: tuple[str, ...] = ()
+    ) -> None:
+        # prefix: e.g. nsenter --net=/run/netns/NS (a network namespace only:
+        # `ip netns exec` would remount /sys, and with it bpffs and tracefs)
+        self.p = subprocess.Popen([*prefix, *module_argv("pyctl", ["agent", "serve", *args])],
                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                   stderr=subprocess.PIPE, text=True, cwd="/")  # fmt: skip
         self.lines: list[str] = []
