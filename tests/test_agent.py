@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import sqlite3
 import stat
@@ -122,6 +123,30 @@ def test_arm_fire_and_disarm_through_a_unix_socket(
     assert status == "done"
     why = json.loads(stats)
     assert why["agent"]["ended_by"] == "disarmed" and why["fires"] == 3  # both, whole
+
+
+@requires_root
+def test_agent_arm_holds_a_fault_prints_its_fires_and_disarms_on_ctrl_c(
+    unix_agent: tuple[AgentProc, str], target: Target
+) -> None:
+    _, url = unix_agent
+    p = subprocess.Popen(
+        module_argv("pyctl", ["agent", "arm", "--agent", url, "--pid", str(target.pid), "--lib",
+                              VICTIM[0], "--fn", "gf_victim", "--ret", "-7", "--duration", "60s",
+                              "--lease", "2s"]),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/",
+    )  # fmt: skip
+    assert p.stderr is not None and p.stdout is not None
+    line = p.stderr.readline()
+    assert line.startswith("armed session ") and "Ctrl-C to disarm" in line, line
+    assert [r[3] for r in target.victim(2)] == [-7, -7]
+    fires = [p.stdout.readline() for _ in range(2)]
+    assert all(f.startswith("fire ") and " gf_victim " in f for f in fires), fires
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 0, err
+    assert err.strip().endswith("ended: disarmed (2 fires)"), err
+    assert [r[3] for r in target.victim(1)] == [2] and not probed(target.pid, *VICTIM)
 
 
 @requires_root

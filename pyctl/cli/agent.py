@@ -164,7 +164,8 @@ def status(url: str, token_file: str | None, cert: str | None, key: str | None,
 @click.option("--fn", required=True, help="function (name or glob)")
 @click.option("--ret", default=None, help="fail with this value (a number or a CUDA name)")
 @click.option("--duration", type=DURATION, required=True, help="the fault's deadline")
-@click.option("--lease", "lease_s", type=DURATION, default="10s", show_default=True)
+@click.option("--lease", "lease_s", type=DURATION, default="10s", show_default=True,
+              help="the dead-man lease: renewed every third of it while this runs")
 @user_errors
 def arm(url: str, token_file: str | None, cert: str | None, key: str | None, ca: str | None,
         server_name: str | None, pid: int, lib: str, fn: str, ret: str | None, duration: float,
