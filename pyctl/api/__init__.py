@@ -16,8 +16,7 @@ GpufaultError > BadInput, MissingPrerequisite, TargetGone,
 EvidenceWriteError, ExperimentFailed; for tests, assert_fired and
 assert_followed (pyctl/api/asserts.py); and the rest of the command line as
 data: DoctorReport, probe_sites, fault_list, show, timeline, run_summary,
-calls_live, release; the node agent's AgentServer, AgentClient,
-RemoteSession, AgentError, AgentRefused; and the modules anchors, doctor, hooks, netchaos,
+calls_live, release, and the modules anchors, doctor, hooks, netchaos,
 tokenizer, templates. The `gpufault` package re-exports
 this module and the experiment layer's run_experiment, load_experiment and
 ExperimentVerdict (pyctl/experiment/public.py); the CLI, the experiment
@@ -50,9 +49,6 @@ _WHERE = {
     "fault_list": "reading", "show": "reading", "timeline": "reading",
     "run_summary": "calls", "calls_live": "calls:live",
     "release": "control",
-    # The node agent (pyctl/agent/, issue 28).
-    "AgentServer": "agent", "AgentClient": "agent", "AgentError": "agent",
-    "AgentRefused": "agent", "RemoteSession": "agent",
 }  # fmt: skip
 # Whole modules, for the groups of commands: gpufault.netchaos.loss(...), ...
 # (gpufault.doctor is the module: gpufault.doctor.report(["xids"]).)
@@ -78,7 +74,6 @@ def __getattr__(name: str) -> Any:
 
 if TYPE_CHECKING:
     from pyctl.api import anchors, doctor, hooks, netchaos, templates, tokenizer
-    from pyctl.api.agent import AgentClient, AgentError, AgentRefused, AgentServer, RemoteSession
     from pyctl.api.asserts import assert_fired, assert_followed
     from pyctl.api.calls import live as calls_live
     from pyctl.api.calls import run_summary
@@ -133,11 +128,6 @@ __all__ = [
     "run_summary",
     "calls_live",
     "release",
-    "AgentServer",
-    "AgentClient",
-    "AgentError",
-    "AgentRefused",
-    "RemoteSession",
     "anchors",
     "hooks",
     "netchaos",

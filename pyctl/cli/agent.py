@@ -1,4 +1,4 @@
-"""`gpufault agent ...`: the node agent (pyctl/agent/, via pyctl.api.agent).
+"""`gpufault agent ...`: the node agent (pyctl/agent/, a floor above pyctl.api).
 The commands parse options, call the library, print what comes back."""
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ def _client_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def _connect(url: str, token_file: str | None, cert: str | None, key: str | None,
              ca: str | None, server_name: str | None) -> Any:  # fmt: skip
-    # lazy: keeps pyctl.api.agent (+ the session API) off `--help`
-    from pyctl.api.agent import AgentClient
+    # lazy: keeps pyctl.agent (ssl, the session API) off `--help`
+    from pyctl.agent import AgentClient
 
     return AgentClient.connect(url, token_file=token_file, cert=cert, key=key, ca=ca,
                                server_hostname=server_name)  # fmt: skip
@@ -102,8 +102,8 @@ def serve(listen: tuple[str, ...], cert: str | None, key: str | None, client_ca:
         gpufault agent serve --listen tls://0.0.0.0:7450 --cert node.pem --key node.key \\
             --client-ca ca.pem --token-file /etc/gpufault/agent.token
     """
-    # lazy: keeps pyctl.api.agent off `--help`
-    from pyctl.api.agent import AgentServer
+    # lazy: keeps pyctl.agent off `--help`
+    from pyctl.agent import AgentServer
 
     if os.geteuid() != 0:
         raise UserError("agent serve needs root (it arms BPF faults): run it with sudo")
