@@ -84,6 +84,7 @@ CLI_MAY_IMPORT = {
     "pyctl.report": "experiment reports (HTML, Markdown), in the experiment layer",
     "pyctl.service": "the reference inference service, an application beside the front ends",
     "pyctl.resident.server": "`gpufault serve`'s server, a front end that runs the CLI",
+    "pyctl.agent": "the node agent's server and client, a floor above the API (its client)",
 }
 
 

@@ -31,6 +31,7 @@ COMMANDS = (
     "pyctl.cli.netchaos:netchaos_group",
     "pyctl.cli.anchors:anchors",
     "pyctl.cli.serve:serve",
+    "pyctl.cli.agent:agent",
     "pyctl.cli.tokenizer:tokenizer",
     "pyctl.cli.service:service",
     "pyctl.cli.experiment:experiment",
