@@ -376,7 +376,10 @@ def test_chaos_stall_and_corrupt_in_a_plain_process(tmp_path: Path) -> None:
         trace = runs["trace"]["output"]
         (fs,) = trace["functions"]
         assert fs["function"] == "gf_victim" and fs["calls"] >= 10 and trace["calls"] == fs["calls"]
-        assert fs["latency_ns"]["count"] == fs["calls"], fs  # every call completed
+        # Every call completed but the one the driver's single thread may have
+        # had in flight when the deadline took the return probe out: it is a
+        # call (its entry was seen) without a latency (CI saw 163 of 164).
+        assert 0 <= fs["calls"] - fs["latency_ns"]["count"] <= 1, fs
         after = code_at(pid, lib, "gf_victim")
         assert after[0] == after[1], "a probe is still in gf_victim"
         drv.stdin.close()

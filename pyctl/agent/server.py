@@ -23,6 +23,7 @@ import queue
 import secrets
 import socket
 import ssl
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -232,9 +233,7 @@ class AgentServer:
         except FileNotFoundError:
             st = None
         if st is not None:
-            import stat as S
-
-            if not S.S_ISSOCK(st.st_mode):
+            if not stat.S_ISSOCK(st.st_mode):
                 os.close(dfd)
                 raise BadInput(
                     f"{x.path} exists and is not a socket: remove it or listen elsewhere"

@@ -106,7 +106,8 @@ deadline = time.time() + 15
 status, stats = None, {}
 while time.time() < deadline:
     r = rows(adb, "SELECT status, stats FROM runs WHERE run_id = ?", run_id)
-    if r and r[0][0] == "done":
+    # The child marks its run done; the agent adds why it ended just after.
+    if r and r[0][0] == "done" and "agent" in json.loads(r[0][1] or "{}"):
         status, stats = r[0][0], json.loads(r[0][1] or "{}")
         break
     time.sleep(0.1)
