@@ -144,18 +144,22 @@ def open_evidence(db_path: str | os.PathLike[str]) -> Evidence:
 
 
 def merge_evidence(
-    sources: Sequence[str | os.PathLike[str]], into: str | os.PathLike[str]
+    sources: Sequence[str | os.PathLike[str]],
+    into: str | os.PathLike[str],
+    *,
+    skip_running: bool = False,
 ) -> list[Any]:
     """Merge several databases (nodes, ranks, agents) into `into`, created
     if missing, in one transaction: every run and experiment of each
     source once (one already there, the same, is skipped; another under
     the same id is refused with `into` untouched). Returns per source a
-    SourceStats (runs_added, runs_skipped, rows per table, .line())."""
+    SourceStats (runs_added, runs_skipped, rows per table, .line()).
+    skip_running leaves out the runs a source still has running."""
     # lazy: keeps pyctl.evidence.merge off `import gpufault`
     from pyctl.evidence import merge
 
     try:
-        return merge.merge(sources, into)
+        return merge.merge(sources, into, skip_running=skip_running)
     except Exception as e:  # noqa: BLE001 - MergeError, StoreError: one line
         raise translate(e) from e
 
