@@ -77,6 +77,8 @@ class RemoteSession:
         self.db = str(answer.get("db"))
         self.on_fire = on_fire
         self.ended_by = ""  # the agent's reason, once it ended
+        self.armed_at = time.time()  # when its answer was read: every probe attached
+        self.ended_at: float | None = None  # when this client learnt it ended
         self.status = "armed"
         self.last_renewal = time.monotonic()
         self.renewing = True
@@ -111,6 +113,7 @@ class RemoteSession:
         with self._cond:
             if not self._ended.is_set():
                 self.ended_by, self.status = why, status or "done"
+                self.ended_at = time.time()
                 self.renewing = False
                 self._ended.set()
             self._cond.notify_all()
