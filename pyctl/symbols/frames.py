@@ -70,7 +70,7 @@ def fire_frames(
             break
         bid = None
         if loc is not None:
-            fc = unwind.load(loc[0])
+            fc = unwind.load(sym.root + loc[0] if sym.root else loc[0])
             bid = fc.build_id if fc else None
         out.append(StoredFrame(len(out), addr, name, loc[0] if loc else None,
                                loc[1] if loc else None, bid, method))  # fmt: skip

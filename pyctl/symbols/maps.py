@@ -38,8 +38,11 @@ class Maps:
     """A process's mappings as they were at a fire (pyctl/symbols/mapwatch.py
     keeps them current), searchable by address."""
 
-    def __init__(self, maps: Sequence[Mapping]) -> None:
+    def __init__(self, maps: Sequence[Mapping], root: str = "") -> None:
+        """root: the process's /proc/PID/root when it is not ours (a
+        container, a chroot): its paths are opened through it."""
         self.maps = sorted(maps, key=lambda m: m.lo)
+        self.root = root
         self._los = [m.lo for m in self.maps]
         # path -> the unwinder's FileCfi (or None): one stat per module per
         # fire, not per frame (unwind.unwind fills it).
@@ -52,6 +55,10 @@ class Maps:
             return self.maps[i]
         return None
 
+    def opened(self, path: str) -> str:
+        """Where this process's file `path` is opened from here."""
+        return self.root + path if self.root and path.startswith("/") else path
+
     def exec_at(self, addr: int) -> Mapping | None:
         m = self.find(addr)
         return m if m is not None and m.executable and m.path else None
@@ -63,7 +70,7 @@ class Maps:
         a file offset that is not its vaddr in, e.g., a Rust wheel's .so)."""
         if path not in self._bases:
             self._bases[path] = min(
-                (mapping_base(m) for m in self.maps if m.path == path), default=0
+                (mapping_base(m, self.root) for m in self.maps if m.path == path), default=0
             )
         return self._bases[path]
 
@@ -131,7 +138,9 @@ def segment_delta(path: str, file_off: int, perms: str = "") -> int:
     return (vaddr - off) - (first[1] - first[0])
 
 
-def mapping_base(m: Mapping) -> int:
+def mapping_base(m: Mapping, root: str = "") -> int:
     """Where the file of mapping m has its offset 0 (its load base), from
-    this one mapping and the file's segments."""
-    return m.lo - m.offset - segment_delta(m.path, m.offset, m.perms)
+    this one mapping and the file's segments (read through root: the
+    process's /proc/PID/root when it is not ours)."""
+    path = root + m.path if root and m.path.startswith("/") else m.path
+    return m.lo - m.offset - segment_delta(path, m.offset, m.perms)

@@ -27,6 +27,7 @@ import struct
 from pathlib import Path
 
 from pyctl.symbols.maps import Mapping, Maps, mapping_base
+from pyctl.targets.procfs import root_prefix
 
 _NR_PERF_EVENT_OPEN = 298  # x86-64
 PERF_TYPE_SOFTWARE, PERF_COUNT_SW_DUMMY = 1, 9
@@ -97,6 +98,9 @@ class MapWatch:
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
+        # Its root when not ours (a container): where its paths are opened;
+        # kept, since /proc/PID/root goes with the process.
+        self.root = root_prefix(pid)
         self.fds: list[int] = []
         self.lost = 0  # records the ring dropped (then /proc is read, if it can be)
         self._maps: dict[int, Mapping] = {}  # lo -> mapping
@@ -209,7 +213,7 @@ class MapWatch:
         memoizes the modules' unwind tables and load bases)."""
         self.update()
         if self._snapshot is None:
-            self._snapshot = Maps(list(self._maps.values()))
+            self._snapshot = Maps(list(self._maps.values()), self.root)
         return self._snapshot
 
     def file_maps(self) -> list[tuple[int, int, int, str]]:
@@ -223,6 +227,6 @@ class MapWatch:
         snap = self.maps()  # the same object while nothing changed: computed once
         if self._file_maps is None or self._file_maps[0] is not snap:
             self._file_maps = (snap, sorted(
-                (m.lo, m.hi, m.lo - mapping_base(m), m.path)
+                (m.lo, m.hi, m.lo - mapping_base(m, self.root), m.path)
                 for m in self._maps.values() if m.path.startswith("/")))  # fmt: skip
         return self._file_maps[1]

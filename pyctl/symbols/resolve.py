@@ -99,6 +99,36 @@ def mapped_files(pid: int) -> list[str]:
     return seen
 
 
+def _mapped_same_file(path: str, pid: int) -> str | None:
+    """The path (as pid sees it) of what pid maps that is the file at path:
+    the same inode reached by another path (a bind mount, a hard link); or,
+    for a process in another root (a container, a chroot), a copy of the
+    same build (build-id), which is the file its calls run in. None when
+    pid maps neither."""
+    # lazy: keeps pyctl.targets (+2 modules) off `--help` and `import gpufault`
+    from pyctl.targets import procfs
+
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    inodes = procfs.mapped_inodes(pid)
+    hit = inodes.get((st.st_dev, st.st_ino))
+    if hit is not None or not procfs.root_prefix(pid):
+        return hit[0] if hit is not None else None
+    want = elf.build_id(path)
+    if not want:
+        return None
+    # Read through the kernel's handle on each mapped file (map_files): the
+    # file the target maps, not one a path in its root leads to now.
+    named_alike = sorted(inodes.values(),
+                         key=lambda x: os.path.basename(x[0]) != os.path.basename(path))  # fmt: skip
+    for mapped, handle in named_alike:
+        if elf.build_id(handle) == want:
+            return mapped
+    return None
+
+
 def _lib_from(path: str, display: str, mapped: bool) -> Library:
     st = os.stat(path)
     return Library(path, display, st.st_dev, st.st_ino, mapped)
@@ -318,6 +348,10 @@ def find_library(want: str, pid: int | None = None) -> Library:
                 # it: ./build/x or a symlink typed is the file it resolves to.
                 real = canonical_path(cand, root if cand.startswith(root + "/") else "")
                 mapped = pid is not None and real in mapped_files(pid)
+                if pid is not None and not mapped:
+                    same = _mapped_same_file(cand, pid)
+                    if same is not None:
+                        return _lib_from(root + same, same, True)
                 return _lib_from(cand, real, mapped)
         raise ResolveError(f"library {want} not found: give an existing path or a soname")
     if pid is not None:

@@ -10,11 +10,15 @@ import threading
 from pathlib import Path
 
 from pyctl.symbols import resolve, symtab
+from pyctl.targets.procfs import root_prefix
 
 
 class Symbolizer:
     def __init__(self, pid: int):
         self.pid = pid
+        # Its /proc/PID/root when not ours (a container, a chroot), kept
+        # while it lives: what its mapped paths are opened through.
+        self.root = root_prefix(pid)
         self.maps: list[tuple[int, int, int, str]] = []
         # path -> load base, learnt from fires at known probe sites; used when
         # the process died before its maps could be read.

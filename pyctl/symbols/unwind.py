@@ -244,7 +244,9 @@ def unwind(
 
         def loader(path: str) -> FileCfi | None:
             if path not in memo:
-                memo[path] = load(path)
+                # A container's file through its root: the host may have
+                # no file at that path, or another one.
+                memo[path] = load(maps.opened(path))
             return memo[path]
 
     cur = {DWARF_OF[k]: v for k, v in regs.items() if k in DWARF_OF}

@@ -175,6 +175,50 @@ def mapped_files(pid: int) -> set[str]:
     return out
 
 
+def root_prefix(pid: int) -> str:
+    """'/proc/PID/root' when pid's root directory is not ours (a container's
+    pivot_root, a chroot), '' when it is (or pid is gone): what a path in
+    pid's maps is opened through to reach the file pid maps."""
+    try:
+        theirs, ours = os.stat(f"/proc/{pid}/root"), os.stat("/")
+    except OSError:
+        return ""
+    same = (theirs.st_dev, theirs.st_ino) == (ours.st_dev, ours.st_ino)
+    return "" if same else f"/proc/{pid}/root"
+
+
+def mapped_inodes(pid: int) -> dict[tuple[int, int], tuple[str, str]]:
+    """(st_dev, st_ino) -> (path as pid sees it, a path that opens that very
+    file), for every file pid maps executable: the file itself, whatever
+    path it is reached by (a bind mount, a hard link, a container's root).
+    From /proc/PID/map_files (the kernel's handle on the mapped file, no
+    path walked in the target's root: root only), else the device and
+    inode numbers /proc/PID/maps writes and the path through its root."""
+    b = _read(f"/proc/{pid}/maps", 1 << 24)
+    if b is None:
+        return {}
+    root = root_prefix(pid)
+    out: dict[tuple[int, int], tuple[str, str]] = {}
+    for line in b.decode(errors="replace").splitlines():
+        parts = line.split(None, 5)
+        if len(parts) != 6 or "x" not in parts[1] or not parts[5].startswith("/"):
+            continue
+        path = parts[5].strip().removesuffix(" (deleted)")
+        handle = f"/proc/{pid}/map_files/{parts[0]}"
+        try:
+            st = os.stat(handle)
+            key = (st.st_dev, st.st_ino)
+        except OSError:
+            major, _, minor = parts[3].partition(":")
+            handle = root + path
+            try:
+                key = (os.makedev(int(major, 16), int(minor, 16)), int(parts[4]))
+            except ValueError:
+                continue
+        out.setdefault(key, (path, handle))
+    return out
+
+
 def environ(pid: int) -> dict[str, str]:
     """pid's environment as it was at exec (what /proc keeps): a value
     read as data, never used to decide where gpufault reads or writes."""

@@ -172,6 +172,7 @@ def _maps_any(pid: int, libs: Sequence[str]) -> bool:
     if not libs:
         return True
     files = procfs.mapped_files(pid)
+    inodes: dict[tuple[int, int], str] | None = None
     for want in libs:
         for path in files:
             base = os.path.basename(path)
@@ -180,6 +181,19 @@ def _maps_any(pid: int, libs: Sequence[str]) -> bool:
                     return True
             elif base == want or base.startswith((want + ".", want + "-", want + "_")):
                 return True
+        if want.startswith("/"):
+            # The same file by another path: the container's own path of a
+            # library it maps (through its root), or a host path bind-mounted
+            # into it; matched by the mapped inode, not by its name.
+            inodes = procfs.mapped_inodes(pid) if inodes is None else inodes
+            root = procfs.root_prefix(pid)
+            for cand in ([root + want] if root else []) + [want]:
+                try:
+                    st = os.stat(cand)
+                except OSError:
+                    continue
+                if (st.st_dev, st.st_ino) in inodes:
+                    return True
     return False
 
 
