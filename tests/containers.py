@@ -132,8 +132,9 @@ def oci_config(args: list[str], name: str) -> dict:
             "args": args,
             "env": [f"{k}={v}" for k, v in ENV.items()],
             "cwd": "/",
-            "capabilities": {k: [] for k in ("bounding", "effective", "inheritable",
-                                              "permitted", "ambient")},  # fmt: skip
+            "capabilities": {
+                k: [] for k in ("bounding", "effective", "inheritable", "permitted", "ambient")
+            },  # fmt: skip
             "noNewPrivileges": True,
         },
         "root": {"path": "rootfs", "readonly": True},

@@ -121,9 +121,8 @@ def _mapped_same_file(path: str, pid: int) -> str | None:
         return None
     # Read through the kernel's handle on each mapped file (map_files): the
     # file the target maps, not one a path in its root leads to now.
-    named_alike = sorted(inodes.values(),
-                         key=lambda x: os.path.basename(x[0]) != os.path.basename(path))  # fmt: skip
-    for mapped, handle in named_alike:
+    base = os.path.basename(path)
+    for mapped, handle in sorted(inodes.values(), key=lambda x: os.path.basename(x[0]) != base):
         if elf.build_id(handle) == want:
             return mapped
     return None

@@ -83,7 +83,6 @@ _BY_PATH: dict[str, FileCfi] = {}  # the last read through a path: it may be gon
 reads = 0
 
 
-
 def _read_elf(path: str) -> tuple[str, Loads, dict[str, tuple[int, bytes]]]:
     """(build-id, PT_LOADs, frame sections name -> (sh_addr, bytes)). A
     file with no .debug_frame of its own takes the one of its MiniDebugInfo
