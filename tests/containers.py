@@ -41,6 +41,7 @@ DOUBLES = REPO / "pyctl" / "data" / "doubles"
 CRUN = shutil.which("crun") or "/usr/bin/crun"
 UNSHARE = shutil.which("unshare") or "/usr/bin/unshare"
 CHROOT = shutil.which("chroot") or "/usr/sbin/chroot"
+NSENTER = shutil.which("nsenter") or "/usr/bin/nsenter"
 CGROUP_ROOT = "/sys/fs/cgroup"
 # Inside the root filesystem: where the programs and their libraries are.
 BIN = "/gf/bin"
@@ -183,6 +184,20 @@ class Contained(Target):
 
             self.pid = next(q for q in descendants(self.p.pid) if q)
 
+    def exec(self, args: list[str]) -> Target:
+        """Another process in this container (crun exec; nsenter into the
+        PID namespace and root of the unshare kind), driven the same way:
+        not the namespace's init."""
+        if self.kind == "crun":
+            argv = [UNSHARE, "--mount", "--propagation", "private", "sh", "-c", _CRUN_NS,
+                    "crun-ns", CRUN, "exec", "--env", f"LD_LIBRARY_PATH={LIBDIR}", self.name,
+                    *args]  # fmt: skip
+            env = None
+        else:
+            argv = [NSENTER, "--target", str(self.pid), "--pid", "--root", "--", *args]
+            env = dict(ENV)
+        return Joined(argv, env)
+
     def alive(self) -> bool:
         return self.p.poll() is None and Path(f"/proc/{self.pid}").exists()
 
@@ -205,6 +220,26 @@ class Contained(Target):
             except subprocess.TimeoutExpired:
                 self.kill()
         return self.p.wait(timeout=30)
+
+
+class Joined(Target):
+    """A process started into a running container; pid: its host pid (the
+    one whose pid in the container is what its ready line says)."""
+
+    def __init__(self, argv: list[str], env: dict[str, str] | None) -> None:
+        self.p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  text=True, bufsize=1, env=env)  # fmt: skip
+        assert self.p.stdout is not None
+        first = self.p.stdout.readline()
+        m = re.match(r"ready pid=(\d+)", first)
+        if m is None:
+            self.p.kill()
+            raise RuntimeError(f"{argv}: did not start: {first!r} (exit {self.p.wait(10)})")
+        # lazy: tests import pyctl from the worktree after conftest set the path up
+        from pyctl.targets.procfs import descendants, ns_pids
+
+        inner = int(m.group(1))
+        self.pid = next(q for q in descendants(self.p.pid) if ns_pids(q)[-1:] == [inner])
 
 
 @contextmanager

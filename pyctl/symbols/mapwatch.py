@@ -27,7 +27,7 @@ import struct
 from pathlib import Path
 
 from pyctl.symbols.maps import Mapping, Maps, mapping_base
-from pyctl.targets.procfs import root_prefix
+from pyctl.targets.procfs import chroot_prefix, in_view, root_prefix
 
 _NR_PERF_EVENT_OPEN = 298  # x86-64
 PERF_TYPE_SOFTWARE, PERF_COUNT_SW_DUMMY = 1, 9
@@ -82,12 +82,15 @@ def read_proc_maps(pid: int) -> list[Mapping] | None:
     except OSError:
         return None
     out = []
+    # A chroot in our mounts: maps name its files from our root, perf's
+    # records from its own; its own, as every reader stores them.
+    pre = chroot_prefix(pid)
     for line in text.splitlines():
         parts = line.split(None, 5)
         if len(parts) < 5:
             continue
         lo, hi = (int(x, 16) for x in parts[0].split("-"))
-        path = parts[5].strip() if len(parts) > 5 else ""
+        path = in_view(parts[5].strip(), pre) if len(parts) > 5 else ""
         out.append(Mapping(lo, hi, int(parts[2], 16), parts[1], path))
     return out
 

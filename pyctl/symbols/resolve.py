@@ -79,11 +79,18 @@ def _proc(pid: int) -> str:
 
 def _maps(pid: int) -> list[str]:
     try:
-        return Path(f"{_proc(pid)}/maps").read_text().splitlines()
+        text = Path(f"{_proc(pid)}/maps").read_text()
     except FileNotFoundError:
         raise ResolveError(f"no process {pid}: check the pid (is it still running?)") from None
     except PermissionError:
         raise ResolveError(f"cannot read /proc/{pid}/maps: run gpufault as root") from None
+    # A chroot in our mounts: maps name its files from our root; the
+    # target (and perf's mmap records) from its own. Its view, as stored.
+    # lazy: keeps pyctl.targets (+2 modules) off `--help` and `import gpufault`
+    from pyctl.targets import procfs
+
+    pre = procfs.chroot_prefix(pid)
+    return [ln.replace(" " + pre + "/", " /", 1) if pre else ln for ln in text.splitlines()]
 
 
 def mapped_files(pid: int) -> list[str]:

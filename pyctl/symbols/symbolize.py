@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 
 from pyctl.symbols import resolve, symtab
-from pyctl.targets.procfs import root_prefix
+from pyctl.targets.procfs import chroot_prefix, in_view, root_prefix
 
 
 class Symbolizer:
@@ -152,12 +152,13 @@ def read_maps(pid: int) -> list[tuple[int, int, int, str]] | None:
         text = Path(f"{proc_dir(pid)}/maps").read_text()
     except OSError:
         return None
+    pre = chroot_prefix(pid)  # a chroot's files as it names them
     for line in text.splitlines():
         parts = line.split(None, 5)
         if len(parts) < 6 or not parts[5].startswith("/"):
             continue
         lo, hi = (int(x, 16) for x in parts[0].split("-"))
-        maps.append((lo, hi, int(parts[2], 16), parts[5].strip()))
+        maps.append((lo, hi, int(parts[2], 16), in_view(parts[5].strip(), pre)))
     return maps
 
 

@@ -308,16 +308,21 @@ def libraries_of_pid(pid: int) -> dict[str, Path]:
     except OSError as e:
         raise LookupError(f"cannot read /proc/{pid}/maps ({e.strerror}): run as root") from e
     seen: dict[str, Path] = {}
+    # lazy: keeps pyctl.targets (+2 modules) off `--help`
+    from pyctl.targets import procfs
+
+    # Its root when not ours: the host may have another file at that path
+    # (or none); a chroot in our mounts has its files named from our root.
+    root, pre = procfs.root_prefix(pid), procfs.chroot_prefix(pid)
     for line in maps.splitlines():
         fields = line.split(maxsplit=5)
         if len(fields) < 6 or not fields[5].startswith("/"):
             continue
-        path = fields[5]
+        path = procfs.in_view(fields[5], pre)
         base = os.path.basename(path)
         for lib, globs in FILE_GLOBS.items():
             if lib not in seen and any(Path(base).match(g) for g in globs):
-                root = Path(f"/proc/{pid}/root{path}")
-                seen[lib] = Path(path) if Path(path).exists() else root
+                seen[lib] = Path(root + path)
     return seen
 
 

@@ -168,10 +168,11 @@ def mapped_files(pid: int) -> set[str]:
     if b is None:
         return set()
     out = set()
+    pre = chroot_prefix(pid)
     for line in b.decode(errors="replace").splitlines():
         parts = line.split(None, 5)
         if len(parts) == 6 and "x" in parts[1] and parts[5].startswith("/"):
-            out.add(parts[5].removesuffix(" (deleted)"))
+            out.add(in_view(parts[5].removesuffix(" (deleted)"), pre))
     return out
 
 
@@ -187,6 +188,34 @@ def root_prefix(pid: int) -> str:
     return "" if same else f"/proc/{pid}/root"
 
 
+def chroot_prefix(pid: int) -> str:
+    """The host path of pid's root when pid is chrooted inside gpufault's
+    own mounts (`chroot DIR`, `unshare --mount` + chroot): /proc/PID/maps
+    names its files from the reader's root, so they appear under this
+    prefix there, while pid itself (and perf's mmap records) name them
+    from its root. '' when its root is ours, or out of our reach (a
+    container's pivot_root into mounts of its own: maps already name its
+    files from its root)."""
+    try:
+        top = os.readlink(f"/proc/{pid}/root")
+        theirs = os.stat(f"/proc/{pid}/root")
+        if top in ("", "/") or not top.startswith("/") or top.endswith(" (deleted)"):
+            return ""
+        here = os.stat(top)
+    except OSError:
+        return ""
+    # The same directory by the name readlink gave: a path nobody swapped.
+    same = (here.st_dev, here.st_ino) == (theirs.st_dev, theirs.st_ino)
+    return top.rstrip("/") if same else ""
+
+
+def in_view(path: str, prefix: str) -> str:
+    """A /proc/PID/maps path as pid sees it (chroot_prefix stripped)."""
+    if prefix and path.startswith(prefix + "/"):
+        return path[len(prefix) :]
+    return path
+
+
 def mapped_inodes(pid: int) -> dict[tuple[int, int], tuple[str, str]]:
     """(st_dev, st_ino) -> (path as pid sees it, a path that opens that very
     file), for every file pid maps executable: the file itself, whatever
@@ -197,13 +226,13 @@ def mapped_inodes(pid: int) -> dict[tuple[int, int], tuple[str, str]]:
     b = _read(f"/proc/{pid}/maps", 1 << 24)
     if b is None:
         return {}
-    root = root_prefix(pid)
+    root, pre = root_prefix(pid), chroot_prefix(pid)
     out: dict[tuple[int, int], tuple[str, str]] = {}
     for line in b.decode(errors="replace").splitlines():
         parts = line.split(None, 5)
         if len(parts) != 6 or "x" not in parts[1] or not parts[5].startswith("/"):
             continue
-        path = parts[5].strip().removesuffix(" (deleted)")
+        path = in_view(parts[5].strip().removesuffix(" (deleted)"), pre)
         handle = f"/proc/{pid}/map_files/{parts[0]}"
         try:
             st = os.stat(handle)

@@ -1,0 +1,343 @@
+"""Every fault kind on a containerised target (issue 28): real crun
+containers and plain `unshare --pid --mount --fork` + chroot targets on a
+root filesystem built from this host's files (tests/containers.py), real
+BPF, real processes.
+
+The container's libraries are copies at a path the host does not have
+(/gf/lib): every library gpufault probes, unwinds or names there is
+reached through the target's root (/proc/PID/root, /proc/PID/map_files).
+Each test checks that the target kept running (but the one it kills) and
+that no probe is left in its code afterwards."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import requires_root
+from containers import BIN, CRUN, LIBDIR, TARGETS, Contained, container, crun_state, leftovers
+from gftarget import bpf_progs, no_new_progs
+
+import gpufault
+from gpufault import Fault
+
+GF = [sys.executable, "-m", "pyctl"]
+LIB = f"{LIBDIR}/libgftarget.so"  # the container's path of the library
+HOST_LIB = str(TARGETS / "libgftarget.so")  # the host's build of the same file
+KINDS = ["crun", "unshare"]
+
+
+def _rows(db: Path, sql: str) -> list[tuple]:
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return con.execute(sql).fetchall()
+    finally:
+        con.close()
+
+
+def _needs(kind: str) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("requires root (namespaces, BPF, ptrace)")
+    if kind == "crun" and not os.access(CRUN, os.X_OK):
+        pytest.skip(f"crun is not installed ({CRUN}): apt-get install crun (tools/setup-deps.sh)")
+
+
+@pytest.fixture(params=KINDS)
+def box(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Contained]:
+    """gf_target as the init of a container of each kind."""
+    _needs(request.param)
+    before = bpf_progs()
+    with container(request.param, tmp_path) as c:
+        yield c
+    assert no_new_progs(before), "the test left gpufault programs loaded"
+
+
+def code_at(c: Contained, fn: str = "gf_victim") -> tuple[str, str]:
+    """The bytes at fn's probe site in the container's process, and in its
+    file (the rootfs's copy): equal when no probe is in it."""
+    from pyctl.symbols import resolve
+
+    sym = resolve.symbols(resolve.find_library(LIB, c.pid), fn)[0]
+    addr = None
+    with open(f"/proc/{c.pid}/maps") as f:
+        for ln in f:
+            p = ln.split()
+            if len(p) >= 6 and p[5].endswith(LIB) and "x" in p[1]:
+                addr = int(p[0].split("-")[0], 16) + sym.offset - int(p[2], 16)
+    assert addr is not None, f"{LIB} is not mapped executable in pid {c.pid}"
+    with open(f"/proc/{c.pid}/mem", "rb") as f:
+        f.seek(addr)
+        mem = f.read(8)
+    with open(c.rootfs / LIB.lstrip("/"), "rb") as f:
+        f.seek(sym.offset)
+        disk = f.read(8)
+    return mem.hex(), disk.hex()
+
+
+def _probed(c: Contained) -> bool:
+    mem, disk = code_at(c)
+    return mem != disk and mem.startswith("cc")
+
+
+def _untouched(c: Contained) -> None:
+    """It runs on, its code is its file's again, its calls are its own."""
+    assert c.alive()
+    mem, disk = code_at(c)
+    assert mem == disk, f"a probe is left at gf_victim: {mem} (file {disk})"
+    assert [r[3] for r in c.victim(2)] == [2, 3]
+
+
+# ---- the root filesystem itself ---------------------------------------------
+
+
+@requires_root
+def test_the_containers_libraries_are_its_own_copies(box: Contained) -> None:
+    """The premise of the rest: the container maps files the host does not
+    have at those paths (a probe by host path would miss them)."""
+    maps = Path(f"/proc/{box.pid}/maps").read_text()
+    # /proc/PID/maps names files from the reader's root: a crun container's
+    # (in mounts of its own) by its path, a chroot's by the host's path.
+    seen = "" if box.kind == "crun" else str(box.rootfs)
+    assert f" {seen}{LIB}\n" in maps and f" {seen}{LIBDIR}/libc.so.6\n" in maps
+    assert not os.path.exists(LIB) and not os.path.exists(f"{LIBDIR}/libc.so.6")
+    mine = os.stat(box.rootfs / LIB.lstrip("/"))
+    host = os.stat(HOST_LIB)
+    assert (mine.st_dev, mine.st_ino) != (host.st_dev, host.st_ino)
+    status = Path(f"/proc/{box.pid}/status").read_text()
+    assert status.split("NSpid:")[1].split()[1] == "1"  # its own PID namespace's init
+
+
+# ---- every fault kind, on both kinds of container -----------------------------
+
+
+@requires_root
+@pytest.mark.parametrize("lib", ["libgftarget", LIB, HOST_LIB])
+def test_fail_by_name_container_path_or_host_path(box: Contained, lib: str, tmp_path: Path) -> None:
+    """fail: the 2nd call returns the injected value. The library named by
+    its name, by the container's path, or by the host's path of the same
+    build (matched by build-id to the copy the container maps); the fault
+    stores the container's path, its stack names frames in the
+    container's libc."""
+    db = tmp_path / "gf.db"
+    with gpufault.arm(Fault.fail(lib, "gf_victim", ret=-5, nth=2), box.pid, db=db,
+                      duration=30) as s:  # fmt: skip
+        assert _probed(box)
+        assert [r[3] for r in box.victim(3)] == [2, -5, 4]
+        assert s.wait_fires(1, 10)
+        (f,) = s.faults()
+    assert f.library == LIB and f.pid == box.pid and f.retval == -5
+    frames = _rows(db, "SELECT symbol, module, method FROM stacks ORDER BY depth")
+    assert frames[0][:2] == ("libgftarget.so!gf_victim+0x0", LIB), frames
+    assert frames[1][0] == "gf_target!run_victim+0x9f" and frames[1][2] == "cfi", frames
+    libc = [fr for fr in frames if fr[1] == f"{LIBDIR}/libc.so.6"]
+    assert libc and all("!" in fr[0] for fr in libc), frames  # named: start_thread, clone3
+    _untouched(box)
+
+
+@requires_root
+def test_trace_counts_the_calls_the_target_reports(box: Contained, tmp_path: Path) -> None:
+    with gpufault.arm(Fault.trace("libgftarget", "gf_victim"), box.pid, db=tmp_path / "gf.db",
+                      duration=30) as s:  # fmt: skip
+        made = len(box.victim(7)) + len(box.victim(4, threads=2))
+    (fn,) = s.summary().functions
+    assert made == 15 and fn.calls == made and fn.returns == made, fn
+    _untouched(box)
+
+
+@requires_root
+def test_stall_holds_the_call_for_its_time(box: Contained, tmp_path: Path) -> None:
+    with gpufault.arm(Fault.stall("libgftarget", "gf_victim", stall="300ms", nth=1), box.pid,
+                      db=tmp_path / "gf.db", duration=30) as s:  # fmt: skip
+        t0 = time.monotonic()
+        assert [r[3] for r in box.victim(1)] == [2]
+        held = time.monotonic() - t0
+        assert s.wait_fires(1, 10)
+    assert 0.3 <= held < 5, held
+    _untouched(box)
+
+
+@requires_root
+def test_hang_until_released(box: Contained, tmp_path: Path) -> None:
+    got: list[list[int]] = []
+    with gpufault.arm(Fault.hang("libgftarget", "gf_victim", nth=1), box.pid,
+                      db=tmp_path / "gf.db", duration=60) as s:  # fmt: skip
+        th = threading.Thread(target=lambda: got.append([r[3] for r in box.victim(1)]))
+        th.start()
+        assert s.wait_fires(1, 10)
+        th.join(0.5)  # held: the call has not returned (a bounded look, not a sync)
+        assert th.is_alive() and not got
+        assert s.release() == 1
+        th.join(10)
+        assert got == [[2]]
+    _untouched(box)
+
+
+@requires_root
+def test_corrupt_writes_through_the_argument(box: Contained, tmp_path: Path) -> None:
+    with gpufault.arm(Fault.corrupt("libgftarget", "gf_victim", corrupt="arg2:zero", nth=2),
+                      box.pid, db=tmp_path / "gf.db", duration=30) as s:  # fmt: skip
+        rows = box.victim(3)
+        assert s.wait_fires(1, 10)
+    assert [(r[3], r[4]) for r in rows] == [(2, 2), (3, 0), (4, 6)], rows
+    _untouched(box)
+
+
+@requires_root
+def test_sigsegv_kills_a_process_of_the_container(box: Contained, tmp_path: Path) -> None:
+    """A second gf_target in the container (not its init: the kernel drops
+    a signal without a handler to a PID namespace's init) dies of the
+    injected SIGSEGV; the init runs on."""
+    other = box.exec([f"{BIN}/gf_target"])
+    try:
+        with gpufault.arm(Fault.signal("libgftarget", "gf_victim", signal="SIGSEGV", nth=1),
+                          other.pid, db=tmp_path / "gf.db", duration=30) as s:  # fmt: skip
+            with pytest.raises(EOFError):
+                other.victim(1)
+            assert s.wait_fires(1, 10)
+        assert other.p.wait(10) != 0
+        assert not Path(f"/proc/{other.pid}").exists()
+    finally:
+        other.close()
+    _untouched(box)
+
+
+@requires_root
+def test_sigsegv_into_a_containers_init_warns(box: Contained, tmp_path: Path) -> None:
+    r, w = os.pipe()
+    p = subprocess.Popen([*GF, "inject", "--pid", str(box.pid), "--lib", "libgftarget", "--fn",
+                          "gf_victim", "--action", "signal", "--signal", "SIGSEGV", "--nth", "1",
+                          "--db", str(tmp_path / "gf.db"), "--duration", "30s", "-q",
+                          "--ready-fd", str(w)], pass_fds=(w,), stderr=subprocess.PIPE,
+                         text=True)  # fmt: skip
+    os.close(w)
+    with os.fdopen(r) as f:
+        assert f.readline().startswith("ready")
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    want = (f"gpufault: warning: pid {box.pid} is the init (pid 1) of its PID namespace and has "
+            "no SIGSEGV handler: the kernel drops that signal")  # fmt: skip
+    assert [ln for ln in err.splitlines() if "init (pid 1)" in ln] == [want], err
+    _untouched(box)
+
+
+# ---- the workload with the libcuda double -------------------------------------
+
+
+@requires_root
+@pytest.mark.parametrize("kind", KINDS)
+def test_libcuda_double_workload_in_a_container(kind: str, tmp_path: Path) -> None:
+    """gf-infer on the libcuda TEST DOUBLE inside the container: its 3rd
+    cuMemAlloc_v2 fails with CUDA_ERROR_OUT_OF_MEMORY and it says so; every
+    cuLaunchKernel traced."""
+    _needs(kind)
+    before = bpf_progs()
+    args = [f"{BIN}/gf-infer", "--wait", "--steps", "6", "--threads", "1"]
+    with container(kind, tmp_path, args, ready="ready pid=1") as c:
+        db = tmp_path / "gf.db"
+        specs = [Fault.fail("libcuda", "cuMemAlloc_v2", ret="CUDA_ERROR_OUT_OF_MEMORY", nth=3),
+                 Fault.trace("libcuda", "cuLaunchKernel")]  # fmt: skip
+        with gpufault.arm(specs, c.pid, db=db, duration=30) as s:
+            assert c.p.stdin is not None and c.p.stdout is not None
+            c.p.stdin.write("go\n")
+            c.p.stdin.flush()
+            out = c.p.stdout.read()
+            assert c.p.wait(10) == 1, out  # 1: a CUDA call failed
+            assert s.wait_fires(1, 10)
+            faults = s.faults()
+        launches = {f.function: f.calls for f in s.summary().functions}["cuLaunchKernel"]
+    assert [f.function for f in faults] == ["cuMemAlloc_v2"]
+    assert faults[0].library == f"{LIBDIR}/libcuda.so.1"
+    assert out.count("CUDA_ERROR_OUT_OF_MEMORY") >= 1, out
+    assert launches == 5, out  # 6 steps, the one whose allocation failed launches nothing
+    assert no_new_progs(before)
+
+
+# ---- naming the container: the library API and the CLI, crun's own state ------
+
+
+@requires_root
+def test_api_target_container_by_crun_name(tmp_path: Path) -> None:
+    _needs("crun")
+    before = bpf_progs()
+    with container("crun", tmp_path) as c:
+        assert crun_state(c.name)["status"] == "running"
+        db = tmp_path / "gf.db"
+        with gpufault.arm(Fault.fail("libgftarget", "gf_victim", ret=-7, nth=1),
+                          gpufault.Target.container(c.name), db=db, duration=30) as s:  # fmt: skip
+            assert s.target.pid == c.pid
+            assert [r[3] for r in c.victim(2)] == [-7, 3]
+            assert s.wait_fires(1, 10)
+        (row,) = _rows(db, "SELECT host_pid, ns_pid, ns_tid, ns_depth, container_id, "
+                           "container_name, runtime, selector FROM targets")  # fmt: skip
+        assert row == (c.pid, 1, None, 1, c.name, c.name, "crun", f"container={c.name}"), row
+        _untouched(c)
+        name = c.name
+    assert leftovers(name) == []
+    assert no_new_progs(before)
+
+
+@requires_root
+def test_cli_container_selects_the_crun_container(tmp_path: Path) -> None:
+    _needs("crun")
+    with container("crun", tmp_path) as c:
+        db = tmp_path / "gf.db"
+        r, w = os.pipe()
+        p = subprocess.Popen([*GF, "inject", "--container", c.name, "--lib", HOST_LIB, "--fn",
+                              "gf_victim", "--action", "fail", "--ret", "-6", "--nth", "1",
+                              "--thread", "gf_target", "--db", str(db), "--duration", "60s",
+                              "-q", "--ready-fd", str(w)], pass_fds=(w,),
+                             stderr=subprocess.PIPE, text=True)  # fmt: skip
+        os.close(w)
+        with os.fdopen(r) as f:
+            line = f.readline()
+        if not line.startswith("ready"):
+            pytest.fail(f"not armed: {p.communicate(timeout=60)[1]}")
+        # --thread: the main thread only; `both` calls on it, `victim` on a new one.
+        (ln,) = c.cmd("both 1")
+        assert ln.endswith("victim=-6"), ln
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err
+        (row,) = _rows(db, "SELECT host_pid, host_tid, ns_pid, ns_tid, ns_depth, container_id, "
+                           "container_name, runtime, selector FROM targets")  # fmt: skip
+        assert row == (c.pid, c.pid, 1, 1, 1, c.name, c.name, "crun",
+                       f"container={c.name}"), row  # fmt: skip
+        shown = subprocess.run([*GF, "show", "latest", "--db", str(db)], capture_output=True,
+                               text=True, timeout=60).stdout  # fmt: skip
+        assert f"container {c.name} (crun" in shown and f"in {LIB}" in shown, shown
+        _untouched(c)
+
+
+@requires_root
+def test_container_that_does_not_map_the_library_is_one_line(tmp_path: Path) -> None:
+    _needs("crun")
+    with container("crun", tmp_path) as c:
+        r = subprocess.run([*GF, "inject", "--container", c.name, "--lib", "libnosuch", "--fn",
+                            "x", "--action", "fail", "--ret", "-1", "--db",
+                            str(tmp_path / "gf.db")], capture_output=True, text=True,
+                           timeout=60)  # fmt: skip
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert not (tmp_path / "gf.db").exists()
+        _untouched(c)
+
+
+# ---- gpufault itself in a PID namespace -----------------------------------------
+
+
+@requires_root
+def test_doctor_says_what_a_gpufault_in_a_pid_namespace_needs(tmp_path: Path) -> None:
+    host = subprocess.run([*GF, "doctor", "--json"], capture_output=True, text=True, timeout=120)
+    assert '"name": "pid-namespace"' in host.stdout, host.stdout[-2000:]
+    r = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", *GF, "doctor"],
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    out = r.stdout + r.stderr
+    assert "pid-namespace" in out and "hostPID: true" in out and "--pid=host" in out, out
+    assert r.returncode != 0
