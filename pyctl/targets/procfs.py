@@ -105,6 +105,21 @@ def ns_inode(pid: int, kind: str) -> int | None:
         return None
 
 
+def signal_mask(pid: int, field: str) -> int | None:
+    """A signal mask of pid's /proc status (SigCgt: the signals it has a
+    handler for; SigIgn, SigBlk), bit signo-1; None when gone."""
+    b = _read(f"/proc/{pid}/status", 1 << 16)
+    if b is None:
+        return None
+    for line in b.decode(errors="replace").splitlines():
+        if line.startswith(field + ":"):
+            try:
+                return int(line.split()[1], 16)
+            except (IndexError, ValueError):
+                return None
+    return None
+
+
 def ns_pids(pid: int) -> list[int]:
     """NSpid: pid as each PID namespace from the host's down to the
     process's own sees it ([pid] for a process in the host's)."""
