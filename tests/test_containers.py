@@ -63,7 +63,7 @@ def box(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Contained]:
 def code_at(c: Contained, fn: str = "gf_victim") -> tuple[str, str]:
     """The bytes at fn's probe site in the container's process, and in its
     file (the rootfs's copy): equal when no probe is in it."""
-    from pyctl.symbols import resolve
+    from pyctl.symbols import resolve  # lazy: pyctl as the session imports it (conftest)
 
     sym = resolve.symbols(resolve.find_library(LIB, c.pid), fn)[0]
     addr = None
@@ -226,7 +226,8 @@ def test_sigsegv_into_a_containers_init_warns(box: Contained, tmp_path: Path) ->
     _, err = p.communicate(timeout=60)
     assert _rows(tmp_path / "gf.db", "SELECT action FROM faults") == [("signal",)]
     want = (f"warning: pid {box.pid} is the init (pid 1) of its PID namespace and has no "
-            "SIGSEGV handler: the kernel drops that signal (target another process of it)")  # fmt: skip
+            "SIGSEGV handler: the kernel drops that signal "
+            "(target another process of it)")  # fmt: skip
     assert [ln.strip() for ln in err.splitlines() if "init (pid 1)" in ln] == [want], err
     _untouched(box)
 

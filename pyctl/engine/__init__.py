@@ -383,11 +383,7 @@ class Engine:
         caught = procfs.signal_mask(self.pid, "SigCgt")
         for signo in sorted(sigs):
             if caught is not None and not caught >> (signo - 1) & 1:
-                # lazy: signal (+1 module) only when this runs
-                import signal as _signal
-
-                name = _signal.Signals(signo).name if signo in _signal.Signals._value2member_map_ \
-                    else str(signo)  # fmt: skip
+                name = _signal_name(signo)
                 self.start_warnings.append(
                     f"pid {self.pid} is the init (pid 1) of its PID namespace and has no {name} "
                     "handler: the kernel drops that signal (target another process of it)"
@@ -785,3 +781,13 @@ __all__ = [
     "signal_cause",
     "write_corruption",
 ]
+
+
+def _signal_name(signo: int) -> str:
+    # lazy: signal (+1 module) only for a signal fault into a namespace's init
+    import signal
+
+    try:
+        return signal.Signals(signo).name
+    except ValueError:
+        return f"signal {signo}"

@@ -177,7 +177,7 @@ def _maps_any(pid: int, libs: Sequence[str], same: SameBuild | None = None) -> b
     if not libs:
         return True
     files = procfs.mapped_files(pid)
-    inodes: dict[tuple[int, int], str] | None = None
+    inodes: dict[tuple[int, int], tuple[str, str]] | None = None
     for want in libs:
         for path in files:
             base = os.path.basename(path)
