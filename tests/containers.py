@@ -42,6 +42,7 @@ CRUN = shutil.which("crun") or "/usr/bin/crun"
 UNSHARE = shutil.which("unshare") or "/usr/bin/unshare"
 CHROOT = shutil.which("chroot") or "/usr/sbin/chroot"
 NSENTER = shutil.which("nsenter") or "/usr/bin/nsenter"
+BUSYBOX = shutil.which("busybox") or "/usr/bin/busybox"  # static (busybox-static)
 CGROUP_ROOT = "/sys/fs/cgroup"
 # Inside the root filesystem: where the programs and their libraries are.
 BIN = "/gf/bin"
@@ -79,6 +80,8 @@ def build_rootfs(dest: Path) -> Path:
     root = dest / "rootfs"
     for d in (BIN, LIBDIR, "/proc", "/dev", "/tmp", "/lib64"):
         (root / d.lstrip("/")).mkdir(parents=True, exist_ok=True)
+    # A static shell for the tests' own work inside (a mount in its namespace).
+    shutil.copy2(BUSYBOX, root / BIN.lstrip("/") / "busybox")
     for prog in programs():
         shutil.copy2(prog, root / BIN.lstrip("/") / prog.name)
         for name, host in needed(prog):
@@ -197,6 +200,13 @@ class Contained(Target):
             argv = [NSENTER, "--target", str(self.pid), "--pid", "--root", "--", *args]
             env = dict(ENV)
         return Joined(argv, env)
+
+    def inside(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """busybox ARGS as root in the container's mount namespace and root
+        (paths as it sees them): what its own root user could do."""
+        return subprocess.run([NSENTER, "--target", str(self.pid), "--mount", "--root", "--",
+                               f"{BIN}/busybox", *args], capture_output=True, text=True,
+                              timeout=30)  # fmt: skip
 
     def alive(self) -> bool:
         return self.p.poll() is None and Path(f"/proc/{self.pid}").exists()

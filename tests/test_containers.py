@@ -162,6 +162,34 @@ def test_fail_after_the_body_and_observe(box: Contained, tmp_path: Path) -> None
 
 
 @requires_root
+def test_a_file_mounted_over_the_mapped_library_is_not_probed(
+    box: Contained, tmp_path: Path
+) -> None:
+    """The container's root user mounts another file (its libc) over the
+    library its process maps: the path now leads elsewhere, the mapping
+    does not. gpufault probes the mapped file (through /proc/PID/map_files),
+    not what the path leads to (there, no gf_victim at all)."""
+    r = box.inside("mount", "--bind", f"{LIBDIR}/libc.so.6", LIB)
+    assert r.returncode == 0, r.stderr
+    seen = os.stat(f"/proc/{box.pid}/root{LIB}")
+    libc = os.stat(box.rootfs / "gf/lib/libc.so.6")
+    assert (seen.st_dev, seen.st_ino) == (libc.st_dev, libc.st_ino)  # the path is libc now
+    with gpufault.arm(Fault.fail("libgftarget", "gf_victim", ret=-3, nth=1), box.pid,
+                      db=tmp_path / "gf.db", duration=30) as s:  # fmt: skip
+        assert [r[3] for r in box.victim(2)] == [-3, 3]
+        assert s.wait_fires(1, 10)
+        (f,) = s.faults()
+    assert f.library == LIB
+    # Its frames are unwound and named from the mapped file too.
+    frames = _rows(tmp_path / "gf.db", "SELECT symbol, module, method FROM stacks ORDER BY depth")
+    want = [("libgftarget.so!gf_victim+0x0", LIB, "ip"),
+            ("gf_target!run_victim+0x9f", f"{BIN}/gf_target", "cfi")]  # fmt: skip
+    assert frames[:2] == want, frames
+    assert box.inside("umount", LIB).returncode == 0
+    _untouched(box)
+
+
+@requires_root
 def test_trace_counts_the_calls_the_target_reports(box: Contained, tmp_path: Path) -> None:
     with gpufault.arm(Fault.trace("libgftarget", "gf_victim"), box.pid, db=tmp_path / "gf.db",
                       duration=30) as s:  # fmt: skip

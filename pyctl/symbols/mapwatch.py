@@ -91,7 +91,12 @@ def read_proc_maps(pid: int) -> list[Mapping] | None:
             continue
         lo, hi = (int(x, 16) for x in parts[0].split("-"))
         path = in_view(parts[5].strip(), pre) if len(parts) > 5 else ""
-        out.append(Mapping(lo, hi, int(parts[2], 16), parts[1], path))
+        major, _, minor = parts[3].partition(":")
+        try:
+            dev, ino = os.makedev(int(major, 16), int(minor, 16)), int(parts[4])
+        except ValueError:
+            dev = ino = 0
+        out.append(Mapping(lo, hi, int(parts[2], 16), parts[1], path, dev, ino))
     return out
 
 
@@ -205,7 +210,11 @@ class MapWatch:
             return  # a child process's (inherit follows forks too)
         prot = struct.unpack_from("<I", rec, 64)[0]
         name = rec[72:].split(b"\0", 1)[0].decode(errors="replace")
-        new = Mapping(addr, addr + ln, pgoff, "r-xp" if prot & 4 else "r--p", name)
+        dev = ino = 0
+        if not misc & PERF_RECORD_MISC_MMAP_BUILD_ID:  # maj, min, ino; else a build-id
+            major, minor, ino = struct.unpack_from("<IIQ", rec, 40)
+            dev = os.makedev(major, minor)
+        new = Mapping(addr, addr + ln, pgoff, "r-xp" if prot & 4 else "r--p", name, dev, ino)
         # The new mapping replaces whatever it overlaps (MAP_FIXED over a reservation).
         for lo in [lo for lo, m in self._maps.items() if m.lo < new.hi and new.lo < m.hi]:
             del self._maps[lo]
@@ -230,6 +239,6 @@ class MapWatch:
         snap = self.maps()  # the same object while nothing changed: computed once
         if self._file_maps is None or self._file_maps[0] is not snap:
             self._file_maps = (snap, sorted(
-                (m.lo, m.hi, m.lo - mapping_base(m, self.root), m.path)
+                (m.lo, m.hi, m.lo - mapping_base(m, opened=snap.opened(m.path)), m.path)
                 for m in self._maps.values() if m.path.startswith("/")))  # fmt: skip
         return self._file_maps[1]

@@ -106,6 +106,30 @@ def mapped_files(pid: int) -> list[str]:
     return seen
 
 
+def _mapped_file(pid: int | None, root: str, path: str) -> str:
+    """Where to open the file pid maps at `path` (as it sees it): through
+    its root when what lies there now is that file (its device and inode);
+    else (a file mounted over it, or swapped since) the kernel's handle on
+    the mapped file itself, /proc/PID/map_files/RANGE."""
+    if pid is None:
+        return root + path
+    # lazy: keeps pyctl.targets (+2 modules) off `--help` and `import gpufault`
+    from pyctl.targets import procfs
+
+    inodes = procfs.mapped_inodes(pid)
+    try:
+        st = os.stat(root + path)
+        here = inodes.get((st.st_dev, st.st_ino))
+        if here is not None and here[0] == path:  # the file mapped at that path
+            return root + path
+    except OSError:
+        pass
+    for seen, handle in inodes.values():
+        if seen == path:
+            return handle
+    return root + path
+
+
 def _mapped_same_file(path: str, pid: int) -> str | None:
     """The path (as pid sees it) of what pid maps that is the file at path:
     the same inode reached by another path (a bind mount, a hard link); or,
@@ -294,7 +318,7 @@ def _python_package_lib(want: str, pid: int | None, *, mapped_only: bool) -> Lib
     if mapped_only:
         cands = [(root + p, p, d) for p in files if (d := _package_dir_in_maps(p, want))]
         hit = _best_extension(cands, want)
-        return _lib_from(hit[0], hit[1], True) if hit else None
+        return _lib_from(_mapped_file(pid, root, hit[1]), hit[1], True) if hit else None
     site: list[str] = []
     for p in files:
         parts = p.split("/")
@@ -363,7 +387,7 @@ def find_library(want: str, pid: int | None = None) -> Library:
     if pid is not None:
         for path in mapped_files(pid):
             if _name_matches(os.path.basename(path), want) and _is_lib(root + path):
-                return _lib_from(root + path, path, True)
+                return _lib_from(_mapped_file(pid, root, path), path, True)
         lib = _python_package_lib(want, pid, mapped_only=True)
         if lib is not None:
             return lib
