@@ -190,6 +190,21 @@ def test_a_file_mounted_over_the_mapped_library_is_not_probed(
 
 
 @requires_root
+@pytest.mark.parametrize("caller", ["main", f"{BIN}/gf_target", "libc"])
+def test_caller_filter_by_the_containers_paths(box: Contained, caller: str, tmp_path: Path) -> None:
+    """--caller: gf_victim is called from the program (main, its container
+    path); never from libc, so that filter lets every call through."""
+    with gpufault.arm(Fault.fail("libgftarget", "gf_victim", ret=-2, sticky=True, nth=1,
+                                 caller=caller), box.pid, db=tmp_path / "gf.db",
+                      duration=30) as s:  # fmt: skip
+        rets = [r[3] for r in box.victim(2)]
+        if caller != "libc":
+            assert s.wait_fires(1, 10)
+    assert rets == ([2, 3] if caller == "libc" else [-2, -2]), rets
+    _untouched(box)
+
+
+@requires_root
 def test_trace_counts_the_calls_the_target_reports(box: Contained, tmp_path: Path) -> None:
     with gpufault.arm(Fault.trace("libgftarget", "gf_victim"), box.pid, db=tmp_path / "gf.db",
                       duration=30) as s:  # fmt: skip
