@@ -78,6 +78,6 @@ def exec_range(pid: int, name: str) -> Range | None:
     if len(hits) > 1:
         raise CallerError(f"--caller {name!r} matches {len(hits)} objects in pid {pid} "
                           f"({', '.join(sorted(os.path.basename(p) for p in hits))}): "
-                          "give a longer name or the full path")
+                          "give a longer name or the full path")  # fmt: skip
     ((path, spans),) = hits.items()
     return Range(path, min(lo for lo, _ in spans), max(hi for _, hi in spans))
