@@ -12,6 +12,7 @@ that no probe is left in its code afterwards."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -211,6 +212,31 @@ def test_trace_counts_the_calls_the_target_reports(box: Contained, tmp_path: Pat
         made = len(box.victim(7)) + len(box.victim(4, threads=2))
     (fn,) = s.summary().functions
     assert made == 15 and fn.calls == made and fn.returns == made, fn
+    _untouched(box)
+
+
+@requires_root
+def test_cli_trace_by_host_pid(box: Contained, tmp_path: Path) -> None:
+    """`gpufault trace --pid HOSTPID`: the calls it counts are the calls
+    the target made; `probes` lists the container's file as mapped."""
+    out = subprocess.run([*GF, "probes", "libgftarget", "--pid", str(box.pid)],
+                         capture_output=True, text=True, timeout=60).stdout  # fmt: skip
+    assert out.startswith(f"{LIB} (mapped), "), out
+    r, w = os.pipe()
+    p = subprocess.Popen([*GF, "trace", "--pid", str(box.pid), "--lib", HOST_LIB, "--fn",
+                          "gf_victim", "--db", str(tmp_path / "gf.db"), "--duration", "60s",
+                          "-q", "--ready-fd", str(w)], pass_fds=(w,), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)  # fmt: skip
+    os.close(w)
+    with os.fdopen(r) as f:
+        assert f.readline().startswith("ready"), p.communicate(timeout=60)
+    made = len(box.victim(5)) + len(box.victim(3, threads=3))
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    assert made == 14 and re.search(r": 14 calls to 1 function", out), out
+    (n,) = _rows(tmp_path / "gf.db", "SELECT count(*) FROM calls")[0]
+    assert n == 14
     _untouched(box)
 
 
