@@ -116,6 +116,22 @@ def test_the_containers_libraries_are_its_own_copies(box: Contained) -> None:
     assert status.split("NSpid:")[1].split()[1] == "1"  # its own PID namespace's init
 
 
+@requires_root
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_failing_test_leaves_no_container_behind(kind: str, tmp_path: Path) -> None:
+    """The fixture's own promise: a test that raises inside it still gets
+    its container removed: processes, crun's state, cgroups."""
+    _needs(kind)
+    seen: list[tuple[int, str]] = []
+    with pytest.raises(ZeroDivisionError), container(kind, tmp_path) as c:
+        seen.append((c.pid, c.name))
+        assert c.victim(1)
+        1 / 0  # noqa: B018 - the failure a test would have
+    ((pid, name),) = seen
+    assert not Path(f"/proc/{pid}").exists()
+    assert name == "" or leftovers(name) == []
+
+
 # ---- every fault kind, on both kinds of container -----------------------------
 
 
