@@ -74,9 +74,10 @@ def needed(program: Path) -> list[tuple[str, str]]:
     return libs
 
 
-def build_rootfs(dest: Path) -> Path:
+def build_rootfs(dest: Path, extra: dict[str, Path] | None = None) -> Path:
     """dest/rootfs: the programs in /gf/bin, their libraries copied into
-    /gf/lib, the loader at its own path, empty /proc /dev /tmp."""
+    /gf/lib, the loader at its own path, empty /proc /dev /tmp; extra:
+    more host files copied in (path inside -> host file)."""
     root = dest / "rootfs"
     for d in (BIN, LIBDIR, "/proc", "/dev", "/tmp", "/lib64"):
         (root / d.lstrip("/")).mkdir(parents=True, exist_ok=True)
@@ -90,6 +91,8 @@ def build_rootfs(dest: Path) -> Path:
             to.parent.mkdir(parents=True, exist_ok=True)
             if not to.exists():
                 shutil.copy2(host, to)  # a copy: another inode than the host's
+    for at, host_file in (extra or {}).items():
+        shutil.copy2(host_file, root / at.lstrip("/"))
     os.chmod(root, 0o755)
     return root
 
@@ -125,7 +128,7 @@ def crun_state(name: str) -> dict:
     return json.loads(r.stdout)
 
 
-def oci_config(args: list[str], name: str) -> dict:
+def oci_config(args: list[str], name: str, env: dict[str, str] | None = None) -> dict:
     """A minimal OCI bundle config: own PID, mount, UTS and IPC namespaces,
     its own read-only root, /proc, no capabilities, cgroup /NAME."""
     return {
@@ -134,7 +137,7 @@ def oci_config(args: list[str], name: str) -> dict:
             "terminal": False,
             "user": {"uid": 0, "gid": 0},
             "args": args,
-            "env": [f"{k}={v}" for k, v in ENV.items()],
+            "env": [f"{k}={v}" for k, v in {**ENV, **(env or {})}.items()],
             "cwd": "/",
             "capabilities": {
                 k: [] for k in ("bounding", "effective", "inheritable", "permitted", "ambient")
@@ -160,17 +163,17 @@ class Contained(Target):
     or '' (unshare); rootfs: its root on the host; kind: crun or unshare."""
 
     def __init__(self, kind: str, rootfs: Path, args: list[str], name: str = "",
-                 ready: str = "ready") -> None:  # fmt: skip
+                 ready: str = "ready", env: dict[str, str] | None = None) -> None:  # fmt: skip
         self.kind, self.rootfs, self.name = kind, rootfs, name
         if kind == "crun":
             bundle = rootfs.parent
-            (bundle / "config.json").write_text(json.dumps(oci_config(args, name)))
+            (bundle / "config.json").write_text(json.dumps(oci_config(args, name, env)))
             argv = [UNSHARE, "--mount", "--propagation", "private", "sh", "-c", _CRUN_NS,
                     "crun-ns", CRUN, "run", "--bundle", str(bundle), name]  # fmt: skip
             env = None
         else:
             argv = [UNSHARE, "--pid", "--mount", "--fork", CHROOT, str(rootfs), *args]
-            env = dict(ENV)
+            env = {**ENV, **(env or {})}
         self.p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                   text=True, bufsize=1, env=env)  # fmt: skip
         assert self.p.stdout is not None
@@ -253,17 +256,19 @@ class Joined(Target):
 
 
 @contextmanager
-def container(kind: str, tmp: Path, args: list[str] | None = None,
-              ready: str = "ready") -> Iterator[Contained]:  # fmt: skip
+def container(kind: str, tmp: Path, args: list[str] | None = None, ready: str = "ready",
+              env: dict[str, str] | None = None,
+              extra: dict[str, Path] | None = None) -> Iterator[Contained]:  # fmt: skip
     """A running container of `kind` (crun or unshare) whose process is
     args (gf_target by default), removed after: processes, crun's state,
     cgroups; no mount is left (crun's and unshare's are in namespaces
-    that end with their processes)."""
-    rootfs = build_rootfs(tmp)
+    that end with their processes). env: more environment for it; extra:
+    more host files in its root (build_rootfs)."""
+    rootfs = build_rootfs(tmp, extra)
     name = f"gf-{secrets.token_hex(4)}" if kind == "crun" else ""
     c = None
     try:
-        c = Contained(kind, rootfs, args or [f"{BIN}/gf_target"], name, ready)
+        c = Contained(kind, rootfs, args or [f"{BIN}/gf_target"], name, ready, env)
         yield c
     finally:
         if c is not None:

@@ -336,6 +336,33 @@ def test_sigsegv_into_a_containers_init_warns(box: Contained, tmp_path: Path) ->
     _untouched(box)
 
 
+@requires_root
+@pytest.mark.parametrize("kind", KINDS)
+def test_tokenizer_lookup_reads_the_file_the_container_maps(kind: str, tmp_path: Path) -> None:
+    """The tokenizer libraries of a process (tokenizers.libraries_of_pid,
+    `tokenizer probes --target`): found by their names in its maps, read
+    through its root; with another file mounted over that path, the mapped
+    file itself. (A stand-in: a copy of libgftarget.so under the name of
+    the tokenizers wheel's module, preloaded.)"""
+    _needs(kind)
+    from pyctl.symbols import tokenizers  # lazy: pyctl as the session imports it (conftest)
+
+    tok = f"{LIBDIR}/tokenizers.abi3.so"
+    with container(kind, tmp_path, env={"LD_PRELOAD": tok},
+                   extra={tok: Path(HOST_LIB)}) as c:  # fmt: skip
+        mine = os.stat(c.rootfs / tok.lstrip("/"))
+        got = tokenizers.libraries_of_pid(c.pid)["tokenizers"]
+        assert str(got) == f"/proc/{c.pid}/root{tok}"
+        st = os.stat(got)
+        assert (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
+        assert c.inside("mount", "--bind", f"{LIBDIR}/libc.so.6", tok).returncode == 0
+        got = tokenizers.libraries_of_pid(c.pid)["tokenizers"]
+        assert str(got).startswith(f"/proc/{c.pid}/map_files/"), got
+        st = os.stat(got)
+        assert (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
+        assert c.inside("umount", tok).returncode == 0
+
+
 # ---- the workload with the libcuda double -------------------------------------
 
 

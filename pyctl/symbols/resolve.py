@@ -107,27 +107,14 @@ def mapped_files(pid: int) -> list[str]:
 
 
 def _mapped_file(pid: int | None, root: str, path: str) -> str:
-    """Where to open the file pid maps at `path` (as it sees it): through
-    its root when what lies there now is that file (its device and inode);
-    else (a file mounted over it, or swapped since) the kernel's handle on
-    the mapped file itself, /proc/PID/map_files/RANGE."""
+    """Where to open the file pid maps at `path`: through its root when
+    that is the mapped file, else /proc/PID/map_files (procfs.mapped_file)."""
     if pid is None:
         return root + path
     # lazy: keeps pyctl.targets (+2 modules) off `--help` and `import gpufault`
     from pyctl.targets import procfs
 
-    inodes = procfs.mapped_inodes(pid)
-    try:
-        st = os.stat(root + path)
-        here = inodes.get((st.st_dev, st.st_ino))
-        if here is not None and here[0] == path:  # the file mapped at that path
-            return root + path
-    except OSError:
-        pass
-    for seen, handle in inodes.values():
-        if seen == path:
-            return handle
-    return root + path
+    return procfs.mapped_file(pid, path)
 
 
 def _mapped_same_file(path: str, pid: int) -> str | None:

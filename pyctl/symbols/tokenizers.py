@@ -299,8 +299,9 @@ def libraries_of_pid(pid: int) -> dict[str, Path]:
     """The tokenizer shared objects a running process maps, by library.
 
     Paths come from /proc/PID/maps; we return /proc/PID/root/<path> when the
-    process lives in another mount namespace, so the file we read is the one
-    it maps."""
+    process has another root (a container), or /proc/PID/map_files/RANGE
+    when that path leads elsewhere now, so the file we read is the one it
+    maps (procfs.mapped_file)."""
     try:
         maps = Path(f"/proc/{pid}/maps").read_text()
     except FileNotFoundError as e:
@@ -312,8 +313,10 @@ def libraries_of_pid(pid: int) -> dict[str, Path]:
     from pyctl.targets import procfs
 
     # Its root when not ours: the host may have another file at that path
-    # (or none); a chroot in our mounts has its files named from our root.
-    root, pre = procfs.root_prefix(pid), procfs.chroot_prefix(pid)
+    # (or none); a chroot in our mounts has its files named from our root;
+    # a path in a container's root may lead elsewhere than the mapped file.
+    pre = procfs.chroot_prefix(pid)
+    inodes = procfs.mapped_inodes(pid)
     for line in maps.splitlines():
         fields = line.split(maxsplit=5)
         if len(fields) < 6 or not fields[5].startswith("/"):
@@ -322,7 +325,7 @@ def libraries_of_pid(pid: int) -> dict[str, Path]:
         base = os.path.basename(path)
         for lib, globs in FILE_GLOBS.items():
             if lib not in seen and any(Path(base).match(g) for g in globs):
-                seen[lib] = Path(root + path)
+                seen[lib] = Path(procfs.mapped_file(pid, path, inodes))
     return seen
 
 

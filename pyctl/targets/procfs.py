@@ -263,6 +263,27 @@ def mapped_inodes(pid: int) -> dict[tuple[int, int], tuple[str, str]]:
     return out
 
 
+def mapped_file(pid: int, path: str,
+                inodes: dict[tuple[int, int], tuple[str, str]] | None = None) -> str:  # fmt: skip
+    """Where to open the file pid maps at `path` (as it sees it): through
+    its root when what lies there now is the inode mapped at that path;
+    else (a file mounted over it, one swapped in since) the kernel's handle
+    on the mapped file itself, /proc/PID/map_files/RANGE."""
+    root = root_prefix(pid)
+    inodes = mapped_inodes(pid) if inodes is None else inodes
+    try:
+        st = os.stat(root + path)
+        here = inodes.get((st.st_dev, st.st_ino))
+        if here is not None and here[0] == path:
+            return root + path
+    except OSError:
+        pass
+    for seen, handle in inodes.values():
+        if seen == path:
+            return handle
+    return root + path
+
+
 def environ(pid: int) -> dict[str, str]:
     """pid's environment as it was at exec (what /proc keeps): a value
     read as data, never used to decide where gpufault reads or writes."""
