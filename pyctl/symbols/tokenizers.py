@@ -316,7 +316,7 @@ def libraries_of_pid(pid: int) -> dict[str, Path]:
     # (or none); a chroot in our mounts has its files named from our root;
     # a path in a container's root may lead elsewhere than the mapped file.
     pre = procfs.chroot_prefix(pid)
-    inodes = procfs.mapped_inodes(pid)
+    inodes = procfs.mapped_inodes(pid) if procfs.root_prefix(pid) else {}
     for line in maps.splitlines():
         fields = line.split(maxsplit=5)
         if len(fields) < 6 or not fields[5].startswith("/"):

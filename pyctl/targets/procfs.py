@@ -268,8 +268,11 @@ def mapped_file(pid: int, path: str,
     """Where to open the file pid maps at `path` (as it sees it): through
     its root when what lies there now is the inode mapped at that path;
     else (a file mounted over it, one swapped in since) the kernel's handle
-    on the mapped file itself, /proc/PID/map_files/RANGE."""
+    on the mapped file itself, /proc/PID/map_files/RANGE. A process whose
+    root is ours: path (what lies there is the host's own business)."""
     root = root_prefix(pid)
+    if not root:
+        return path
     inodes = mapped_inodes(pid) if inodes is None else inodes
     try:
         st = os.stat(root + path)
