@@ -43,6 +43,8 @@ UNSHARE = shutil.which("unshare") or "/usr/bin/unshare"
 CHROOT = shutil.which("chroot") or "/usr/sbin/chroot"
 NSENTER = shutil.which("nsenter") or "/usr/bin/nsenter"
 BUSYBOX = shutil.which("busybox") or "/usr/bin/busybox"  # static (busybox-static)
+SH = shutil.which("sh") or "/bin/sh"
+MOUNT = shutil.which("mount") or "/usr/bin/mount"
 CGROUP_ROOT = "/sys/fs/cgroup"
 # Inside the root filesystem: where the programs and their libraries are.
 BIN = "/gf/bin"
@@ -128,9 +130,14 @@ def crun_state(name: str) -> dict:
     return json.loads(r.stdout)
 
 
-def oci_config(args: list[str], name: str, env: dict[str, str] | None = None) -> dict:
+def oci_config(args: list[str], name: str, env: dict[str, str] | None = None,
+               binds: dict[str, str] | None = None) -> dict:  # fmt: skip
     """A minimal OCI bundle config: own PID, mount, UTS and IPC namespaces,
-    its own read-only root, /proc, no capabilities, cgroup /NAME."""
+    its own read-only root, /proc, no capabilities, cgroup /NAME; binds:
+    host directories mounted read-only inside (path inside -> host dir)."""
+    mounts = [{"destination": "/proc", "type": "proc", "source": "proc"}]
+    mounts += [{"destination": at, "type": "bind", "source": host, "options": ["rbind", "ro"]}
+               for at, host in (binds or {}).items()]  # fmt: skip
     return {
         "ociVersion": "1.0.0",
         "process": {
@@ -146,7 +153,7 @@ def oci_config(args: list[str], name: str, env: dict[str, str] | None = None) ->
         },
         "root": {"path": "rootfs", "readonly": True},
         "hostname": name,
-        "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"}],
+        "mounts": mounts,
         "linux": {
             "cgroupsPath": f"/{name}",
             "namespaces": [{"type": t} for t in ("pid", "mount", "uts", "ipc")],
@@ -163,16 +170,22 @@ class Contained(Target):
     or '' (unshare); rootfs: its root on the host; kind: crun or unshare."""
 
     def __init__(self, kind: str, rootfs: Path, args: list[str], name: str = "",
-                 ready: str = "ready", env: dict[str, str] | None = None) -> None:  # fmt: skip
+                 ready: str = "ready", env: dict[str, str] | None = None,
+                 binds: dict[str, str] | None = None) -> None:  # fmt: skip
         self.kind, self.rootfs, self.name = kind, rootfs, name
         if kind == "crun":
             bundle = rootfs.parent
-            (bundle / "config.json").write_text(json.dumps(oci_config(args, name, env)))
+            cfg = oci_config(args, name, env, binds)
+            (bundle / "config.json").write_text(json.dumps(cfg))
             argv = [UNSHARE, "--mount", "--propagation", "private", "sh", "-c", _CRUN_NS,
                     "crun-ns", CRUN, "run", "--bundle", str(bundle), name]  # fmt: skip
             env = None
         else:
-            argv = [UNSHARE, "--pid", "--mount", "--fork", CHROOT, str(rootfs), *args]
+            # The binds in its own mount namespace, then the chroot.
+            mounts = "".join(f'{MOUNT} --bind -o ro "{host}" "{rootfs}{at}" && '
+                             for at, host in (binds or {}).items())  # fmt: skip
+            argv = [UNSHARE, "--pid", "--mount", "--fork", SH, "-c",
+                    f'{mounts}exec "$@"', "gf-chroot", CHROOT, str(rootfs), *args]  # fmt: skip
             env = {**ENV, **(env or {})}
         self.p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                   text=True, bufsize=1, env=env)  # fmt: skip
@@ -257,18 +270,21 @@ class Joined(Target):
 
 @contextmanager
 def container(kind: str, tmp: Path, args: list[str] | None = None, ready: str = "ready",
-              env: dict[str, str] | None = None,
-              extra: dict[str, Path] | None = None) -> Iterator[Contained]:  # fmt: skip
+              env: dict[str, str] | None = None, extra: dict[str, Path] | None = None,
+              binds: dict[str, str] | None = None) -> Iterator[Contained]:  # fmt: skip
     """A running container of `kind` (crun or unshare) whose process is
     args (gf_target by default), removed after: processes, crun's state,
     cgroups; no mount is left (crun's and unshare's are in namespaces
     that end with their processes). env: more environment for it; extra:
-    more host files in its root (build_rootfs)."""
+    more host files in its root (build_rootfs); binds: host directories
+    mounted read-only inside it (path inside -> host dir)."""
     rootfs = build_rootfs(tmp, extra)
+    for at in binds or {}:
+        (rootfs / at.lstrip("/")).mkdir(parents=True, exist_ok=True)
     name = f"gf-{secrets.token_hex(4)}" if kind == "crun" else ""
     c = None
     try:
-        c = Contained(kind, rootfs, args or [f"{BIN}/gf_target"], name, ready, env)
+        c = Contained(kind, rootfs, args or [f"{BIN}/gf_target"], name, ready, env, binds)
         yield c
     finally:
         if c is not None:

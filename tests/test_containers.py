@@ -24,7 +24,17 @@ from pathlib import Path
 
 import pytest
 from conftest import requires_root
-from containers import BIN, CRUN, LIBDIR, TARGETS, Contained, container, crun_state, leftovers
+from containers import (
+    BIN,
+    CRUN,
+    LIBDIR,
+    TARGETS,
+    Contained,
+    container,
+    crun_state,
+    leftovers,
+    needed,
+)
 from gftarget import bpf_progs, no_new_progs
 
 import gpufault
@@ -395,6 +405,64 @@ def test_libcuda_double_workload_in_a_container(kind: str, tmp_path: Path) -> No
                                 "summary steps=6 errors=1 mismatches=0"], out  # fmt: skip
     assert launches == 5, out  # 6 steps, the one whose allocation failed launches nothing
     assert no_new_progs(before)
+
+
+_PY_SCRIPT = """
+import ctypes, sys
+lib = ctypes.CDLL("/gf/lib/libgftarget.so")
+lib.gf_victim.restype = ctypes.c_long
+out = ctypes.c_long()
+
+
+def inner(i):
+    return lib.gf_victim(i, ctypes.byref(out))
+
+
+def outer(n):
+    return [inner(i) for i in range(1, n + 1)]
+
+
+print("ready", flush=True)
+for line in sys.stdin:
+    if not line.strip().isdigit():
+        break  # quit
+    print(" ".join(map(str, outer(int(line)))), flush=True)
+"""
+
+
+@requires_root
+@pytest.mark.parametrize("kind", KINDS)
+def test_python_frames_of_a_python_process_in_a_container(kind: str, tmp_path: Path) -> None:
+    """This interpreter's installation mounted at /py in the container (a
+    path the host does not have), a script calling gf_victim by ctypes:
+    the fault's Python frames are read through the container's root
+    (libpython found in its maps, its symbols read from the mapped file,
+    the thread found by its tid in the container's PID namespace)."""
+    _needs(kind)
+    prefix = Path(sys.base_prefix)
+    if not (prefix / "bin" / "python3.11").exists() or sys.version_info[:2] != (3, 11):
+        pytest.skip(f"needs this host's CPython 3.11 under {prefix}")
+    script = tmp_path / "script.py"
+    script.write_text(_PY_SCRIPT)
+    libs = {f"{LIBDIR}/{n}": Path(p) for n, p in needed(prefix / "bin" / "python3.11")
+            if not n.startswith("/") and not n.startswith("libpython")}  # fmt: skip
+    ctypes_so = next((prefix / "lib/python3.11/lib-dynload").glob("_ctypes.cpython-*.so"))
+    libs.update({f"{LIBDIR}/{n}": Path(p) for n, p in needed(ctypes_so) if not n.startswith("/")})
+    with container(kind, tmp_path, ["/py/bin/python3.11", "-I", "-S", "/gf/script.py"],
+                   env={"LD_LIBRARY_PATH": f"{LIBDIR}:/py/lib"},
+                   extra={"/gf/script.py": script, **libs},
+                   binds={"/py": str(prefix)}) as c:  # fmt: skip
+        assert c.p.stdin is not None and c.p.stdout is not None
+        db = tmp_path / "gf.db"
+        with gpufault.arm(Fault.fail("libgftarget", "gf_victim", ret=-4, nth=2), c.pid, db=db,
+                          duration=30) as s:  # fmt: skip
+            c.p.stdin.write("3\n")
+            c.p.stdin.flush()
+            assert c.p.stdout.readline().split() == ["2", "-4", "4"]
+            assert s.wait_fires(1, 10)
+        py = _rows(db, "SELECT function, file FROM pyframes ORDER BY depth")
+        assert py == [(f, "/gf/script.py") for f in ("inner", "outer.<locals>.<listcomp>",
+                                                     "outer", "<module>")], py  # fmt: skip
 
 
 # ---- naming the container: the library API and the CLI, crun's own state ------
