@@ -26,8 +26,10 @@ import pytest
 from conftest import requires_root
 from containers import (
     BIN,
+    BUSYBOX,
     CRUN,
     LIBDIR,
+    NSENTER,
     TARGETS,
     Contained,
     container,
@@ -57,6 +59,10 @@ def _rows(db: Path, sql: str) -> list[tuple]:
 def _needs(kind: str) -> None:
     if os.geteuid() != 0:
         pytest.skip("requires root (namespaces, BPF, ptrace)")
+    for tool in (BUSYBOX, NSENTER):
+        if not os.access(tool, os.X_OK):
+            pytest.skip(f"{tool} is missing: apt-get install busybox-static util-linux "
+                        "(tools/setup-deps.sh)")  # fmt: skip
     if kind == "crun" and not os.access(CRUN, os.X_OK):
         pytest.skip(f"crun is not installed ({CRUN}): apt-get install crun (tools/setup-deps.sh)")
 
