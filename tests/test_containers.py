@@ -48,10 +48,10 @@ HOST_LIB = str(TARGETS / "libgftarget.so")  # the host's build of the same file
 KINDS = ["crun", "unshare"]
 
 
-def _rows(db: Path, sql: str) -> list[tuple]:
+def _rows(db: Path, sql: str, *args: object) -> list[tuple]:
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     try:
-        return con.execute(sql).fetchall()
+        return con.execute(sql, args).fetchall()
     finally:
         con.close()
 
@@ -207,14 +207,23 @@ def test_a_file_mounted_over_the_mapped_library_is_not_probed(
     seen = os.stat(f"/proc/{box.pid}/root{LIB}")
     libc = os.stat(box.rootfs / "gf/lib/libc.so.6")
     assert (seen.st_dev, seen.st_ino) == (libc.st_dev, libc.st_ino)  # the path is libc now
-    with gpufault.arm(Fault.fail("libgftarget", "gf_victim", ret=-3, nth=1), box.pid,
-                      db=tmp_path / "gf.db", duration=30) as s:  # fmt: skip
+    db = tmp_path / "gf.db"
+    for lib in (LIB, HOST_LIB):  # by the container's path and the host's: the same
+        with gpufault.arm(Fault.fail(lib, "gf_victim", ret=-3, nth=1), box.pid, db=db,
+                          duration=30) as s:  # fmt: skip
+            assert [r[3] for r in box.victim(2)] == [-3, 3], lib
+            assert s.wait_fires(1, 10)
+            (f,) = s.faults()
+        assert f.library == LIB
+    with gpufault.arm(Fault.fail("libgftarget", "gf_victim", ret=-3, nth=1), box.pid, db=db,
+                      duration=30) as s:  # fmt: skip
         assert [r[3] for r in box.victim(2)] == [-3, 3]
         assert s.wait_fires(1, 10)
         (f,) = s.faults()
     assert f.library == LIB
     # Its frames are unwound and named from the mapped file too.
-    frames = _rows(tmp_path / "gf.db", "SELECT symbol, module, method FROM stacks ORDER BY depth")
+    frames = _rows(db, "SELECT symbol, module, method FROM stacks WHERE fault_id = ? "
+                       "ORDER BY depth", f.fault_id)  # fmt: skip
     want = [("libgftarget.so!gf_victim+0x0", LIB, "ip"),
             ("gf_target!run_victim+0x9f", f"{BIN}/gf_target", "cfi")]  # fmt: skip
     assert frames[:2] == want, frames

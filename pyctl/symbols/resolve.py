@@ -368,7 +368,10 @@ def find_library(want: str, pid: int | None = None) -> Library:
                 if pid is not None and not mapped:
                     same = _mapped_same_file(cand, pid)
                     if same is not None:
-                        return _lib_from(root + same, same, True)
+                        return _lib_from(_mapped_file(pid, root, same), same, True)
+                if mapped and cand.startswith(root + "/"):
+                    # The mapped file, not one mounted over its path since.
+                    return _lib_from(_mapped_file(pid, root, real), real, True)
                 return _lib_from(cand, real, mapped)
         raise ResolveError(f"library {want} not found: give an existing path or a soname")
     if pid is not None:
