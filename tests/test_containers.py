@@ -546,6 +546,15 @@ def test_container_that_does_not_map_the_library_is_one_line(tmp_path: Path) -> 
                            timeout=60)  # fmt: skip
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
         assert not (tmp_path / "gf.db").exists()
+        # A name crun does not run: one line naming the ones it does.
+        r = subprocess.run([*GF, "inject", "--container", "gf-nosuch", "--lib", "libgftarget",
+                            "--fn", "gf_victim", "--action", "fail", "--ret", "-1", "--db",
+                            str(tmp_path / "gf.db")], capture_output=True, text=True,
+                           timeout=60)  # fmt: skip
+        (line,) = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and "--container gf-nosuch: no such container" in line, line
+        assert c.name in line, line
+        assert not (tmp_path / "gf.db").exists()
         _untouched(c)
 
 
