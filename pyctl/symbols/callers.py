@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass
 
 from pyctl.procstate import proc_dir
+from pyctl.targets.procfs import chroot_prefix, in_view
 
 
 class CallerError(ValueError):
@@ -42,7 +43,9 @@ def _exec_maps(pid: int) -> list[tuple[int, int, str]]:
             continue
         lo, hi = (int(x, 16) for x in parts[0].split("-"))
         out.append((lo, hi, parts[5].removesuffix(" (deleted)")))
-    return out
+    # A chroot in our mounts: its files as it names them (resolve's view).
+    pre = chroot_prefix(pid)
+    return [(lo, hi, in_view(p, pre)) for lo, hi, p in out] if pre else out
 
 
 def _matches(name: str, path: str, exe: str) -> bool:
@@ -62,7 +65,8 @@ def exec_range(pid: int, name: str) -> Range | None:
     one [lo, hi) range (an object's segments are contiguous); None when it
     is not mapped (yet). CallerError when name matches several objects."""
     try:
-        exe = os.readlink(f"{proc_dir(pid)}/exe").removesuffix(" (deleted)")
+        exe = in_view(os.readlink(f"{proc_dir(pid)}/exe").removesuffix(" (deleted)"),
+                      chroot_prefix(pid))  # fmt: skip
     except OSError:
         exe = ""
     hits: dict[str, list[tuple[int, int]]] = {}
@@ -74,6 +78,6 @@ def exec_range(pid: int, name: str) -> Range | None:
     if len(hits) > 1:
         raise CallerError(f"--caller {name!r} matches {len(hits)} objects in pid {pid} "
                           f"({', '.join(sorted(os.path.basename(p) for p in hits))}): "
-                          "give a longer name or the full path")
+                          "give a longer name or the full path")  # fmt: skip
     ((path, spans),) = hits.items()
     return Range(path, min(lo for lo, _ in spans), max(hi for _, hi in spans))
