@@ -104,6 +104,20 @@ def test_export_sends_spans_and_annotations_everywhere_asked(tmp_path: Path, sin
     assert stored["grafana_id"] == 2 and stored["tags"] == ann["tags"]
 
 
+def test_the_grafana_token_may_come_from_the_environment(
+    tmp_path: Path, sink: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = make_db(tmp_path / "gf.db")
+    add_experiment(db, "e1", name="tok-stall", slo_id="chat-p99", verdict="fail", fires=3)
+    db.close()
+    monkeypatch.setenv("GPUFAULT_GRAFANA_TOKEN", TOKEN)
+    r = CliRunner().invoke(cli, ["experiment", "export", "e1", "--db", str(tmp_path / "gf.db"),
+                                 "--grafana-url", sink])  # fmt: skip
+    assert r.exit_code == 0 and r.output == f"grafana: 1 annotations posted to {sink}\n", r.output
+    ((_, headers, _),) = _Sink.got
+    assert headers["Authorization"] == f"Bearer {TOKEN}" and TOKEN not in r.output
+
+
 @requires_root
 def test_bad_exports_are_one_line(tmp_path: Path) -> None:
     db = make_db(tmp_path / "gf.db")

@@ -8,6 +8,7 @@ armed), 3 aborted (a guard probe, Ctrl-C or SIGTERM).
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 import time
@@ -312,6 +313,9 @@ def validate(name: str, sets: dict[str, str], target_pid: int | None) -> None:
         click.echo(ln)
 
 
+GRAFANA_TOKEN_ENV = "GPUFAULT_GRAFANA_TOKEN"  # never stored, never printed
+
+
 def export_options(fn: Any) -> Any:
     """Where an experiment's record goes besides the store: OTLP spans and
     Grafana annotations (pyctl/observe/export.py)."""
@@ -322,7 +326,8 @@ def export_options(fn: Any) -> Any:
                      help="send the spans to a collector's OTLP/HTTP endpoint "
                           "(http://HOST:4318; /v1/traces is added)"),
         click.option("--grafana-url", metavar="URL", default=None,
-                     help="post each step as a Grafana annotation (needs --grafana-token-file)"),
+                     help="post each step as a Grafana annotation (the token: "
+                          "--grafana-token-file or $GPUFAULT_GRAFANA_TOKEN)"),
         click.option("--grafana-token-file", type=click.Path(dir_okay=False), default=None,
                      help="a Grafana service account token (a root-owned 0600 file)"),
         click.option("--annotations-file", type=click.Path(dir_okay=False), default=None,
@@ -341,7 +346,7 @@ def _export(db_file: str, xid: str, otlp_file: str | None, otlp_endpoint: str | 
     from pyctl.observe import ObserveError
     from pyctl.observe.export import export
 
-    token = None
+    token = os.environ.get(GRAFANA_TOKEN_ENV) or None
     if grafana_token_file:
         # lazy: the agent's token reader (root's, 0600, checked on the fd) only with a token file
         from pyctl.agent.auth import read_token
@@ -472,9 +477,9 @@ def run(
         return
     if not name:
         raise _user_error("give an experiment NAME (see `gpufault experiment list`) or --all")
-    if grafana_url and not grafana_token_file:
-        raise _user_error("--grafana-url needs --grafana-token-file (a service account token "
-                          "with annotations:write)")  # fmt: skip
+    if grafana_url and not (grafana_token_file or os.environ.get(GRAFANA_TOKEN_ENV)):
+        raise _user_error(f"--grafana-url needs --grafana-token-file or ${GRAFANA_TOKEN_ENV} "
+                          "(a service account token with annotations:write)")  # fmt: skip
     if grafana_token_file:
         # lazy: the agent's token reader only with a token file; checked before anything runs
         from pyctl.agent.auth import read_token

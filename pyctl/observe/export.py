@@ -41,8 +41,9 @@ def export(
         from pyctl.observe import grafana
 
         if grafana_url and not grafana_token:
-            raise ObserveError("--grafana-url needs --grafana-token-file (a service account "
-                               "token with annotations:write)")  # fmt: skip
+            raise ObserveError("--grafana-url needs --grafana-token-file or "
+                               "$GPUFAULT_GRAFANA_TOKEN (a service account token with "
+                               "annotations:write)")  # fmt: skip
         anns = grafana.publish(db, experiment_id, annotations_file, grafana_url=grafana_url,
                                token=grafana_token)  # fmt: skip
         if grafana_url:
