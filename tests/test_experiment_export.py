@@ -11,15 +11,15 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
 from conftest import requires_root
+from httpsink import serving
 from observe_db import add_experiment, make_db
 
 pytest.importorskip("opentelemetry.sdk")
@@ -53,15 +53,8 @@ class _Sink(BaseHTTPRequestHandler):
 @pytest.fixture
 def sink() -> Iterator[str]:
     _Sink.got = []
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    try:
-        yield f"http://127.0.0.1:{srv.server_address[1]}"
-    finally:
-        srv.shutdown()
-        srv.server_close()
-        t.join(5)
+    with serving(_Sink) as url:
+        yield url
 
 
 def _token(tmp_path: Path, mode: int = 0o600) -> Path:

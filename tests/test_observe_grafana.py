@@ -7,13 +7,13 @@ Grafana does. It is not Grafana; no live Grafana was tried."""
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 import pytest
+from httpsink import serving
 from observe_db import T0, add_experiment, make_db
 
 from pyctl.observe import ObserveError, grafana
@@ -67,15 +67,8 @@ class GrafanaStandIn(BaseHTTPRequestHandler):
 @pytest.fixture
 def stand_in() -> Iterator[str]:
     GrafanaStandIn.got, GrafanaStandIn.problems = [], []
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), GrafanaStandIn)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    try:
-        yield f"http://127.0.0.1:{srv.server_address[1]}"
-    finally:
-        srv.shutdown()
-        srv.server_close()
-        t.join(5)
+    with serving(GrafanaStandIn) as url:
+        yield url
 
 
 def test_annotations_posted_and_written(tmp_path: Path, stand_in: str) -> None:

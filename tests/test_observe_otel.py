@@ -5,13 +5,13 @@ decodes the protobuf request (a stand-in for a collector)."""
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 import pytest
+from httpsink import serving
 from observe_db import T0, add_experiment, make_db
 
 pytest.importorskip("opentelemetry.sdk")
@@ -128,15 +128,8 @@ class Receiver(BaseHTTPRequestHandler):
 @pytest.fixture
 def receiver() -> Iterator[str]:
     Receiver.got = []
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    try:
-        yield f"http://127.0.0.1:{srv.server_address[1]}"
-    finally:
-        srv.shutdown()
-        srv.server_close()
-        t.join(5)
+    with serving(Receiver) as url:
+        yield url
 
 
 def test_otlp_http(tmp_path: Path, receiver: str) -> None:
