@@ -1,0 +1,163 @@
+"""Fault-space exploration from Python (`gpufault.explore`, `gpufault
+explore ...`): discover, plan, inject, report, and resume."""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pyctl.api.errors import BadInput
+from pyctl.explore import discover as D
+from pyctl.explore import inject as I
+from pyctl.explore import plan as P
+from pyctl.explore import store as S
+from pyctl.explore.report import coverage
+
+
+@dataclass(frozen=True)
+class Exploration:
+    """What an exploration found and how each trial ended."""
+
+    exploration_id: str
+    db: str
+    status: str  # done, budget, interrupted, target gone
+    points: list[dict[str, Any]]
+    trials: list[dict[str, Any]]
+    coverage: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+
+    def outcome_of(self, site_glob: str) -> list[str]:
+        """The outcomes of the trials whose site matches (fnmatch)."""
+        by = {p["point"]: p for p in self.points}
+        return [t["outcome"] for t in self.trials
+                if fnmatch.fnmatchcase(by.get(t["point"], {}).get("site", ""), site_glob)]
+
+
+def _workdir(db: str, xid: str, workdir: str | os.PathLike[str] | None) -> Path:
+    base = Path(workdir) if workdir else Path(str(db) + ".explore")
+    w = base / xid
+    w.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return w
+
+
+def _read(db: str, xid: str) -> dict[str, Any]:
+    if not Path(db).exists():
+        raise BadInput(f"{db}: no such database: give the --db of the exploration")
+    with S.ExploreStore(db) as st:
+        doc = S.load(st.conn, xid)
+    if doc is None:
+        raise BadInput(f"exploration {xid}: not in {db}: list them with `gpufault explore report`")
+    return doc
+
+
+def explore(
+    file: str | os.PathLike[str],
+    *,
+    db: str | os.PathLike[str],
+    libs: dict[str, str] | None = None,
+    discover_s: float = 4.0,
+    window_s: float = 2.0,
+    cut: int = 3,
+    stall: str = "200ms",
+    hang: bool = True,
+    pins: str | os.PathLike[str] | None = None,
+    max_runs: int | None = None,
+    budget_s: float | None = None,
+    recover: str = "2s",
+    hold: str = "1s",
+    workdir: str | os.PathLike[str] | None = None,
+    echo: Callable[[str], None] | None = None,
+) -> Exploration:
+    """Discover the fault points of the file's target under its load,
+    plan, and run a trial per (site, fault); the store keeps progress."""
+    db = str(db)
+    doc = D.read_doc(file)
+    if "target" not in doc:
+        raise BadInput(f"{file}: no [target]: explore needs the service to run and trace")
+    filters = P.read_filters(pins)
+    xid = S.new_id()
+    settings = {"libs": libs or D.DEFAULT_LIBS, "discover_s": discover_s, "window_s": window_s,
+                "cut": cut, "stall": stall, "hang": hang, "recover": recover, "hold": hold,
+                "max_runs": max_runs, "budget_s": budget_s, "filters": filters.__dict__}
+    wd = _workdir(db, xid, workdir)
+    say = echo or (lambda _s: None)
+    with S.ExploreStore(db) as st:
+        st.start(xid, str(file), repr(doc.get("target")), settings)
+    say(f"exploration {xid}: discovering fault points of {file} for {discover_s:g}s")
+    try:
+        disc = D.discover(file, db=db, libs=libs, window_s=discover_s, cut=cut, stall=stall,
+                          hang=hang, workdir=wd)
+    except BaseException:
+        with S.ExploreStore(db) as st:
+            st.finish(xid, "failed")
+        raise
+    per_trial = window_s + float(recover.rstrip("s")) + float(hold.rstrip("s")) + 5.0
+    trials, notes = P.make_plan(disc.points, filters, max_runs, budget_s, per_trial)
+    notes = [f"{k}: not probed ({v})" for k, v in disc.skipped.items()] + notes
+    with S.ExploreStore(db) as st:
+        st.discovered(xid, disc.experiment_id, disc.points, disc.calls, trials)
+    say(f"exploration {xid}: {len(disc.points)} point(s), {disc.sampled} sampled call(s) "
+        f"in {disc.window_s:.1f}s; {len(trials)} trial(s) planned")
+    return resume(xid, db=db, workdir=workdir, echo=echo, notes=notes)
+
+
+def resume(
+    xid: str,
+    *,
+    db: str | os.PathLike[str],
+    workdir: str | os.PathLike[str] | None = None,
+    echo: Callable[[str], None] | None = None,
+    notes: list[str] | None = None,
+    stop_after: int | None = None,
+) -> Exploration:
+    """Run the trials of exploration xid that have no row yet, in plan
+    order (stop_after: at most that many now)."""
+    db = str(db)
+    doc = _read(db, xid)
+    ex = doc["exploration"]
+    xid = ex["id"]
+    s = ex["settings"]
+    file_doc = D.read_doc(ex["file"])
+    done = {t["idx"] for t in doc["trials"]}
+    wd = _workdir(db, xid, workdir)
+    say = echo or (lambda _s: None)
+    status = "done"
+    pid = I.target_pid(file_doc)
+    ran = 0
+    for tj in doc["plan"]:
+        t = P.Trial(**{**tj, "covers": tuple(tj["covers"])})
+        if t.idx in done:
+            continue
+        if stop_after is not None and ran >= stop_after:
+            status = "paused"
+            break
+        if pid is not None and not I.alive(pid):
+            status = "target gone"
+            say(f"exploration {xid}: the target (pid {pid}) is gone: stopping; "
+                f"restart it and `gpufault explore resume {xid}`")
+            break
+        say(f"trial {t.idx}: {t.label} in {t.function} from {t.site}")
+        try:
+            row = I.run_trial(file_doc, t, db=db, workdir=wd, window_s=s["window_s"],
+                              recover=s["recover"], hold=s["hold"])
+        except KeyboardInterrupt:
+            status = "interrupted"
+            break
+        with S.ExploreStore(db) as st:
+            st.trial_done(xid, t, row)
+        ran += 1
+        say(f"trial {t.idx}: {row['outcome']} ({row['reason'][:100]})")
+    with S.ExploreStore(db) as st:
+        st.finish(xid, status)
+    final = _read(db, xid)
+    return Exploration(xid, db, status, final["points"], final["trials"], coverage(final),
+                       notes or [])
+
+
+def plan_of(db: str | os.PathLike[str], xid: str) -> dict[str, Any]:
+    """The stored exploration document (row, points, plan, trials)."""
+    return _read(str(db), xid)
