@@ -7,6 +7,7 @@ from typing import Any
 from pyctl.api import *  # noqa: F403 - the public surface, listed in pyctl.api.__all__
 from pyctl.api import __all__ as _api
 from pyctl.experiment.public import ExperimentVerdict, load_experiment, run_experiment
+from pyctl.explore.public import Exploration, explore
 
 # The node agent (issue 28): ssl and its sockets only when a name is used.
 _AGENT = ("AgentServer", "AgentClient", "RemoteSession", "AgentError", "AgentRefused")
@@ -20,4 +21,12 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'gpufault' has no attribute {name!r}")
 
 
-__all__ = [*_api, "run_experiment", "load_experiment", "ExperimentVerdict", *_AGENT]
+__all__ = [
+    *_api,
+    "run_experiment",
+    "load_experiment",
+    "ExperimentVerdict",
+    "explore",
+    "Exploration",
+    *_AGENT,
+]

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from pyctl.api.errors import BadInput
+from pyctl.api.values import parse_duration
 from pyctl.explore import discover as D
 from pyctl.explore import inject as I
 from pyctl.explore import plan as P
@@ -95,7 +96,8 @@ def explore(
         with S.ExploreStore(db) as st:
             st.finish(xid, "failed")
         raise
-    per_trial = window_s + float(recover.rstrip("s")) + float(hold.rstrip("s")) + 5.0
+    # a trial: warmup and baseline (the file's), the window, recovery and hold, start-up
+    per_trial = window_s + parse_duration(recover, "recover") + parse_duration(hold, "hold") + 5.0
     trials, notes = P.make_plan(disc.points, filters, max_runs, budget_s, per_trial)
     notes = [f"{k}: not probed ({v})" for k, v in disc.skipped.items()] + notes
     with S.ExploreStore(db) as st:
