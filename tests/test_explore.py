@@ -44,8 +44,13 @@ p99 = "<= 200ms"
 
 
 def _gf(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pyctl", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=240)
+    return subprocess.run(
+        [sys.executable, "-m", "pyctl", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
 
 
 @pytest.fixture
@@ -79,8 +84,20 @@ def test_caller_site_is_one_return_address() -> None:
 
 def test_explore_tells_the_two_sites_apart_and_resumes(sites_file: Path, tmp_path: Path) -> None:
     db = tmp_path / "x.db"
-    common = ["--db", str(db), "--lib", f"{LIB}:gf_alloc", "--discover-for", "2s",
-              "--pins", str(tmp_path / "pins.toml"), "--window", "2s", "--recover", "1s"]
+    common = [
+        "--db",
+        str(db),
+        "--lib",
+        f"{LIB}:gf_alloc",
+        "--discover-for",
+        "2s",
+        "--pins",
+        str(tmp_path / "pins.toml"),
+        "--window",
+        "2s",
+        "--recover",
+        "1s",
+    ]
     # One trial now, the other by resume: progress is the store's.
     r = _gf("explore", "run", str(sites_file), "--max-runs", "1", *common)
     assert r.returncode in (0, 1), r.stderr[-3000:]
@@ -97,28 +114,41 @@ def test_explore_tells_the_two_sites_apart_and_resumes(sites_file: Path, tmp_pat
     r3 = _gf("explore", "run", str(sites_file), *common)
     assert r3.returncode == 1, r3.stdout + r3.stderr[-3000:]  # a trial broke the SLO
     (xid2,) = con.execute("SELECT id FROM explorations WHERE id != ?", (xid,)).fetchone()
-    out = dict(con.execute(
-        "SELECT function || '@' || substr(site, instr(site, '+')), outcome FROM explore_map "
-        "WHERE exploration_id=?", (xid2,)).fetchall())
+    out = dict(
+        con.execute(
+            "SELECT function || '@' || substr(site, instr(site, '+')), outcome FROM explore_map "
+            "WHERE exploration_id=?",
+            (xid2,),
+        ).fetchall()
+    )
     # The symbols say which site is which; the offsets are the binary's.
     by_fn = {}
-    for (fid, site) in con.execute(
-            "SELECT example_fault, site FROM explore_points WHERE exploration_id=?", (xid2,)):
-        (sym,) = con.execute("SELECT symbol FROM stacks WHERE fault_id=? AND depth=1",
-                             (fid,)).fetchone()
+    for fid, site in con.execute(
+        "SELECT example_fault, site FROM explore_points WHERE exploration_id=?", (xid2,)
+    ):
+        (sym,) = con.execute(
+            "SELECT symbol FROM stacks WHERE fault_id=? AND depth=1", (fid,)
+        ).fetchone()
         by_fn[sym.split("!")[1].split("+")[0]] = "gf_alloc@+" + site.rsplit("+", 1)[1]
     assert out[by_fn["cache_lookup"]] == "tolerated", out
     assert out[by_fn["compute"]] == "SLO broken", out
     # Each trial fired, and only at its own site.
     for exp_id, site in con.execute(
-            "SELECT t.experiment_id, p.site FROM explore_trials t JOIN explore_points p ON "
-            "p.exploration_id=t.exploration_id AND p.point=t.point WHERE t.exploration_id=?",
-            (xid2,)):
-        (run_id,) = con.execute("SELECT run_id FROM experiment_steps WHERE experiment_id=?",
-                                (exp_id,)).fetchone()
-        offs = {o for (o,) in con.execute(
-            "SELECT DISTINCT s.offset FROM faults f JOIN stacks s ON s.fault_id=f.fault_id "
-            "AND s.depth=1 WHERE f.run_id=?", (run_id,))}
+        "SELECT t.experiment_id, p.site FROM explore_trials t JOIN explore_points p ON "
+        "p.exploration_id=t.exploration_id AND p.point=t.point WHERE t.exploration_id=?",
+        (xid2,),
+    ):
+        (run_id,) = con.execute(
+            "SELECT run_id FROM experiment_steps WHERE experiment_id=?", (exp_id,)
+        ).fetchone()
+        offs = {
+            o
+            for (o,) in con.execute(
+                "SELECT DISTINCT s.offset FROM faults f JOIN stacks s ON s.fault_id=f.fault_id "
+                "AND s.depth=1 WHERE f.run_id=?",
+                (run_id,),
+            )
+        }
         assert offs == {int(site.rsplit("+", 1)[1], 16)}, (site, offs)
     rep = _gf("explore", "report", xid2, "--db", str(db), "--html", str(tmp_path / "m.html"))
     assert rep.returncode == 0, rep.stderr
@@ -128,8 +158,9 @@ def test_explore_tells_the_two_sites_apart_and_resumes(sites_file: Path, tmp_pat
     d = _gf("explore", "diff", xid, xid2, "--db", str(db))
     assert d.returncode == 0 and "absent" in d.stdout, d.stdout
     # the reproduce command's file is the trial's exact spec, and it loads
-    (repro,) = con.execute("SELECT file FROM explore_trials WHERE exploration_id=? AND "
-                           "outcome='SLO broken'", (xid2,)).fetchone()
+    (repro,) = con.execute(
+        "SELECT file FROM explore_trials WHERE exploration_id=? AND outcome='SLO broken'", (xid2,)
+    ).fetchone()
     v = _gf("experiment", "validate", repro)
     assert v.returncode == 0, v.stdout + v.stderr
     js = json.loads(_gf("explore", "report", xid2, "--db", str(db), "--json").stdout)
@@ -150,9 +181,12 @@ def test_bad_input_is_one_line(tmp_path: Path) -> None:
 
 def test_diff_names_what_changed() -> None:
     def doc(xid: str, outcome: str) -> dict:
-        return {"exploration": {"id": xid}, "plan": [],
-                "points": [{"point": "p1", "function": "f", "site": "/a/b+0x10"}],
-                "trials": [{"point": "p1", "action": "fail", "code": "-1", "outcome": outcome}]}
+        return {
+            "exploration": {"id": xid},
+            "plan": [],
+            "points": [{"point": "p1", "function": "f", "site": "/a/b+0x10"}],
+            "trials": [{"point": "p1", "action": "fail", "code": "-1", "outcome": outcome}],
+        }
 
     a, b = doc("e1", "tolerated"), doc("e2", "SLO broken")
     (row,) = R.diff(a, b)

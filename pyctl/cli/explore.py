@@ -38,29 +38,70 @@ def _libs(values: tuple[str, ...]) -> dict[str, str] | None:
 
 
 def _common(f: Any) -> Any:
-    for opt in reversed([
-        click.option("--lib", "libs", multiple=True, metavar="LIB[:FN]",
-                     help="a library to trace and its function glob (repeatable; default: "
-                          "libcuda:cu*, libcudart:cuda*, libcublas:cublas*, libnccl:nccl*)"),
-        click.option("--discover-for", "discover_s", type=Duration(), default="4s",
-                     show_default=True, help="how long to sample calls under the load"),
-        click.option("--cut", type=click.IntRange(1, 64), default=3, show_default=True,
-                     help="caller frames in a point's stack signature (deeper ones are one point)"),
-        click.option("--stall", default="200ms", show_default=True,
-                     help="the stall tried at every point (besides the error codes and a hang)"),
-        click.option("--no-hang", is_flag=True, help="do not try a hang at each point"),
-        click.option("--pins", type=click.Path(dir_okay=False, exists=True),
-                     help="TOML file: pin = [...], exclude = [...], codes = [...]"),
-        click.option("--max-runs", type=click.IntRange(0), help="at most this many trials"),
-        click.option("--budget", "budget_s", type=Duration(), help="time budget for the trials"),
-        click.option("--window", "window_s", type=Duration(), default="2s", show_default=True,
-                     help="each trial's fault window"),
-        click.option("--recover", type=Duration(), default="2s", show_default=True,
-                     help="the SLO must hold again within this long after the fault"),
-        click.option("--workdir", type=click.Path(file_okay=False),
-                     help="where the trials' experiment files go (default: DB.explore/ID/)"),
-        db_option(),
-    ]):
+    for opt in reversed(
+        [
+            click.option(
+                "--lib",
+                "libs",
+                multiple=True,
+                metavar="LIB[:FN]",
+                help="a library to trace and its function glob (repeatable; default: "
+                "libcuda:cu*, libcudart:cuda*, libcublas:cublas*, libnccl:nccl*)",
+            ),
+            click.option(
+                "--discover-for",
+                "discover_s",
+                type=Duration(),
+                default="4s",
+                show_default=True,
+                help="how long to sample calls under the load",
+            ),
+            click.option(
+                "--cut",
+                type=click.IntRange(1, 64),
+                default=3,
+                show_default=True,
+                help="caller frames in a point's stack signature (deeper ones are one point)",
+            ),
+            click.option(
+                "--stall",
+                default="200ms",
+                show_default=True,
+                help="the stall tried at every point (besides the error codes and a hang)",
+            ),
+            click.option("--no-hang", is_flag=True, help="do not try a hang at each point"),
+            click.option(
+                "--pins",
+                type=click.Path(dir_okay=False, exists=True),
+                help="TOML file: pin = [...], exclude = [...], codes = [...]",
+            ),
+            click.option("--max-runs", type=click.IntRange(0), help="at most this many trials"),
+            click.option(
+                "--budget", "budget_s", type=Duration(), help="time budget for the trials"
+            ),
+            click.option(
+                "--window",
+                "window_s",
+                type=Duration(),
+                default="2s",
+                show_default=True,
+                help="each trial's fault window",
+            ),
+            click.option(
+                "--recover",
+                type=Duration(),
+                default="2s",
+                show_default=True,
+                help="the SLO must hold again within this long after the fault",
+            ),
+            click.option(
+                "--workdir",
+                type=click.Path(file_okay=False),
+                help="where the trials' experiment files go (default: DB.explore/ID/)",
+            ),
+            db_option(),
+        ]
+    ):
         f = opt(f)
     return f
 
@@ -91,10 +132,22 @@ def explore_group() -> None:
 @click.argument("file", type=click.Path(dir_okay=False, exists=True))
 @_common
 @click.option("--json", "as_json", is_flag=True, help="print the points as JSON")
-def discover_cmd(file: str, libs: tuple[str, ...], discover_s: float, cut: int, stall: str,
-                 no_hang: bool, pins: str | None, max_runs: int | None, budget_s: float | None,
-                 window_s: float, recover: float, workdir: str | None, db_path: str,
-                 as_json: bool) -> None:
+def discover_cmd(
+    file: str,
+    libs: tuple[str, ...],
+    discover_s: float,
+    cut: int,
+    stall: str,
+    no_hang: bool,
+    pins: str | None,
+    max_runs: int | None,
+    budget_s: float | None,
+    window_s: float,
+    recover: float,
+    workdir: str | None,
+    db_path: str,
+    as_json: bool,
+) -> None:
     """Run FILE's target under its load and list the fault points its calls pass through.
 
     \b
@@ -104,28 +157,62 @@ def discover_cmd(file: str, libs: tuple[str, ...], discover_s: float, cut: int, 
     del pins, max_runs, budget_s, window_s, recover
     wd = Path(workdir) if workdir else Path(db_path + ".explore") / "discover"
     try:
-        d = D.discover(file, db=db_path, libs=_libs(libs), window_s=discover_s, cut=cut,
-                       stall=stall, hang=not no_hang, workdir=wd, echo=_echo(as_json))
+        d = D.discover(
+            file,
+            db=db_path,
+            libs=_libs(libs),
+            window_s=discover_s,
+            cut=cut,
+            stall=stall,
+            hang=not no_hang,
+            workdir=wd,
+            echo=_echo(as_json),
+        )
     except GpufaultError as e:
         raise _fail(e) from None
     if as_json:
-        click.echo(json.dumps({"experiment_id": d.experiment_id, "calls": d.calls,
-                               "sampled": d.sampled, "window_s": d.window_s,
-                               "points": [p.to_json() for p in d.points]}, indent=1))
+        click.echo(
+            json.dumps(
+                {
+                    "experiment_id": d.experiment_id,
+                    "calls": d.calls,
+                    "sampled": d.sampled,
+                    "window_s": d.window_s,
+                    "points": [p.to_json() for p in d.points],
+                },
+                indent=1,
+            )
+        )
         return
     for p in d.points:
-        click.echo(f"{p.point}  {p.calls:>6}  {p.rate:>7.1f}/s  {p.library.rsplit('/', 1)[-1]}:"
-                   f"{p.function} @ {R._site(p.site)}  [{', '.join(p.codes)}]")
-    click.echo(f"{len(d.points)} point(s), {d.sampled} sampled of {d.calls} call(s) in "
-               f"{d.window_s:.1f}s (experiment {d.experiment_id})")
+        click.echo(
+            f"{p.point}  {p.calls:>6}  {p.rate:>7.1f}/s  {p.library.rsplit('/', 1)[-1]}:"
+            f"{p.function} @ {R._site(p.site)}  [{', '.join(p.codes)}]"
+        )
+    click.echo(
+        f"{len(d.points)} point(s), {d.sampled} sampled of {d.calls} call(s) in "
+        f"{d.window_s:.1f}s (experiment {d.experiment_id})"
+    )
 
 
 @explore_group.command("plan")
 @click.argument("file", type=click.Path(dir_okay=False, exists=True))
 @_common
-def plan_cmd(file: str, libs: tuple[str, ...], discover_s: float, cut: int, stall: str,
-             no_hang: bool, pins: str | None, max_runs: int | None, budget_s: float | None,
-             window_s: float, recover: float, workdir: str | None, db_path: str) -> None:
+def plan_cmd(
+    file: str,
+    libs: tuple[str, ...],
+    discover_s: float,
+    cut: int,
+    stall: str,
+    no_hang: bool,
+    pins: str | None,
+    max_runs: int | None,
+    budget_s: float | None,
+    window_s: float,
+    recover: float,
+    workdir: str | None,
+    db_path: str,
+) -> None:
     """Discover FILE's fault points and print the plan of trials (nothing injected).
 
     \b
@@ -135,24 +222,58 @@ def plan_cmd(file: str, libs: tuple[str, ...], discover_s: float, cut: int, stal
     wd = Path(workdir) if workdir else Path(db_path + ".explore") / "plan"
     try:
         filters = P.read_filters(pins)
-        d = D.discover(file, db=db_path, libs=_libs(libs), window_s=discover_s, cut=cut,
-                       stall=stall, hang=not no_hang, workdir=wd, echo=None)
+        d = D.discover(
+            file,
+            db=db_path,
+            libs=_libs(libs),
+            window_s=discover_s,
+            cut=cut,
+            stall=stall,
+            hang=not no_hang,
+            workdir=wd,
+            echo=None,
+        )
     except GpufaultError as e:
         raise _fail(e) from None
-    trials, notes = P.make_plan(d.points, filters, max_runs, budget_s,
-                                window_s + recover + 1.0 + 5.0)
+    trials, notes = P.make_plan(
+        d.points, filters, max_runs, budget_s, window_s + recover + 1.0 + 5.0
+    )
     click.echo(P.render(trials, {p.point: p for p in d.points}, notes))
 
 
-def _run(file: str, libs: tuple[str, ...], discover_s: float, cut: int, stall: str,
-         no_hang: bool, pins: str | None, max_runs: int | None, budget_s: float | None,
-         window_s: float, recover: float, workdir: str | None, db_path: str,
-         quiet: bool) -> X.Exploration:
+def _run(
+    file: str,
+    libs: tuple[str, ...],
+    discover_s: float,
+    cut: int,
+    stall: str,
+    no_hang: bool,
+    pins: str | None,
+    max_runs: int | None,
+    budget_s: float | None,
+    window_s: float,
+    recover: float,
+    workdir: str | None,
+    db_path: str,
+    quiet: bool,
+) -> X.Exploration:
     try:
-        return X.explore(file, db=db_path, libs=_libs(libs), discover_s=discover_s,
-                         window_s=window_s, cut=cut, stall=stall, hang=not no_hang, pins=pins,
-                         max_runs=max_runs, budget_s=budget_s, recover=f"{recover:g}s",
-                         workdir=workdir, echo=_echo(quiet))
+        return X.explore(
+            file,
+            db=db_path,
+            libs=_libs(libs),
+            discover_s=discover_s,
+            window_s=window_s,
+            cut=cut,
+            stall=stall,
+            hang=not no_hang,
+            pins=pins,
+            max_runs=max_runs,
+            budget_s=budget_s,
+            recover=f"{recover:g}s",
+            workdir=workdir,
+            echo=_echo(quiet),
+        )
     except GpufaultError as e:
         raise _fail(e) from None
 
@@ -162,10 +283,12 @@ def _summary(x: X.Exploration) -> None:
     for t in x.trials:
         by[t["outcome"]] = by.get(t["outcome"], 0) + 1
     c = x.coverage
-    click.echo(f"exploration {x.exploration_id} {x.status}: {c['points_tried']}/"
-               f"{c['points_found']} point(s) tried, {c['trials_run']} trial(s): "
-               + ", ".join(f"{n} {o}" for o, n in sorted(by.items()))
-               + f"; report: gpufault explore report {x.exploration_id} --db {x.db}")
+    click.echo(
+        f"exploration {x.exploration_id} {x.status}: {c['points_tried']}/"
+        f"{c['points_found']} point(s) tried, {c['trials_run']} trial(s): "
+        + ", ".join(f"{n} {o}" for o, n in sorted(by.items()))
+        + f"; report: gpufault explore report {x.exploration_id} --db {x.db}"
+    )
     for n in x.notes:
         click.echo(f"note: {n}")
     if any(t["outcome"] in BAD for t in x.trials):
@@ -188,8 +311,11 @@ def run_cmd(quiet: bool, **kw: Any) -> None:
 
 @explore_group.command("resume")
 @click.argument("exploration")
-@click.option("--workdir", type=click.Path(file_okay=False),
-              help="where the trials' experiment files go (default: DB.explore/ID/)")
+@click.option(
+    "--workdir",
+    type=click.Path(file_okay=False),
+    help="where the trials' experiment files go (default: DB.explore/ID/)",
+)
 @click.option("-q", "--quiet", is_flag=True, help="only the summary line")
 @db_option()
 def resume_cmd(exploration: str, workdir: str | None, quiet: bool, db_path: str) -> None:
@@ -208,8 +334,12 @@ def resume_cmd(exploration: str, workdir: str | None, quiet: bool, db_path: str)
 
 @explore_group.command("report")
 @click.argument("exploration", default="latest")
-@click.option("--html", "html_out", type=click.Path(dir_okay=False),
-              help="also write the HTML resilience map here")
+@click.option(
+    "--html",
+    "html_out",
+    type=click.Path(dir_okay=False),
+    help="also write the HTML resilience map here",
+)
 @click.option("--json", "as_json", is_flag=True, help="print the exploration as JSON")
 @db_option()
 def report_cmd(exploration: str, html_out: str | None, as_json: bool, db_path: str) -> None:

@@ -19,10 +19,11 @@ import hashlib
 import json
 import os
 import sqlite3
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 from pyctl.api.errors import BadInput
 from pyctl.evidence import store
@@ -40,8 +41,19 @@ DEFAULT_LIBS: dict[str, str] = {
 SAMPLE_SIGNAL = "SIGURG"  # ignored by default: a fire changes nothing
 MAX_SAMPLES = 4000  # fires per library: bounds the stacks kept
 # Keys of an experiment file that a discovery or a trial keeps from it.
-KEEP = ("name", "version", "title", "description", "slo_id", "knobs", "target", "load",
-        "steady_state", "probes", "phases")
+KEEP = (
+    "name",
+    "version",
+    "title",
+    "description",
+    "slo_id",
+    "knobs",
+    "target",
+    "load",
+    "steady_state",
+    "probes",
+    "phases",
+)
 
 
 @dataclass(frozen=True)
@@ -103,8 +115,13 @@ def discover_doc(
     d["method"] = [
         {
             "name": f"sample {lib}",
-            "fault": {"lib": lib, "fn": fn, "action": "signal", "signal": SAMPLE_SIGNAL,
-                      "max": samples},
+            "fault": {
+                "lib": lib,
+                "fn": fn,
+                "action": "signal",
+                "signal": SAMPLE_SIGNAL,
+                "max": samples,
+            },
             "start": "0s",
             "duration": f"{window_s:g}s",
             **({"parallel": True} if i else {}),
@@ -119,8 +136,12 @@ def _point_id(*parts: str) -> str:
 
 
 def group(
-    conn: sqlite3.Connection, run_ids: list[str], window_s: float, cut: int = 3,
-    stall: str = "200ms", hang: bool = True,
+    conn: sqlite3.Connection,
+    run_ids: list[str],
+    window_s: float,
+    cut: int = 3,
+    stall: str = "200ms",
+    hang: bool = True,
 ) -> list[Point]:
     """The fires of run_ids grouped into points, most called first."""
     acc: dict[tuple[str, str, str, str], dict[str, Any]] = {}
@@ -148,13 +169,20 @@ def group(
         a["n"] += 1
     out = []
     for (lib, fn, site, sig), a in acc.items():
-        out.append(Point(
-            point=_point_id(lib, fn, site, sig), library=lib, function=fn, site=site,
-            signature=sig, stack=a["stack"], calls=a["n"],
-            rate=round(a["n"] / window_s, 2) if window_s > 0 else 0.0,
-            codes=tuple(C.spelled(c) for c in C.codes_for(fn, stall, hang)),
-            example_fault=a["fid"],
-        ))
+        out.append(
+            Point(
+                point=_point_id(lib, fn, site, sig),
+                library=lib,
+                function=fn,
+                site=site,
+                signature=sig,
+                stack=a["stack"],
+                calls=a["n"],
+                rate=round(a["n"] / window_s, 2) if window_s > 0 else 0.0,
+                codes=tuple(C.spelled(c) for c in C.codes_for(fn, stall, hang)),
+                example_fault=a["fid"],
+            )
+        )
     out.sort(key=lambda p: (-p.calls, p.function, p.site))
     return out
 
@@ -162,8 +190,13 @@ def group(
 def _missing_lib(msg: str, libs: dict[str, str]) -> str | None:
     """The library a refusal names as absent from the target, if one."""
     low = msg.lower()
-    if "not found" not in low and "no such" not in low and "not loaded" not in low \
-            and "cannot find" not in low and "no library" not in low:
+    if (
+        "not found" not in low
+        and "no such" not in low
+        and "not loaded" not in low
+        and "cannot find" not in low
+        and "no library" not in low
+    ):
         return None
     for lib in libs:
         if lib.lower() in low:

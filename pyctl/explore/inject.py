@@ -33,19 +33,23 @@ def _ret(code: str) -> int | str:
     return int(code) if re.fullmatch(r"-?\d+", code) else code
 
 
-def trial_doc(doc: dict[str, Any], t: Trial, window_s: float, recover: str,
-              hold: str) -> dict[str, Any]:
+def trial_doc(
+    doc: dict[str, Any], t: Trial, window_s: float, recover: str, hold: str
+) -> dict[str, Any]:
     d = base_doc(doc)
     d["name"] = f"explore-{t.point}-{t.idx}"
     d["title"] = f"explore: {t.label} in {t.function} from {t.site}"
-    fault: dict[str, Any] = {"lib": t.library, "fn": t.function, "action": t.action,
-                             "caller": t.site}
+    fault: dict[str, Any] = {
+        "lib": t.library,
+        "fn": t.function,
+        "action": t.action,
+        "caller": t.site,
+    }
     if t.action == "fail":
         fault["ret"] = _ret(t.code)
     elif t.code != "hang":
         fault["stall"] = t.code
-    d["method"] = [{"name": t.label, "fault": fault, "start": "0s",
-                    "duration": f"{window_s:g}s"}]
+    d["method"] = [{"name": t.label, "fault": fault, "start": "0s", "duration": f"{window_s:g}s"}]
     d["expect"] = {"recovered_within": {"within": recover, "hold": hold}}
     phases = dict(d.get("phases") or {})
     phases.pop("method", None)
@@ -70,18 +74,33 @@ def target_pid(doc: dict[str, Any]) -> int | None:
     return int(pid) if isinstance(pid, int) else None
 
 
-def run_trial(doc: dict[str, Any], t: Trial, *, db: str, workdir: Path, window_s: float,
-              recover: str, hold: str, echo: Any = None) -> dict[str, Any]:
+def run_trial(
+    doc: dict[str, Any],
+    t: Trial,
+    *,
+    db: str,
+    workdir: Path,
+    window_s: float,
+    recover: str,
+    hold: str,
+    echo: Any = None,
+) -> dict[str, Any]:
     """Run one trial; its trial row (status, outcome, reason, ids, times)."""
     name = re.sub(r"[^a-z0-9]+", "-", t.label.lower()).strip("-")[:40]
     path = workdir / f"{t.idx:03d}-{t.point}-{name}.toml"
     d = trial_doc(doc, t, window_s, recover, hold)
-    path.write_text(tomlout.dumps(
-        d, f"gpufault explore trial {t.idx}: {t.label} in {t.function}, only calls from "
-           f"{t.site}\nreproduce: gpufault experiment run {path} --db {db}"))
-    row: dict[str, Any] = {"file": str(path), "started_at": time.time(),
-                           "reproduce": f"gpufault experiment run {shlex.quote(str(path))} "
-                                        f"--db {shlex.quote(db)}"}
+    path.write_text(
+        tomlout.dumps(
+            d,
+            f"gpufault explore trial {t.idx}: {t.label} in {t.function}, only calls from "
+            f"{t.site}\nreproduce: gpufault experiment run {path} --db {db}",
+        )
+    )
+    row: dict[str, Any] = {
+        "file": str(path),
+        "started_at": time.time(),
+        "reproduce": f"gpufault experiment run {shlex.quote(str(path))} --db {shlex.quote(db)}",
+    }
     try:
         v = run_experiment(load_experiment(path), db=db, echo=echo, raise_on_error=False)
     except GpufaultError as e:
@@ -92,7 +111,13 @@ def run_trial(doc: dict[str, Any], t: Trial, *, db: str, workdir: Path, window_s
         j = O.classify(v.verdict, v.reason, ev.conn, v.experiment_id)
     finally:
         ev.close()
-    row.update(status=v.verdict, outcome=j.outcome, reason=j.reason,
-               experiment_id=v.experiment_id, fires=j.fires, recover_s=j.recover_s,
-               ended_at=time.time())
+    row.update(
+        status=v.verdict,
+        outcome=j.outcome,
+        reason=j.reason,
+        experiment_id=v.experiment_id,
+        fires=j.fires,
+        recover_s=j.recover_s,
+        ended_at=time.time(),
+    )
     return row

@@ -17,8 +17,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-OUTCOMES = ("tolerated", "degraded within SLO", "SLO broken", "crashed", "hung",
-            "did not recover", "not reached", "error")
+OUTCOMES = (
+    "tolerated",
+    "degraded within SLO",
+    "SLO broken",
+    "crashed",
+    "hung",
+    "did not recover",
+    "not reached",
+    "error",
+)
 
 
 @dataclass(frozen=True)
@@ -33,10 +41,10 @@ def classify(verdict: str, reason: str, conn: Any, exp_id: str) -> Judged:
     def q(sql: str) -> list[tuple[Any, ...]]:
         return list(conn.execute(sql, (exp_id,)).fetchall())
 
-    fires = sum(int(r[0] or 0) for r in q(
-        "SELECT fires FROM experiment_steps WHERE experiment_id=?"))
-    rec = q("SELECT ok, value FROM expectations WHERE experiment_id=? "
-            "AND name='recovered_within'")
+    fires = sum(
+        int(r[0] or 0) for r in q("SELECT fires FROM experiment_steps WHERE experiment_id=?")
+    )
+    rec = q("SELECT ok, value FROM expectations WHERE experiment_id=? AND name='recovered_within'")
     recover_s = float(rec[0][1]) if rec and rec[0][1] is not None else None
     if "never fired" in reason or (verdict == "error" and fires == 0):
         return Judged("not reached", reason, None, fires)
@@ -46,10 +54,15 @@ def classify(verdict: str, reason: str, conn: Any, exp_id: str) -> Judged:
         return Judged("error", reason, recover_s, fires)
     fault_windows = q("SELECT count FROM load_windows WHERE experiment_id=? AND phase='fault'")
     if any(int(c or 0) == 0 for (c,) in fault_windows):
-        return Judged("hung", "a 1 s window of the fault phase completed no request",
-                      recover_s, fires)
-    hyp = {(p, probe): ok for p, probe, ok in q(
-        "SELECT phase, probe, ok FROM hypothesis_results WHERE experiment_id=?")}
+        return Judged(
+            "hung", "a 1 s window of the fault phase completed no request", recover_s, fires
+        )
+    hyp = {
+        (p, probe): ok
+        for p, probe, ok in q(
+            "SELECT phase, probe, ok FROM hypothesis_results WHERE experiment_id=?"
+        )
+    }
     if any(not ok for (p, _), ok in hyp.items() if p == "during"):
         return Judged("SLO broken", reason, recover_s, fires)
     if any(not ok for (p, _), ok in hyp.items() if p == "after") or (rec and not rec[0][0]):
@@ -59,9 +72,12 @@ def classify(verdict: str, reason: str, conn: Any, exp_id: str) -> Judged:
     if worse:
         return Judged("degraded within SLO", f"judged worse: {worse[0][1]}", recover_s, fires)
     if errs and errs[0][0]:
-        return Judged("degraded within SLO",
-                      f"error rate up to {float(errs[0][0]):.1%} in a fault window, within the SLO",
-                      recover_s, fires)
+        return Judged(
+            "degraded within SLO",
+            f"error rate up to {float(errs[0][0]):.1%} in a fault window, within the SLO",
+            recover_s,
+            fires,
+        )
     if verdict == "fail":
         return Judged("SLO broken", reason, recover_s, fires)
     return Judged("tolerated", "steady state held, nothing measurable changed", recover_s, fires)

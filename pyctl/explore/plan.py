@@ -70,15 +70,19 @@ def read_filters(path: str | os.PathLike[str] | None) -> Filters:
 
 def _hit(p: Point, pats: tuple[str, ...]) -> bool:
     return any(
-        p.point.startswith(x) or fnmatch.fnmatchcase(p.point, x)
+        p.point.startswith(x)
+        or fnmatch.fnmatchcase(p.point, x)
         or fnmatch.fnmatchcase(p.function, x)
         for x in pats
     )
 
 
 def make_plan(
-    points: list[Point], filters: Filters = Filters(), max_runs: int | None = None,
-    budget_s: float | None = None, per_trial_s: float = 10.0,
+    points: list[Point],
+    filters: Filters = Filters(),
+    max_runs: int | None = None,
+    budget_s: float | None = None,
+    per_trial_s: float = 10.0,
 ) -> tuple[list[Trial], list[str]]:
     """The trials, in order, and a note per thing left out (budget, pins)."""
     notes: list[str] = []
@@ -101,8 +105,16 @@ def make_plan(
     # Every point's errors first (most called first), then stalls, then hangs.
     pairs.sort(key=lambda t: (t[0], t[1]))
     trials = [
-        Trial(i, ps[0].point, tuple(p.point for p in ps), ps[0].library, ps[0].function,
-              ps[0].site, c.action, c.code)
+        Trial(
+            i,
+            ps[0].point,
+            tuple(p.point for p in ps),
+            ps[0].library,
+            ps[0].function,
+            ps[0].site,
+            c.action,
+            c.code,
+        )
         for i, (_k, _r, ps, c) in enumerate(pairs)
     ]
     limit = len(trials)
@@ -111,8 +123,10 @@ def make_plan(
     if budget_s is not None:
         limit = min(limit, max(0, int(budget_s // per_trial_s)))
     if limit < len(trials):
-        notes.append(f"budget: {limit} of {len(trials)} trial(s) "
-                     f"(~{per_trial_s:.0f}s each; raise --max-runs/--budget for more)")
+        notes.append(
+            f"budget: {limit} of {len(trials)} trial(s) "
+            f"(~{per_trial_s:.0f}s each; raise --max-runs/--budget for more)"
+        )
         trials = trials[:limit]
     return trials, notes
 
@@ -122,7 +136,9 @@ def render(trials: list[Trial], points: dict[str, Point], notes: list[str]) -> s
     for t in trials:
         p = points.get(t.point)
         site = Path(t.site.split("+")[0]).name + "+" + t.site.rsplit("+", 1)[-1]
-        lines.append(f"{t.idx:>3}  {t.point:10}  {p.calls if p else 0:>6}  "
-                     f"{t.label[:28]:28}  {t.function} @ {site}")
+        lines.append(
+            f"{t.idx:>3}  {t.point:10}  {p.calls if p else 0:>6}  "
+            f"{t.label[:28]:28}  {t.function} @ {site}"
+        )
     lines += [f"note: {n}" for n in notes]
     return "\n".join(lines)

@@ -34,8 +34,11 @@ class Exploration:
     def outcome_of(self, site_glob: str) -> list[str]:
         """The outcomes of the trials whose site matches (fnmatch)."""
         by = {p["point"]: p for p in self.points}
-        return [t["outcome"] for t in self.trials
-                if fnmatch.fnmatchcase(by.get(t["point"], {}).get("site", ""), site_glob)]
+        return [
+            t["outcome"]
+            for t in self.trials
+            if fnmatch.fnmatchcase(by.get(t["point"], {}).get("site", ""), site_glob)
+        ]
 
 
 def _workdir(db: str, xid: str, workdir: str | os.PathLike[str] | None) -> Path:
@@ -81,17 +84,28 @@ def explore(
         raise BadInput(f"{file}: no [target]: explore needs the service to run and trace")
     filters = P.read_filters(pins)
     xid = S.new_id()
-    settings = {"libs": libs or D.DEFAULT_LIBS, "discover_s": discover_s, "window_s": window_s,
-                "cut": cut, "stall": stall, "hang": hang, "recover": recover, "hold": hold,
-                "max_runs": max_runs, "budget_s": budget_s, "filters": filters.__dict__}
+    settings = {
+        "libs": libs or D.DEFAULT_LIBS,
+        "discover_s": discover_s,
+        "window_s": window_s,
+        "cut": cut,
+        "stall": stall,
+        "hang": hang,
+        "recover": recover,
+        "hold": hold,
+        "max_runs": max_runs,
+        "budget_s": budget_s,
+        "filters": filters.__dict__,
+    }
     wd = _workdir(db, xid, workdir)
     say = echo or (lambda _s: None)
     with S.ExploreStore(db) as st:
         st.start(xid, str(file), repr(doc.get("target")), settings)
     say(f"exploration {xid}: discovering fault points of {file} for {discover_s:g}s")
     try:
-        disc = D.discover(file, db=db, libs=libs, window_s=discover_s, cut=cut, stall=stall,
-                          hang=hang, workdir=wd)
+        disc = D.discover(
+            file, db=db, libs=libs, window_s=discover_s, cut=cut, stall=stall, hang=hang, workdir=wd
+        )
     except BaseException:
         with S.ExploreStore(db) as st:
             st.finish(xid, "failed")
@@ -102,8 +116,10 @@ def explore(
     notes = [f"{k}: not probed ({v})" for k, v in disc.skipped.items()] + notes
     with S.ExploreStore(db) as st:
         st.discovered(xid, disc.experiment_id, disc.points, disc.calls, trials)
-    say(f"exploration {xid}: {len(disc.points)} point(s), {disc.sampled} sampled call(s) "
-        f"in {disc.window_s:.1f}s; {len(trials)} trial(s) planned")
+    say(
+        f"exploration {xid}: {len(disc.points)} point(s), {disc.sampled} sampled call(s) "
+        f"in {disc.window_s:.1f}s; {len(trials)} trial(s) planned"
+    )
     return resume(xid, db=db, workdir=workdir, echo=echo, notes=notes)
 
 
@@ -139,13 +155,22 @@ def resume(
             break
         if pid is not None and not I.alive(pid):
             status = "target gone"
-            say(f"exploration {xid}: the target (pid {pid}) is gone: stopping; "
-                f"restart it and `gpufault explore resume {xid}`")
+            say(
+                f"exploration {xid}: the target (pid {pid}) is gone: stopping; "
+                f"restart it and `gpufault explore resume {xid}`"
+            )
             break
         say(f"trial {t.idx}: {t.label} in {t.function} from {t.site}")
         try:
-            row = I.run_trial(file_doc, t, db=db, workdir=wd, window_s=s["window_s"],
-                              recover=s["recover"], hold=s["hold"])
+            row = I.run_trial(
+                file_doc,
+                t,
+                db=db,
+                workdir=wd,
+                window_s=s["window_s"],
+                recover=s["recover"],
+                hold=s["hold"],
+            )
         except KeyboardInterrupt:
             status = "interrupted"
             break
@@ -156,8 +181,9 @@ def resume(
     with S.ExploreStore(db) as st:
         st.finish(xid, status)
     final = _read(db, xid)
-    return Exploration(xid, db, status, final["points"], final["trials"], coverage(final),
-                       notes or [])
+    return Exploration(
+        xid, db, status, final["points"], final["trials"], coverage(final), notes or []
+    )
 
 
 def plan_of(db: str | os.PathLike[str], xid: str) -> dict[str, Any]:

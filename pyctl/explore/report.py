@@ -10,8 +10,16 @@ import html
 from pathlib import Path
 from typing import Any
 
-SEVERITY = {"tolerated": 0, "degraded within SLO": 1, "did not recover": 3, "SLO broken": 2,
-            "hung": 4, "crashed": 5, "error": -1, "not reached": -2}
+SEVERITY = {
+    "tolerated": 0,
+    "degraded within SLO": 1,
+    "did not recover": 3,
+    "SLO broken": 2,
+    "hung": 4,
+    "crashed": 5,
+    "error": -1,
+    "not reached": -2,
+}
 
 
 def coverage(doc: dict[str, Any]) -> dict[str, Any]:
@@ -23,10 +31,15 @@ def coverage(doc: dict[str, Any]) -> dict[str, Any]:
             covered.update(t["covers"])
     calls = sum(p["calls"] or 0 for p in pts)
     calls_cov = sum(p["calls"] or 0 for p in pts if p["point"] in covered)
-    return {"points_found": len(pts), "points_tried": len(covered),
-            "trials_planned": len(doc["plan"]), "trials_run": len(doc["trials"]),
-            "calls_sampled": calls, "calls_covered": calls_cov,
-            "calls_covered_share": round(calls_cov / calls, 4) if calls else 0.0}
+    return {
+        "points_found": len(pts),
+        "points_tried": len(covered),
+        "trials_planned": len(doc["plan"]),
+        "trials_run": len(doc["trials"]),
+        "calls_sampled": calls,
+        "calls_covered": calls_cov,
+        "calls_covered_share": round(calls_cov / calls, 4) if calls else 0.0,
+    }
 
 
 def _site(site: str) -> str:
@@ -53,48 +66,64 @@ def rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _fault(t: dict[str, Any]) -> str:
-    return "hang" if t["code"] == "hang" else (
-        f"stall {t['code']}" if t["action"] == "stall" else t["code"])
+    return (
+        "hang"
+        if t["code"] == "hang"
+        else (f"stall {t['code']}" if t["action"] == "stall" else t["code"])
+    )
 
 
 def markdown(doc: dict[str, Any]) -> str:
     e = doc["exploration"]
     c = coverage(doc)
-    out = [f"# Exploration {e['id']}: {e['file']}", "",
-           f"Status **{e['status']}**; {c['points_found']} point(s) found, "
-           f"{c['points_tried']} tried ({c['trials_run']} of {c['trials_planned']} trial(s) run); "
-           f"{c['calls_covered']} of {c['calls_sampled']} sampled calls covered "
-           f"({c['calls_covered_share']:.0%}). Discovery: experiment "
-           f"`{e['discover_experiment']}`.", "",
-           "## Resilience map", "",
-           "| point | function | caller site | calls | fault | outcome | recover | evidence |",
-           "|---|---|---|---:|---|---|---:|---|"]
+    out = [
+        f"# Exploration {e['id']}: {e['file']}",
+        "",
+        f"Status **{e['status']}**; {c['points_found']} point(s) found, "
+        f"{c['points_tried']} tried ({c['trials_run']} of {c['trials_planned']} trial(s) run); "
+        f"{c['calls_covered']} of {c['calls_sampled']} sampled calls covered "
+        f"({c['calls_covered_share']:.0%}). Discovery: experiment "
+        f"`{e['discover_experiment']}`.",
+        "",
+        "## Resilience map",
+        "",
+        "| point | function | caller site | calls | fault | outcome | recover | evidence |",
+        "|---|---|---|---:|---|---|---:|---|",
+    ]
     for r in rows(doc):
         if not r["trials"]:
-            out.append(f"| `{r['point']}` | {r['function']} | `{_site(r['site'])}` | "
-                       f"{r['calls']} | | not tried | | |")
+            out.append(
+                f"| `{r['point']}` | {r['function']} | `{_site(r['site'])}` | "
+                f"{r['calls']} | | not tried | | |"
+            )
         for t in r["trials"]:
             rec = f"{t['recover_s']:.2f}s" if t["recover_s"] is not None else ""
-            out.append(f"| `{r['point']}` | {r['function']} | `{_site(r['site'])}` | "
-                       f"{r['calls']} | {_fault(t)} | **{t['outcome']}** | {rec} | "
-                       f"`{t['experiment_id'] or ''}` |")
+            out.append(
+                f"| `{r['point']}` | {r['function']} | `{_site(r['site'])}` | "
+                f"{r['calls']} | {_fault(t)} | **{t['outcome']}** | {rec} | "
+                f"`{t['experiment_id'] or ''}` |"
+            )
     out += ["", "## Reproduce", ""]
     for t in doc["trials"]:
         out.append(f"- trial {t['idx']} ({_fault(t)}, {t['outcome']}): `{t['reproduce']}`")
     out += ["", "## Points", ""]
     for r in rows(doc):
-        out.append(f"- `{r['point']}` {r['library']}:{r['function']} from "
-                   f"`{r['site']}`, {r['calls']} calls ({r['rate']}/s); stack: "
-                   f"{' < '.join(r['stack'][:6])}")
+        out.append(
+            f"- `{r['point']}` {r['library']}:{r['function']} from "
+            f"`{r['site']}`, {r['calls']} calls ({r['rate']}/s); stack: "
+            f"{' < '.join(r['stack'][:6])}"
+        )
     return "\n".join(out) + "\n"
 
 
-_CSS = ("body{font:14px system-ui,sans-serif;margin:2em;max-width:72em}"
-        "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 8px}"
-        "th{background:#f3f3f3}code{font-size:12px}"
-        ".tolerated{background:#dff5df}.degraded-within-slo{background:#fff4cc}"
-        ".slo-broken,.did-not-recover{background:#ffd9cc}.crashed,.hung{background:#f5b5b5}"
-        ".not-reached,.error{background:#e8e8e8}")
+_CSS = (
+    "body{font:14px system-ui,sans-serif;margin:2em;max-width:72em}"
+    "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 8px}"
+    "th{background:#f3f3f3}code{font-size:12px}"
+    ".tolerated{background:#dff5df}.degraded-within-slo{background:#fff4cc}"
+    ".slo-broken,.did-not-recover{background:#ffd9cc}.crashed,.hung{background:#f5b5b5}"
+    ".not-reached,.error{background:#e8e8e8}"
+)
 
 
 def _cls(o: str) -> str:
@@ -109,9 +138,11 @@ def html_report(doc: dict[str, Any]) -> str:
     for r in rows(doc):
         for t in r["trials"] or [None]:
             if t is None:
-                trs.append(f"<tr><td><code>{h(r['point'])}</code></td><td>{h(r['function'])}"
-                           f"</td><td><code>{h(_site(r['site']))}</code></td><td>{r['calls']}"
-                           "</td><td></td><td>not tried</td><td></td><td></td></tr>")
+                trs.append(
+                    f"<tr><td><code>{h(r['point'])}</code></td><td>{h(r['function'])}"
+                    f"</td><td><code>{h(_site(r['site']))}</code></td><td>{r['calls']}"
+                    "</td><td></td><td>not tried</td><td></td><td></td></tr>"
+                )
                 continue
             rec = f"{t['recover_s']:.2f}s" if t["recover_s"] is not None else ""
             trs.append(
@@ -121,7 +152,8 @@ def html_report(doc: dict[str, Any]) -> str:
                 f"<td class='{_cls(t['outcome'])}' title='{h(t['reason'] or '')}'>"
                 f"{h(t['outcome'])}</td><td>{rec}</td>"
                 f"<td><code>{h(t['experiment_id'] or '')}</code><br><code>"
-                f"{h(t['reproduce'] or '')}</code></td></tr>")
+                f"{h(t['reproduce'] or '')}</code></td></tr>"
+            )
     return (
         "<!doctype html><html><head><meta charset='utf-8'>"
         f"<title>gpufault exploration {h(e['id'])}</title><style>{_CSS}</style></head><body>"
@@ -131,13 +163,16 @@ def html_report(doc: dict[str, Any]) -> str:
         f"({c['calls_covered_share']:.0%}).</p><h2>Resilience map</h2><table><tr>"
         "<th>point</th><th>function</th><th>caller site</th><th>calls</th><th>fault</th>"
         "<th>outcome</th><th>recover</th><th>evidence, reproduce</th></tr>"
-        + "".join(trs) + "</table></body></html>\n")
+        + "".join(trs)
+        + "</table></body></html>\n"
+    )
 
 
 def diff(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
     """Per (function, caller site, fault): the outcome in a and in b, where
     they differ or one lacks it. Sites are compared by object name and
     offset (a rebuilt service keeps its offsets only if its code is the same)."""
+
     def key_map(doc: dict[str, Any]) -> dict[tuple[str, str, str], str]:
         pts = {p["point"]: p for p in doc["points"]}
         out = {}
@@ -163,6 +198,8 @@ def render_diff(a: dict[str, Any], b: dict[str, Any], d: list[dict[str, Any]]) -
         return f"explorations {ia} and {ib}: the same points and outcomes\n"
     lines = [f"{'function':24} {'site':28} {'fault':24} {ia:>18} -> {ib}"]
     for r in d:
-        lines.append(f"{r['function'][:24]:24} {r['site'][:28]:28} {r['fault'][:24]:24} "
-                     f"{r['a']:>18} -> {r['b']}")
+        lines.append(
+            f"{r['function'][:24]:24} {r['site'][:28]:28} {r['fault'][:24]:24} "
+            f"{r['a']:>18} -> {r['b']}"
+        )
     return "\n".join(lines) + "\n"

@@ -40,26 +40,53 @@ class ExploreStore:
             self.conn.execute(
                 "INSERT INTO explorations (id, file, target, started_at, status, settings, host) "
                 "VALUES (?,?,?,?,?,?,?)",
-                (xid, file, target, time.time(), "discovering",
-                 json.dumps(settings, sort_keys=True), socket.gethostname()),
+                (
+                    xid,
+                    file,
+                    target,
+                    time.time(),
+                    "discovering",
+                    json.dumps(settings, sort_keys=True),
+                    socket.gethostname(),
+                ),
             )
 
-    def discovered(self, xid: str, exp_id: str, points: list[Point], calls: int,
-                   trials: list[Trial]) -> None:
+    def discovered(
+        self, xid: str, exp_id: str, points: list[Point], calls: int, trials: list[Trial]
+    ) -> None:
         with self.conn:
             self.conn.executemany(
                 "INSERT INTO explore_points (exploration_id, point, library, function, site, "
                 "signature, stack, calls, rate, codes, example_fault) "
                 "VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                [(xid, p.point, p.library, p.function, p.site, p.signature,
-                  json.dumps(list(p.stack)), p.calls, p.rate, json.dumps(list(p.codes)),
-                  p.example_fault) for p in points],
+                [
+                    (
+                        xid,
+                        p.point,
+                        p.library,
+                        p.function,
+                        p.site,
+                        p.signature,
+                        json.dumps(list(p.stack)),
+                        p.calls,
+                        p.rate,
+                        json.dumps(list(p.codes)),
+                        p.example_fault,
+                    )
+                    for p in points
+                ],
             )
             self.conn.execute(
                 "UPDATE explorations SET discover_experiment=?, points=?, calls=?, status=?, "
                 "settings=json_set(settings, '$.plan', json(?)) WHERE id=?",
-                (exp_id, len(points), calls, "injecting",
-                 json.dumps([t.to_json() for t in trials]), xid),
+                (
+                    exp_id,
+                    len(points),
+                    calls,
+                    "injecting",
+                    json.dumps([t.to_json() for t in trials]),
+                    xid,
+                ),
             )
 
     def trial_done(self, xid: str, t: Trial, row: dict[str, Any]) -> None:
@@ -68,16 +95,31 @@ class ExploreStore:
                 "INSERT OR REPLACE INTO explore_trials (exploration_id, idx, point, action, code, "
                 "status, outcome, reason, experiment_id, fires, recover_s, file, reproduce, "
                 "started_at, ended_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (xid, t.idx, t.point, t.action, t.code, row["status"], row["outcome"],
-                 row["reason"], row.get("experiment_id"), row.get("fires"),
-                 row.get("recover_s"), row.get("file"), row.get("reproduce"),
-                 row.get("started_at"), row.get("ended_at")),
+                (
+                    xid,
+                    t.idx,
+                    t.point,
+                    t.action,
+                    t.code,
+                    row["status"],
+                    row["outcome"],
+                    row["reason"],
+                    row.get("experiment_id"),
+                    row.get("fires"),
+                    row.get("recover_s"),
+                    row.get("file"),
+                    row.get("reproduce"),
+                    row.get("started_at"),
+                    row.get("ended_at"),
+                ),
             )
 
     def finish(self, xid: str, status: str) -> None:
         with self.conn:
-            self.conn.execute("UPDATE explorations SET status=?, ended_at=? WHERE id=?",
-                              (status, time.time(), xid))
+            self.conn.execute(
+                "UPDATE explorations SET status=?, ended_at=? WHERE id=?",
+                (status, time.time(), xid),
+            )
 
 
 def _rows(conn: Any, sql: str, args: tuple[Any, ...]) -> list[dict[str, Any]]:
@@ -103,12 +145,18 @@ def load(conn: Any, xid: str) -> dict[str, Any] | None:
         return None
     e = ex[0]
     e["settings"] = json.loads(e["settings"] or "{}")
-    points = _rows(conn, "SELECT * FROM explore_points WHERE exploration_id=? "
-                   "ORDER BY calls DESC, point", (xid,))
+    points = _rows(
+        conn,
+        "SELECT * FROM explore_points WHERE exploration_id=? ORDER BY calls DESC, point",
+        (xid,),
+    )
     for p in points:
         p["stack"] = json.loads(p["stack"] or "[]")
         p["codes"] = json.loads(p["codes"] or "[]")
-    trials = _rows(conn, "SELECT * FROM explore_trials WHERE exploration_id=? ORDER BY idx",
-                   (xid,))
-    return {"exploration": e, "points": points, "plan": e["settings"].get("plan", []),
-            "trials": trials}
+    trials = _rows(conn, "SELECT * FROM explore_trials WHERE exploration_id=? ORDER BY idx", (xid,))
+    return {
+        "exploration": e,
+        "points": points,
+        "plan": e["settings"].get("plan", []),
+        "trials": trials,
+    }

@@ -96,16 +96,20 @@ def exec_range(pid: int, name: str) -> Range | None:
     if not hits:
         return None
     if len(hits) > 1:
-        raise CallerError(f"--caller {name!r} matches {len(hits)} objects in pid {pid} "
-                          f"({', '.join(sorted(os.path.basename(p) for p in hits))}): "
-                          "give a longer name or the full path")
+        raise CallerError(
+            f"--caller {name!r} matches {len(hits)} objects in pid {pid} "
+            f"({', '.join(sorted(os.path.basename(p) for p in hits))}): "
+            "give a longer name or the full path"
+        )
     ((path, spans),) = hits.items()
     if site is not None:
         for lo, hi, off in spans:
             if off <= site < off + (hi - lo):
                 ra = lo + site - off
                 return Range(path, ra, ra + 1)
-        raise CallerError(f"--caller {name}+{site:#x}: no executable mapping of {path} in "
-                          f"pid {pid} holds file offset {site:#x}: give the offset of a "
-                          "return address in its code (a stack frame's offset)")
+        raise CallerError(
+            f"--caller {name}+{site:#x}: no executable mapping of {path} in "
+            f"pid {pid} holds file offset {site:#x}: give the offset of a "
+            "return address in its code (a stack frame's offset)"
+        )
     return Range(path, min(lo for lo, _, _ in spans), max(hi for _, hi, _ in spans))
