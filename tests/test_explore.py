@@ -99,21 +99,27 @@ def test_explore_tells_the_two_sites_apart_and_resumes(sites_file: Path, tmp_pat
         "1s",
     ]
     # One trial now, the other by resume: progress is the store's.
-    r = _gf("explore", "run", str(sites_file), "--max-runs", "1", *common)
+    r = _gf("explore", "run", str(sites_file), "--stop-after", "1", *common)
     assert r.returncode in (0, 1), r.stderr[-3000:]
     con = sqlite3.connect(db)
     (xid, status, npoints) = con.execute("SELECT id, status, points FROM explorations").fetchone()
-    assert status == "done" and npoints == 2, (status, npoints, r.stderr[-2000:])
+    assert status == "paused" and npoints == 2, (status, npoints, r.stderr[-2000:])
     sites = {s for (s,) in con.execute("SELECT site FROM explore_points")}
     assert {s.rsplit("+", 1)[0] for s in sites} == {str(SITES)}, sites
     assert con.execute("SELECT count(*) FROM explore_trials").fetchone()[0] == 1
-    # --max-runs 1 planned one trial: resume has nothing; plan the other by a new run
     r2 = _gf("explore", "resume", xid, "--db", str(db))
-    assert r2.returncode in (0, 1), r2.stderr[-2000:]
-    assert con.execute("SELECT count(*) FROM explore_trials").fetchone()[0] == 1
-    r3 = _gf("explore", "run", str(sites_file), *common)
-    assert r3.returncode == 1, r3.stdout + r3.stderr[-3000:]  # a trial broke the SLO
-    (xid2,) = con.execute("SELECT id FROM explorations WHERE id != ?", (xid,)).fetchone()
+    assert r2.returncode == 1, r2.stdout + r2.stderr[-3000:]  # a trial broke the SLO
+    assert con.execute("SELECT count(*), min(idx), max(idx) FROM explore_trials").fetchone() == (
+        2,
+        0,
+        1,
+    )
+    assert con.execute("SELECT status FROM explorations").fetchone() == ("done",)
+    # A second exploration limited to one trial, for the diff.
+    r3 = _gf("explore", "run", str(sites_file), "--max-runs", "1", *common)
+    assert r3.returncode in (0, 1), r3.stdout + r3.stderr[-3000:]
+    (xid1,) = con.execute("SELECT id FROM explorations WHERE id != ?", (xid,)).fetchone()
+    xid, xid2 = xid1, xid
     out = dict(
         con.execute(
             "SELECT function || '@' || substr(site, instr(site, '+')), outcome FROM explore_map "

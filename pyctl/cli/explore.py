@@ -256,6 +256,7 @@ def _run(
     workdir: str | None,
     db_path: str,
     quiet: bool,
+    stop_after: int | None,
 ) -> X.Exploration:
     try:
         return X.explore(
@@ -273,6 +274,7 @@ def _run(
             recover=f"{recover:g}s",
             workdir=workdir,
             echo=_echo(quiet),
+            stop_after=stop_after,
         )
     except GpufaultError as e:
         raise _fail(e) from None
@@ -299,14 +301,19 @@ def _summary(x: X.Exploration) -> None:
 @click.argument("file", type=click.Path(dir_okay=False, exists=True))
 @_common
 @click.option("-q", "--quiet", is_flag=True, help="only the summary line")
-def run_cmd(quiet: bool, **kw: Any) -> None:
+@click.option(
+    "--stop-after",
+    type=click.IntRange(0),
+    help="run at most this many trials now; `explore resume ID` runs the rest",
+)
+def run_cmd(quiet: bool, stop_after: int | None, **kw: Any) -> None:
     """Discover, plan and run a trial per caller site and fault of FILE's target.
 
     \b
     Example:
       gpufault explore run svc.toml --db gf.db --max-runs 12
     """
-    _summary(_run(quiet=quiet, **kw))
+    _summary(_run(quiet=quiet, stop_after=stop_after, **kw))
 
 
 @explore_group.command("resume")

@@ -75,9 +75,12 @@ def explore(
     hold: str = "1s",
     workdir: str | os.PathLike[str] | None = None,
     echo: Callable[[str], None] | None = None,
+    stop_after: int | None = None,
 ) -> Exploration:
     """Discover the fault points of the file's target under its load,
-    plan, and run a trial per (site, fault); the store keeps progress."""
+    plan, and run a trial per (site, fault); the store keeps progress
+    (stop_after: run at most that many trials now, status `paused`;
+    resume() runs the rest)."""
     db = str(db)
     doc = D.read_doc(file)
     if "target" not in doc:
@@ -120,7 +123,7 @@ def explore(
         f"exploration {xid}: {len(disc.points)} point(s), {disc.sampled} sampled call(s) "
         f"in {disc.window_s:.1f}s; {len(trials)} trial(s) planned"
     )
-    return resume(xid, db=db, workdir=workdir, echo=echo, notes=notes)
+    return resume(xid, db=db, workdir=workdir, echo=echo, notes=notes, stop_after=stop_after)
 
 
 def resume(
