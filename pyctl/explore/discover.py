@@ -25,7 +25,7 @@ from typing import Any
 
 import tomllib
 
-from pyctl.api.errors import BadInput
+from pyctl.api.errors import BadInput, ExperimentFailed
 from pyctl.evidence import store
 from pyctl.experiment.public import load_experiment, run_experiment
 from pyctl.explore import codes as C
@@ -234,7 +234,11 @@ def discover(
         path.write_text(tomlout.dumps(d, f"gpufault explore: discovery of {file}"))
         try:
             exp = load_experiment(path)
-            v = run_experiment(exp, db=db, echo=echo)
+            v = run_experiment(exp, db=db, echo=echo, raise_on_error=False)
+            # A library the target has but did not call in the window is a
+            # finding of the discovery (no point there), not its failure.
+            if v.verdict not in ("pass", "fail") and "never fired" not in v.reason:
+                raise ExperimentFailed(f"discovery {v.experiment_id} {v.verdict}: {v.reason}")
             break
         except BadInput as e:
             lib = _missing_lib(str(e), libs)
@@ -247,9 +251,13 @@ def discover(
     conn = ev.conn
     try:
         steps = conn.execute(
-            "SELECT run_id, started_at, ended_at FROM experiment_steps WHERE experiment_id=?",
+            "SELECT run_id, started_at, ended_at, fires, name FROM experiment_steps "
+            "WHERE experiment_id=? ORDER BY idx",
             (v.experiment_id,),
         ).fetchall()
+        for r in steps:
+            if not r[3]:
+                skipped[str(r[4]).removeprefix("sample ")] = "loaded, no call in the window"
         runs = [r[0] for r in steps if r[0]]
         spans = [r[2] - r[1] for r in steps if r[1] and r[2]]
         win = max(spans) if spans else window_s
