@@ -47,6 +47,8 @@ class Code:
 
     @property
     def label(self) -> str:
+        if self.code == "hang":
+            return "hang"
         return self.code if self.action != "stall" else f"stall {self.code}"
 
     @property

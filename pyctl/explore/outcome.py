@@ -4,7 +4,8 @@ In order, the first that holds:
   not reached       the step never fired (no call came from the site): proves nothing
   error             the experiment ended in error otherwise
   crashed           the target died
-  hung              a 1 s window of the fault phase completed no request
+  hung              a 1 s window of the fault phase completed no request, or (a
+                    stall or hang) answered none of them in time
   SLO broken        the steady-state hypothesis failed during the fault
   did not recover   it failed after, or recovered_within was not met
   degraded within SLO   the hypothesis held, but errors were answered during
@@ -37,7 +38,7 @@ class Judged:
     fires: int
 
 
-def classify(verdict: str, reason: str, conn: Any, exp_id: str) -> Judged:
+def classify(verdict: str, reason: str, conn: Any, exp_id: str, action: str = "fail") -> Judged:
     def q(sql: str) -> list[tuple[Any, ...]]:
         return list(conn.execute(sql, (exp_id,)).fetchall())
 

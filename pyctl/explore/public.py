@@ -55,6 +55,7 @@ def _read(db: str, xid: str) -> dict[str, Any]:
         doc = S.load(st.conn, xid)
     if doc is None:
         raise BadInput(f"exploration {xid}: not in {db}: list them with `gpufault explore report`")
+    doc["db"] = db
     return doc
 
 

@@ -7,6 +7,7 @@ points found, sampled calls covered."""
 from __future__ import annotations
 
 import html
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,7 @@ def _fault(t: dict[str, Any]) -> str:
 
 def markdown(doc: dict[str, Any]) -> str:
     e = doc["exploration"]
+    dbo = f" --db {shlex.quote(doc['db'])}" if doc.get("db") else ""
     c = coverage(doc)
     out = [
         f"# Exploration {e['id']}: {e['file']}",
@@ -106,12 +108,14 @@ def markdown(doc: dict[str, Any]) -> str:
     out += ["", "## Reproduce", ""]
     for t in doc["trials"]:
         out.append(f"- trial {t['idx']} ({_fault(t)}, {t['outcome']}): `{t['reproduce']}`")
+        if t["experiment_id"]:
+            out.append(f"  evidence: `gpufault experiment results {t['experiment_id']}{dbo}`")
     out += ["", "## Points", ""]
     for r in rows(doc):
         out.append(
             f"- `{r['point']}` {r['library']}:{r['function']} from "
             f"`{r['site']}`, {r['calls']} calls ({r['rate']}/s); stack: "
-            f"{' < '.join(r['stack'][:6])}"
+            f"{' < '.join(r['stack'][:6])}; a sampled call: `gpufault show {r['example_fault']}{dbo}`"
         )
     return "\n".join(out) + "\n"
 
