@@ -115,11 +115,7 @@ def test_explore_tells_the_two_sites_apart_and_resumes(sites_file: Path, tmp_pat
         1,
     )
     assert con.execute("SELECT status FROM explorations").fetchone() == ("done",)
-    # A second exploration limited to one trial, for the diff.
-    r3 = _gf("explore", "run", str(sites_file), "--max-runs", "1", *common)
-    assert r3.returncode in (0, 1), r3.stdout + r3.stderr[-3000:]
-    (xid1,) = con.execute("SELECT id FROM explorations WHERE id != ?", (xid,)).fetchone()
-    xid, xid2 = xid1, xid
+    xid2 = xid
     out = dict(
         con.execute(
             "SELECT function || '@' || substr(site, instr(site, '+')), outcome FROM explore_map "
@@ -161,8 +157,23 @@ def test_explore_tells_the_two_sites_apart_and_resumes(sites_file: Path, tmp_pat
     assert "**tolerated**" in rep.stdout and "**SLO broken**" in rep.stdout
     assert "gpufault experiment run " in rep.stdout
     assert "SLO broken" in (tmp_path / "m.html").read_text()
-    d = _gf("explore", "diff", xid, xid2, "--db", str(db))
-    assert d.returncode == 0 and "absent" in d.stdout, d.stdout
+    # The same server already running, given by --pid/--url: the same map,
+    # and the server is left running (a pid target is not gpufault's to stop).
+    srv = subprocess.Popen([str(SITES)], stderr=subprocess.PIPE, text=True)
+    try:
+        assert srv.stderr is not None
+        url = srv.stderr.readline().split("serving on ")[1].strip()
+        r4 = _gf("explore", "run", str(sites_file), "--pid", str(srv.pid), "--url", url, *common)
+        assert r4.returncode == 1, r4.stdout + r4.stderr[-3000:]
+        assert srv.poll() is None
+        (xid3,) = con.execute(
+            "SELECT id FROM explorations WHERE id != ? AND target LIKE '%'", (xid2,)
+        ).fetchone()
+        d = _gf("explore", "diff", xid2, xid3, "--db", str(db))
+        assert d.returncode == 0 and "the same points and outcomes" in d.stdout, d.stdout
+    finally:
+        srv.kill()
+        srv.wait()
     # the reproduce command's file is the trial's exact spec, and it loads
     (repro,) = con.execute(
         "SELECT file FROM explore_trials WHERE exploration_id=? AND outcome='SLO broken'", (xid2,)
@@ -183,6 +194,9 @@ def test_bad_input_is_one_line(tmp_path: Path) -> None:
     assert not db.exists()
     r = _gf("explore", "report", "e00000000", "--db", str(db))
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and not db.exists(), r.stderr
+    r = _gf("explore", "run", str(f), "--pid", "4242", "--db", str(db))
+    assert r.returncode == 2 and "--pid and --url go together" in r.stderr, r.stderr
+    assert not db.exists()
 
 
 def test_diff_names_what_changed() -> None:

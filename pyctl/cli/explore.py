@@ -99,11 +99,26 @@ def _common(f: Any) -> Any:
                 type=click.Path(file_okay=False),
                 help="where the trials' experiment files go (default: DB.explore/ID/)",
             ),
+            click.option(
+                "--pid",
+                type=click.IntRange(1),
+                help="explore this running server instead of the file's [target] (with --url)",
+            ),
+            click.option("--url", help="the running server's base URL (with --pid)"),
             db_option(),
         ]
     ):
         f = opt(f)
     return f
+
+
+def _target(pid: int | None, url: str | None) -> dict[str, Any] | None:
+    """--pid/--url as the [target] table they replace (None: the file's)."""
+    if pid is None and url is None:
+        return None
+    if pid is None or not url:
+        raise UserError("--pid and --url go together: give both (a running server and its URL)")
+    return {"pid": pid, "url": url}
 
 
 def _echo(quiet: bool) -> Any:
@@ -145,6 +160,8 @@ def discover_cmd(
     window_s: float,
     recover: float,
     workdir: str | None,
+    pid: int | None,
+    url: str | None,
     db_path: str,
     as_json: bool,
 ) -> None:
@@ -166,6 +183,7 @@ def discover_cmd(
             stall=stall,
             hang=not no_hang,
             workdir=wd,
+            target=_target(pid, url),
             echo=_echo(as_json),
         )
     except GpufaultError as e:
@@ -211,6 +229,8 @@ def plan_cmd(
     window_s: float,
     recover: float,
     workdir: str | None,
+    pid: int | None,
+    url: str | None,
     db_path: str,
 ) -> None:
     """Discover FILE's fault points and print the plan of trials (nothing injected).
@@ -231,6 +251,7 @@ def plan_cmd(
             stall=stall,
             hang=not no_hang,
             workdir=wd,
+            target=_target(pid, url),
             echo=None,
         )
     except GpufaultError as e:
@@ -254,6 +275,8 @@ def _run(
     window_s: float,
     recover: float,
     workdir: str | None,
+    pid: int | None,
+    url: str | None,
     db_path: str,
     quiet: bool,
     stop_after: int | None,
@@ -275,6 +298,7 @@ def _run(
             workdir=workdir,
             echo=_echo(quiet),
             stop_after=stop_after,
+            target=_target(pid, url),
         )
     except GpufaultError as e:
         raise _fail(e) from None

@@ -95,6 +95,15 @@ def read_doc(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise BadInput(f"{p}: not valid TOML ({e}): fix the syntax") from None
 
 
+def with_target(doc: dict[str, Any], target: dict[str, Any] | None) -> dict[str, Any]:
+    """doc with its [target] replaced by target (its `requires` kept)."""
+    if not target:
+        return doc
+    own = doc.get("target") or {}
+    needs = {"requires": own["requires"]} if isinstance(own, dict) and "requires" in own else {}
+    return {**doc, "target": {**target, **needs}}
+
+
 def base_doc(doc: dict[str, Any]) -> dict[str, Any]:
     """The file's target, load, hypothesis and knobs; no method, no
     expectations (explore puts its own)."""
@@ -214,12 +223,14 @@ def discover(
     stall: str = "200ms",
     hang: bool = True,
     workdir: str | os.PathLike[str],
+    target: dict[str, Any] | None = None,
     echo: Any = None,
 ) -> Discovery:
     """Run the file's target under its load with sampling probes on libs
     (a library the target does not have is dropped, with why) and group
-    what was sampled into points."""
-    doc = read_doc(file)
+    what was sampled into points. target: a [target] table that replaces
+    the file's (`--pid PID --url URL`: a server already running)."""
+    doc = with_target(read_doc(file), target)
     libs = dict(libs or DEFAULT_LIBS)
     skipped: dict[str, str] = {}
     Path(workdir).mkdir(parents=True, exist_ok=True)

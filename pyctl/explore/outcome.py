@@ -6,9 +6,12 @@ In order, the first that holds:
   crashed           the target died
   hung              a 1 s window of the fault phase completed no request, or (a
                     stall or hang) answered none of them in time
-  SLO broken        the steady-state hypothesis failed during the fault
+  SLO broken        a load objective of the hypothesis (p99, error rate, ...)
+                    failed during the fault
   did not recover   it failed after, or recovered_within was not met
-  degraded within SLO   the hypothesis held, but errors were answered during
+  degraded within SLO   the load's objectives held, but another steady-state
+                    probe failed during the fault (a /health that says
+                    "degraded"), errors were answered during
                     the fault or the judge found the window worse than baseline
   tolerated         nothing measurable changed
 """
@@ -53,21 +56,40 @@ def classify(verdict: str, reason: str, conn: Any, exp_id: str, action: str = "f
         return Judged("crashed", reason, None, fires)
     if verdict not in ("pass", "fail"):
         return Judged("error", reason, recover_s, fires)
-    fault_windows = q("SELECT count FROM load_windows WHERE experiment_id=? AND phase='fault'")
-    if any(int(c or 0) == 0 for (c,) in fault_windows):
+    fault_windows = q(
+        "SELECT count, error_rate FROM load_windows WHERE experiment_id=? AND phase='fault'"
+    )
+    if any(int(c or 0) == 0 for c, _ in fault_windows):
         return Judged(
             "hung", "a 1 s window of the fault phase completed no request", recover_s, fires
         )
-    hyp = {
-        (p, probe): ok
-        for p, probe, ok in q(
-            "SELECT phase, probe, ok FROM hypothesis_results WHERE experiment_id=?"
+    if action == "stall" and any((e or 0) >= 0.99 for _, e in fault_windows):
+        return Judged(
+            "hung",
+            f"held calls: a 1 s window of the fault phase answered no request in time; {reason}",
+            recover_s,
+            fires,
         )
-    }
-    if any(not ok for (p, _), ok in hyp.items() if p == "during"):
+    during = q(
+        "SELECT probe, ok, detail FROM hypothesis_results WHERE experiment_id=? AND phase='during'"
+    )
+    after = q("SELECT ok FROM hypothesis_results WHERE experiment_id=? AND phase='after'")
+    # The SLO is the load's objectives (load.p99, load.error_rate, ...); a
+    # steady-state probe of another kind (a /health that says "degraded")
+    # failing alone is the service degrading within it.
+    if any(not ok for probe, ok, _ in during if str(probe).startswith("load.")):
         return Judged("SLO broken", reason, recover_s, fires)
-    if any(not ok for (p, _), ok in hyp.items() if p == "after") or (rec and not rec[0][0]):
+    probes_bad = [(probe, detail) for probe, ok, detail in during if not ok]
+    if any(not ok for (ok,) in after) or (rec and not rec[0][0]):
         return Judged("did not recover", reason, recover_s, fires)
+    if probes_bad:
+        probe, detail = probes_bad[0]
+        return Judged(
+            "degraded within SLO",
+            f"the load's objectives held; probe {probe} did not: {str(detail)[:160]}",
+            recover_s,
+            fires,
+        )
     errs = q("SELECT max(error_rate) FROM load_windows WHERE experiment_id=? AND phase='fault'")
     worse = q("SELECT metric, reason FROM judgements WHERE experiment_id=? AND worse=1")
     if worse:

@@ -41,6 +41,19 @@ class Exploration:
         ]
 
 
+def _phases_s(doc: dict[str, Any]) -> float:
+    """The file's warmup and baseline, s (the loader's defaults, 1 s and 5 s,
+    where it has none; a knob's placeholder counts as the default)."""
+    ph = doc.get("phases") or {}
+    total = 0.0
+    for key, default in (("warmup", 1.0), ("baseline", 5.0)):
+        try:
+            total += parse_duration(str(ph[key]), key) if key in ph else default
+        except ValueError:
+            total += default
+    return total
+
+
 def _workdir(db: str, xid: str, workdir: str | os.PathLike[str] | None) -> Path:
     base = Path(workdir) if workdir else Path(str(db) + ".explore")
     w = base / xid
@@ -77,19 +90,23 @@ def explore(
     workdir: str | os.PathLike[str] | None = None,
     echo: Callable[[str], None] | None = None,
     stop_after: int | None = None,
+    target: dict[str, Any] | None = None,
 ) -> Exploration:
     """Discover the fault points of the file's target under its load,
     plan, and run a trial per (site, fault); the store keeps progress
     (stop_after: run at most that many trials now, status `paused`;
-    resume() runs the rest)."""
+    resume() runs the rest). target: a [target] table that replaces the
+    file's ({"pid": PID, "url": URL}: a server already running; every
+    trial then checks it is alive first)."""
     db = str(db)
-    doc = D.read_doc(file)
+    doc = D.with_target(D.read_doc(file), target)
     if "target" not in doc:
         raise BadInput(f"{file}: no [target]: explore needs the service to run and trace")
     filters = P.read_filters(pins)
     xid = S.new_id()
     settings = {
         "libs": libs or D.DEFAULT_LIBS,
+        "target": target,
         "discover_s": discover_s,
         "window_s": window_s,
         "cut": cut,
@@ -108,14 +125,28 @@ def explore(
     say(f"exploration {xid}: discovering fault points of {file} for {discover_s:g}s")
     try:
         disc = D.discover(
-            file, db=db, libs=libs, window_s=discover_s, cut=cut, stall=stall, hang=hang, workdir=wd
+            file,
+            db=db,
+            libs=libs,
+            window_s=discover_s,
+            cut=cut,
+            stall=stall,
+            hang=hang,
+            workdir=wd,
+            target=target,
         )
     except BaseException:
         with S.ExploreStore(db) as st:
             st.finish(xid, "failed")
         raise
     # a trial: warmup and baseline (the file's), the window, recovery and hold, start-up
-    per_trial = window_s + parse_duration(recover, "recover") + parse_duration(hold, "hold") + 5.0
+    per_trial = (
+        _phases_s(doc)
+        + window_s
+        + parse_duration(recover, "recover")
+        + parse_duration(hold, "hold")
+        + 5.0
+    )
     trials, notes = P.make_plan(disc.points, filters, max_runs, budget_s, per_trial)
     notes = [f"{k}: not probed ({v})" for k, v in disc.skipped.items()] + notes
     with S.ExploreStore(db) as st:
@@ -143,7 +174,7 @@ def resume(
     ex = doc["exploration"]
     xid = ex["id"]
     s = ex["settings"]
-    file_doc = D.read_doc(ex["file"])
+    file_doc = D.with_target(D.read_doc(ex["file"]), s.get("target"))
     done = {t["idx"] for t in doc["trials"]}
     wd = _workdir(db, xid, workdir)
     say = echo or (lambda _s: None)

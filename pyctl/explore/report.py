@@ -115,7 +115,8 @@ def markdown(doc: dict[str, Any]) -> str:
         out.append(
             f"- `{r['point']}` {r['library']}:{r['function']} from "
             f"`{r['site']}`, {r['calls']} calls ({r['rate']}/s); stack: "
-            f"{' < '.join(r['stack'][:6])}; a sampled call: `gpufault show {r['example_fault']}{dbo}`"
+            f"{' < '.join(r['stack'][:6])}; a sampled call: "
+            f"`gpufault show {r['example_fault']}{dbo}`"
         )
     return "\n".join(out) + "\n"
 
