@@ -212,3 +212,79 @@ def test_diff_names_what_changed() -> None:
     (row,) = R.diff(a, b)
     assert (row["site"], row["a"], row["b"]) == ("b+0x10", "tolerated", "SLO broken")
     assert R.diff(a, a) == []
+
+
+SERVICE_FILE = """\
+name = "svc"
+version = 1
+title = "the reference service on the libcuda test double"
+[target]
+service = { device = "cpu-double", args = ["--batch-wait", "0", "--breaker-errors", "3",
+            "--breaker-cooldown", "500ms"] }
+[load]
+rate = 20
+prompt = "hello world"
+max_tokens = 4
+timeout = "2s"
+[phases]
+baseline = "2s"
+[steady_state]
+error_rate = "<= 1%"
+p99 = "<= 500ms"
+[steady_state.probes.healthy]
+kind = "http"
+mode = "continuous"
+url = "{url}/health"
+json_path = "status"
+tolerance = "ok"
+interval = "250ms"
+timeout = "2s"
+"""
+
+
+def test_the_reference_service_on_the_cpu_double(tmp_path: Path) -> None:
+    """Discovery finds the double's driver calls and cuBLAS's GEMM with the
+    catalog's codes; a sticky OOM at the allocation site is answered by the
+    fallback (no request fails, /health says degraded): degraded within SLO."""
+    f = tmp_path / "svc.toml"
+    f.write_text(SERVICE_FILE)
+    (tmp_path / "pins.toml").write_text(
+        'pin = ["cuMemAlloc_v2"]\ncodes = ["fail:CUDA_ERROR_OUT_OF_MEMORY"]\n'
+    )
+    db = tmp_path / "svc.db"
+    r = _gf(
+        "explore",
+        "run",
+        str(f),
+        "--db",
+        str(db),
+        "--lib",
+        "libcuda",
+        "--lib",
+        "libcublas",
+        "--lib",
+        "libnccl",
+        "--discover-for",
+        "3s",
+        "--pins",
+        str(tmp_path / "pins.toml"),
+    )
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    con = sqlite3.connect(db)
+    pts = {
+        fn: json.loads(codes)
+        for fn, codes in con.execute("SELECT function, codes FROM explore_points")
+    }
+    assert {"cuMemAlloc_v2", "cuLaunchKernel", "cublasSgemm_v2"} <= set(pts), pts
+    assert pts["cuMemAlloc_v2"][0] == "fail:CUDA_ERROR_OUT_OF_MEMORY"
+    assert "fail:CUBLAS_STATUS_EXECUTION_FAILED" in pts["cublasSgemm_v2"]
+    assert "libnccl: not probed" in r.stdout, r.stdout  # the service has no NCCL
+    ((fn, code, outcome, fires),) = con.execute(
+        "SELECT function, code, outcome, fires FROM explore_map"
+    ).fetchall()
+    assert (fn, code, outcome) == (
+        "cuMemAlloc_v2",
+        "CUDA_ERROR_OUT_OF_MEMORY",
+        "degraded within SLO",
+    ), (fn, code, outcome)
+    assert fires > 0
