@@ -163,14 +163,24 @@ def test_explore_tells_the_two_sites_apart_and_resumes(sites_file: Path, tmp_pat
     try:
         assert srv.stderr is not None
         url = srv.stderr.readline().split("serving on ")[1].strip()
-        r4 = _gf("explore", "run", str(sites_file), "--pid", str(srv.pid), "--url", url, *common)
+        # A hang at each site: every held request waits out the load's timeout.
+        (tmp_path / "hang.toml").write_text('codes = ["hang"]\n')
+        hang = [*common[:-6], "--pins", str(tmp_path / "hang.toml"), *common[-4:]]
+        r4 = _gf("explore", "run", str(sites_file), "--pid", str(srv.pid), "--url", url, *hang)
         assert r4.returncode == 1, r4.stdout + r4.stderr[-3000:]
         assert srv.poll() is None
-        (xid3,) = con.execute(
-            "SELECT id FROM explorations WHERE id != ? AND target LIKE '%'", (xid2,)
-        ).fetchone()
+        (xid3,) = con.execute("SELECT id FROM explorations WHERE id != ?", (xid2,)).fetchone()
+        outs = [
+            o
+            for (o,) in con.execute(
+                "SELECT outcome FROM explore_trials WHERE exploration_id=?", (xid3,)
+            )
+        ]
+        assert outs == ["hung", "hung"], r4.stdout
         d = _gf("explore", "diff", xid2, xid3, "--db", str(db))
-        assert d.returncode == 0 and "the same points and outcomes" in d.stdout, d.stdout
+        assert d.returncode == 0, d.stderr
+        # the -1 trials are absent from the hang exploration and the reverse
+        assert d.stdout.count("absent") == 4, d.stdout
     finally:
         srv.kill()
         srv.wait()

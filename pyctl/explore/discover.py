@@ -255,7 +255,7 @@ def discover(
             lib = _missing_lib(str(e), libs)
             if lib is None:
                 raise
-            skipped[lib] = str(e).split(": ", 2)[-1][:160]
+            skipped[lib] = str(e)[:240]
             del libs[lib]
     # Opened once the experiment closed its own: one connection at a time.
     ev = store.open_db(db)

@@ -108,7 +108,7 @@ def run_trial(
         return row
     ev = store.open_db(db)  # after the experiment closed its own connection
     try:
-        j = O.classify(v.verdict, v.reason, ev.conn, v.experiment_id, t.action)
+        j = O.classify(v.verdict, v.reason, ev.conn, v.experiment_id)
     finally:
         ev.close()
     row.update(

@@ -4,8 +4,8 @@ In order, the first that holds:
   not reached       the step never fired (no call came from the site): proves nothing
   error             the experiment ended in error otherwise
   crashed           the target died
-  hung              a 1 s window of the fault phase completed no request, or (a
-                    stall or hang) answered none of them in time
+  hung              a 1 s window of the fault phase completed no request, or
+                    its median request waited out the load's timeout
   SLO broken        a load objective of the hypothesis (p99, error rate, ...)
                     failed during the fault
   did not recover   it failed after, or recovered_within was not met
@@ -18,8 +18,11 @@ In order, the first that holds:
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
+
+from pyctl.api.values import parse_duration
 
 OUTCOMES = (
     "tolerated",
@@ -41,7 +44,16 @@ class Judged:
     fires: int
 
 
-def classify(verdict: str, reason: str, conn: Any, exp_id: str, action: str = "fail") -> Judged:
+def _load_timeout(rows: list[tuple[Any, ...]]) -> float | None:
+    """The experiment's [load] timeout, s (its settings' expanded file)."""
+    try:
+        t = json.loads(rows[0][0])["file"]["load"]["timeout"]
+        return parse_duration(str(t), "timeout")
+    except (IndexError, KeyError, TypeError, ValueError):
+        return None
+
+
+def classify(verdict: str, reason: str, conn: Any, exp_id: str) -> Judged:
     def q(sql: str) -> list[tuple[Any, ...]]:
         return list(conn.execute(sql, (exp_id,)).fetchall())
 
@@ -56,17 +68,17 @@ def classify(verdict: str, reason: str, conn: Any, exp_id: str, action: str = "f
         return Judged("crashed", reason, None, fires)
     if verdict not in ("pass", "fail"):
         return Judged("error", reason, recover_s, fires)
-    fault_windows = q(
-        "SELECT count, error_rate FROM load_windows WHERE experiment_id=? AND phase='fault'"
-    )
+    fault_windows = q("SELECT count, p50 FROM load_windows WHERE experiment_id=? AND phase='fault'")
     if any(int(c or 0) == 0 for c, _ in fault_windows):
         return Judged(
             "hung", "a 1 s window of the fault phase completed no request", recover_s, fires
         )
-    if action == "stall" and any((e or 0) >= 0.99 for _, e in fault_windows):
+    timeout = _load_timeout(q("SELECT settings FROM experiments WHERE id=?"))
+    if timeout and any((p50 or 0) >= 0.9 * timeout for _, p50 in fault_windows):
         return Judged(
             "hung",
-            f"held calls: a 1 s window of the fault phase answered no request in time; {reason}",
+            f"half the requests of a fault window waited out the load's {timeout:g}s "
+            f"timeout; {reason}",
             recover_s,
             fires,
         )

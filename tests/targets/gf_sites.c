@@ -50,7 +50,9 @@ static void reply(int fd, int status, const char *body)
 			 "Content-Length: %zu\r\nConnection: close\r\n\r\n",
 			 status, status == 200 ? "OK" : status == 404 ? "Not Found" : "Error",
 			 strlen(body));
-	if (write(fd, head, n) < 0 || write(fd, body, strlen(body)) < 0)
+	/* MSG_NOSIGNAL: a client that gave up (its timeout) costs this answer,
+	 * not the process (a write() would raise SIGPIPE). */
+	if (send(fd, head, n, MSG_NOSIGNAL) < 0 || send(fd, body, strlen(body), MSG_NOSIGNAL) < 0)
 		return;
 }
 
