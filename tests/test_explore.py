@@ -8,6 +8,7 @@ classification that ignored the SLO, fails this test."""
 from __future__ import annotations
 
 import json
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -98,15 +99,36 @@ def test_explore_tells_the_two_sites_apart_and_resumes(sites_file: Path, tmp_pat
         "--recover",
         "1s",
     ]
-    # One trial now, the other by resume: progress is the store's.
-    r = _gf("explore", "run", str(sites_file), "--stop-after", "1", *common)
-    assert r.returncode in (0, 1), r.stderr[-3000:]
+    # Ctrl-C in the second trial: the first is kept, the second is not
+    # recorded (it proves nothing), and resume runs it: progress is the store's.
+    run = subprocess.Popen(
+        [sys.executable, "-m", "pyctl", "explore", "run", str(sites_file), "-v", *common],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert run.stderr is not None
+    seen = []
+    for line in run.stderr:
+        seen.append(line)
+        if line.startswith("trial 1: "):  # its experiment has started
+            break
+    else:
+        pytest.fail("".join(seen[-20:]))
+    for line in run.stderr:  # the trial's target is up: its baseline is running
+        seen.append(line)
+        if line.startswith("  experiment x"):
+            run.send_signal(signal.SIGINT)
+            break
+    out, err = run.communicate(timeout=60)
+    assert run.returncode == 3, "".join(seen) + err
     con = sqlite3.connect(db)
     (xid, status, npoints) = con.execute("SELECT id, status, points FROM explorations").fetchone()
-    assert status == "paused" and npoints == 2, (status, npoints, r.stderr[-2000:])
+    assert status == "interrupted" and npoints == 2, (status, npoints, err[-2000:])
     sites = {s for (s,) in con.execute("SELECT site FROM explore_points")}
     assert {s.rsplit("+", 1)[0] for s in sites} == {str(SITES)}, sites
-    assert con.execute("SELECT count(*) FROM explore_trials").fetchone()[0] == 1
+    assert con.execute("SELECT idx FROM explore_trials").fetchall() == [(0,)]
     r2 = _gf("explore", "resume", xid, "--db", str(db))
     assert r2.returncode == 1, r2.stdout + r2.stderr[-3000:]  # a trial broke the SLO
     assert con.execute("SELECT count(*), min(idx), max(idx) FROM explore_trials").fetchone() == (
@@ -166,10 +188,26 @@ def test_explore_tells_the_two_sites_apart_and_resumes(sites_file: Path, tmp_pat
         # A hang at each site: every held request waits out the load's timeout.
         (tmp_path / "hang.toml").write_text('codes = ["hang"]\n')
         hang = [*common[:-6], "--pins", str(tmp_path / "hang.toml"), *common[-4:]]
-        r4 = _gf("explore", "run", str(sites_file), "--pid", str(srv.pid), "--url", url, *hang)
+        r4 = _gf(
+            "explore",
+            "run",
+            str(sites_file),
+            "--pid",
+            str(srv.pid),
+            "--url",
+            url,
+            "--stop-after",
+            "1",
+            *hang,
+        )
         assert r4.returncode == 1, r4.stdout + r4.stderr[-3000:]
+        (xid3, st3) = con.execute(
+            "SELECT id, status FROM explorations WHERE id != ?", (xid2,)
+        ).fetchone()
+        assert st3 == "paused", st3
+        r5 = _gf("explore", "resume", xid3, "--db", str(db))
+        assert r5.returncode == 1, r5.stdout + r5.stderr[-3000:]
         assert srv.poll() is None
-        (xid3,) = con.execute("SELECT id FROM explorations WHERE id != ?", (xid2,)).fetchone()
         outs = [
             o
             for (o,) in con.execute(

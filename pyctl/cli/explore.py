@@ -3,7 +3,9 @@ exploration (issue 24, docs/explore.md), a thin front end over
 pyctl.explore.public.
 
 Exit status: 0 done, 1 a trial broke the SLO, crashed, hung or did not
-recover (the map has findings), 2 bad input (one line, nothing left).
+recover (the map has findings), 2 bad input (one line, nothing left), 3
+interrupted (SIGINT, SIGTERM: the trial in flight is not recorded;
+`explore resume ID` runs it again).
 """
 
 from __future__ import annotations
@@ -119,6 +121,11 @@ def _target(pid: int | None, url: str | None) -> dict[str, Any] | None:
     if pid is None or not url:
         raise UserError("--pid and --url go together: give both (a running server and its URL)")
     return {"pid": pid, "url": url}
+
+
+def _indented(verbose: bool) -> Any:
+    """-v: each trial's experiment lines, indented under its trial line."""
+    return (lambda s: click.echo("  " + s.replace("\n", "\n  "), err=True)) if verbose else None
 
 
 def _echo(quiet: bool) -> Any:
@@ -280,6 +287,7 @@ def _run(
     db_path: str,
     quiet: bool,
     stop_after: int | None,
+    verbose: bool,
 ) -> X.Exploration:
     try:
         return X.explore(
@@ -299,6 +307,7 @@ def _run(
             echo=_echo(quiet),
             stop_after=stop_after,
             target=_target(pid, url),
+            experiment_echo=_indented(verbose),
         )
     except GpufaultError as e:
         raise _fail(e) from None
@@ -317,6 +326,8 @@ def _summary(x: X.Exploration) -> None:
     )
     for n in x.notes:
         click.echo(f"note: {n}")
+    if x.status == "interrupted":
+        sys.exit(3)
     if any(t["outcome"] in BAD for t in x.trials):
         sys.exit(1)
 
@@ -330,14 +341,15 @@ def _summary(x: X.Exploration) -> None:
     type=click.IntRange(0),
     help="run at most this many trials now; `explore resume ID` runs the rest",
 )
-def run_cmd(quiet: bool, stop_after: int | None, **kw: Any) -> None:
+@click.option("-v", "--verbose", is_flag=True, help="also each trial's experiment lines")
+def run_cmd(quiet: bool, stop_after: int | None, verbose: bool, **kw: Any) -> None:
     """Discover, plan and run a trial per caller site and fault of FILE's target.
 
     \b
     Example:
       gpufault explore run svc.toml --db gf.db --max-runs 12
     """
-    _summary(_run(quiet=quiet, stop_after=stop_after, **kw))
+    _summary(_run(quiet=quiet, stop_after=stop_after, verbose=verbose, **kw))
 
 
 @explore_group.command("resume")
@@ -348,8 +360,11 @@ def run_cmd(quiet: bool, stop_after: int | None, **kw: Any) -> None:
     help="where the trials' experiment files go (default: DB.explore/ID/)",
 )
 @click.option("-q", "--quiet", is_flag=True, help="only the summary line")
+@click.option("-v", "--verbose", is_flag=True, help="also each trial's experiment lines")
 @db_option()
-def resume_cmd(exploration: str, workdir: str | None, quiet: bool, db_path: str) -> None:
+def resume_cmd(
+    exploration: str, workdir: str | None, quiet: bool, verbose: bool, db_path: str
+) -> None:
     """Run the trials of EXPLORATION (an id or `latest`) that have not run yet.
 
     \b
@@ -357,7 +372,13 @@ def resume_cmd(exploration: str, workdir: str | None, quiet: bool, db_path: str)
       gpufault explore resume e1a2b3c4d --db gf.db
     """
     try:
-        x = X.resume(exploration, db=db_path, workdir=workdir, echo=_echo(quiet))
+        x = X.resume(
+            exploration,
+            db=db_path,
+            workdir=workdir,
+            echo=_echo(quiet),
+            experiment_echo=_indented(verbose),
+        )
     except GpufaultError as e:
         raise _fail(e) from None
     _summary(x)

@@ -29,6 +29,11 @@ from pyctl.explore.discover import base_doc
 from pyctl.explore.plan import Trial
 
 
+class TrialInterrupted(Exception):
+    """SIGINT or SIGTERM ended a trial's experiment: it proves nothing, so
+    no row is written and `resume` runs it again."""
+
+
 def _ret(code: str) -> int | str:
     return int(code) if re.fullmatch(r"-?\d+", code) else code
 
@@ -106,6 +111,8 @@ def run_trial(
     except GpufaultError as e:
         row.update(status="error", outcome="error", reason=str(e), ended_at=time.time())
         return row
+    if v.verdict == "aborted" and v.reason.startswith("interrupted by"):
+        raise TrialInterrupted(v.reason)
     ev = store.open_db(db)  # after the experiment closed its own connection
     try:
         j = O.classify(v.verdict, v.reason, ev.conn, v.experiment_id)

@@ -91,6 +91,7 @@ def explore(
     echo: Callable[[str], None] | None = None,
     stop_after: int | None = None,
     target: dict[str, Any] | None = None,
+    experiment_echo: Callable[[str], None] | None = None,
 ) -> Exploration:
     """Discover the fault points of the file's target under its load,
     plan, and run a trial per (site, fault); the store keeps progress
@@ -155,7 +156,15 @@ def explore(
         f"exploration {xid}: {len(disc.points)} point(s), {disc.sampled} sampled call(s) "
         f"in {disc.window_s:.1f}s; {len(trials)} trial(s) planned"
     )
-    return resume(xid, db=db, workdir=workdir, echo=echo, notes=notes, stop_after=stop_after)
+    return resume(
+        xid,
+        db=db,
+        workdir=workdir,
+        echo=echo,
+        notes=notes,
+        stop_after=stop_after,
+        experiment_echo=experiment_echo,
+    )
 
 
 def resume(
@@ -166,9 +175,11 @@ def resume(
     echo: Callable[[str], None] | None = None,
     notes: list[str] | None = None,
     stop_after: int | None = None,
+    experiment_echo: Callable[[str], None] | None = None,
 ) -> Exploration:
     """Run the trials of exploration xid that have no row yet, in plan
-    order (stop_after: at most that many now)."""
+    order (stop_after: at most that many now; experiment_echo: gets each
+    trial's experiment lines, as `experiment run` prints them)."""
     db = str(db)
     doc = _read(db, xid)
     ex = doc["exploration"]
@@ -205,9 +216,14 @@ def resume(
                 window_s=s["window_s"],
                 recover=s["recover"],
                 hold=s["hold"],
+                echo=experiment_echo,
             )
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, I.TrialInterrupted):
             status = "interrupted"
+            say(
+                f"exploration {xid}: interrupted in trial {t.idx} (not recorded): "
+                f"`gpufault explore resume {xid}` runs it again"
+            )
             break
         with S.ExploreStore(db) as st:
             st.trial_done(xid, t, row)
