@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from pyctl.explore import report as R
+from pyctl.explore.inject import answers
 from pyctl.symbols.callers import exec_range, split_site
 
 pytestmark = [pytest.mark.root]
@@ -69,7 +70,12 @@ def test_caller_site_is_one_return_address() -> None:
         pytest.skip("build/targets/gf_sites missing: run make build")
     p = subprocess.Popen([str(SITES)], stderr=subprocess.PIPE, text=True)
     try:
-        assert p.stderr is not None and "serving on" in p.stderr.readline()
+        assert p.stderr is not None
+        ready = p.stderr.readline()
+        assert "serving on" in ready
+        url = ready.split("serving on ")[1].strip()
+        # what resume checks of a --pid target between trials
+        assert answers(url) is None
         assert split_site(f"{SITES}+0x141e") == (str(SITES), 0x141E)
         assert split_site("libc") == ("libc", None)
         whole = exec_range(p.pid, str(SITES))
@@ -81,6 +87,7 @@ def test_caller_site_is_one_return_address() -> None:
     finally:
         p.kill()
         p.wait()
+    assert "refused" in (answers(url) or "")
 
 
 def test_explore_tells_the_two_sites_apart_and_resumes(sites_file: Path, tmp_path: Path) -> None:

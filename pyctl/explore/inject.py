@@ -16,7 +16,9 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import socket
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +73,26 @@ def alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def answers(url: str, timeout: float = 5.0) -> str | None:
+    """None when url's host:port accepts a TCP connection within timeout;
+    else why not (a target given by pid is checked so between trials)."""
+    u = urllib.parse.urlsplit(url)
+    if not u.hostname:
+        return f"{url}: no host"
+    port = u.port or (443 if u.scheme == "https" else 80)
+    try:
+        with socket.create_connection((u.hostname, port), timeout=timeout):
+            return None
+    except OSError as e:
+        return f"{u.hostname}:{port}: {e.strerror or e}"
+
+
+def target_url(doc: dict[str, Any]) -> str | None:
+    t = doc.get("target") or {}
+    url = t.get("url")
+    return url if isinstance(url, str) and "{" not in url else None
 
 
 def target_pid(doc: dict[str, Any]) -> int | None:

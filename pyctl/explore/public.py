@@ -25,7 +25,7 @@ class Exploration:
 
     exploration_id: str
     db: str
-    status: str  # done, budget, interrupted, target gone
+    status: str  # done, paused, interrupted, target gone, target unhealthy
     points: list[dict[str, Any]]
     trials: list[dict[str, Any]]
     coverage: dict[str, Any]
@@ -204,6 +204,15 @@ def resume(
             say(
                 f"exploration {xid}: the target (pid {pid}) is gone: stopping; "
                 f"restart it and `gpufault explore resume {xid}`"
+            )
+            break
+        url = I.target_url(file_doc)
+        why = I.answers(url) if pid is not None and url else None
+        if why is not None:
+            status = "target unhealthy"
+            say(
+                f"exploration {xid}: the target (pid {pid}) does not answer ({why}): "
+                f"stopping; `gpufault explore resume {xid}` once it does"
             )
             break
         say(f"trial {t.idx}: {t.label} in {t.function} from {t.site}")
