@@ -2,7 +2,8 @@
 through an agent process (`gpufault agent serve`) over its Unix socket and
 over TLS (bearer token, loopback), fires streamed per second through it
 (every gf_empty call failed, no stacks), lease expiry to the last fire
-(a 1 s lease whose renewals stop), and an idle agent's RSS. The target is
+(a 1 s lease whose renewals stop), an idle agent's RSS, and `evidence
+pull` of its store over each link against a local merge. The target is
 build/targets/gf_target. Medians of REPS rounds. Prints JSON. Needs root
 and `make build`.
 """
@@ -47,6 +48,32 @@ def rounds(c: gpufault.AgentClient, t: Target) -> dict[str, float]:
         h.disarm()
         disarm.append(time.perf_counter() - t0)
     return {"arm_s": statistics.median(arm), "disarm_s": statistics.median(disarm)}
+
+
+def pulls(urls: list[str], db: Path, d: Path, ca: str, tok: Path) -> dict[str, object]:
+    """`evidence pull` of the agent's store (every fire above) over each
+    link, against a local `evidence merge` of the same file: the link's
+    cost is the ratio. Medians of 3, each into a new store."""
+    size = db.stat().st_size + sum(
+        p.stat().st_size for p in db.parent.glob(db.name + "-wal") if p.exists()
+    )
+    res: dict[str, object] = {"store_kib": round(size / 1024)}
+    ways = {
+        "local_merge": lambda into: gpufault.merge_evidence([db], into, skip_running=True),
+        "unix": lambda into: gpufault.pull_evidence([urls[0]], into),
+        "tls": lambda into: gpufault.pull_evidence([urls[1]], into, ca=ca, token_file=tok),
+    }
+    for name, way in ways.items():
+        ts = []
+        for i in range(3):
+            into = d / f"pull-{name}-{i}.db"
+            t0 = time.perf_counter()
+            way(into)
+            ts.append(time.perf_counter() - t0)
+        res[f"{name}_s"] = round(statistics.median(ts), 4)
+    for name in ("unix", "tls"):
+        res[f"{name}_vs_local_merge"] = round(res[f"{name}_s"] / res["local_merge_s"], 2)  # type: ignore[operator]
+    return res
 
 
 def main() -> None:
@@ -109,6 +136,7 @@ def main() -> None:
         out["lease_expiry"] = lat
         unix.close()
         tls.close()
+        out["pull"] = pulls(a.urls, db, d, certs["ca.pem"], tok)
     finally:
         t.close()
         a.stop()

@@ -11,7 +11,8 @@ from pyctl.api import __all__ as _api
 from pyctl.experiment.public import ExperimentVerdict, load_experiment, run_experiment
 
 # The node agent (issue 28): ssl and its sockets only when a name is used.
-_AGENT = ("AgentServer", "AgentClient", "RemoteSession", "AgentError", "AgentRefused")
+_AGENT = ("AgentServer", "AgentClient", "RemoteSession", "AgentError", "AgentRefused",
+          "pull_evidence", "Pulled")
 
 # Fault-space exploration (issue 24): its modules (~57 ms) only when used.
 _EXPLORE = ("explore", "Exploration")

@@ -48,6 +48,8 @@ def add_experiment(
     fires: int = 6,
     xid: bool = True,
     alert: bool | None = True,
+    steady: dict[str, str] | None = None,  # the file's [steady_state] bounds
+    armed_after: float = 0.05,  # the step's start after its planned one
     degraded: bool | None = True,
     recovered: float | None = 3.0,
     errors: bool = True,
@@ -70,7 +72,10 @@ def add_experiment(
                 "settings": json.dumps(
                     {
                         "knobs": {"rate": 50},
-                        "file": {"expect": {"recovered_within": {"within": "30s", "hold": "3s"}}},
+                        "file": {
+                            "expect": {"recovered_within": {"within": "30s", "hold": "3s"}},
+                            **({"steady_state": steady} if steady else {}),
+                        },
                     }
                 ),
                 "host": "ci-vm",
@@ -95,7 +100,7 @@ def add_experiment(
                 "run_id": run_id,
                 "planned_start": t0 + 10,
                 "planned_duration": 15,
-                "started_at": t0 + 10.05,
+                "started_at": t0 + 10 + armed_after,
                 "ended_at": t0 + 25.02,
                 "fires": fires,
                 "status": "done",

@@ -24,7 +24,20 @@ def test_json_file(tmp_path: Path) -> None:
     out = tmp_path / "spans.json"
     docs = otel.export_experiment(db, "e1", json_path=out)
     doc = json.loads(out.read_text())
-    assert doc["spans"] == docs and doc["resource"]["service.name"] == "gpufault"
+    # The file is OTLP JSON: one resourceSpans with the resource's attributes,
+    # the spans with hex ids, the same spans as the SDK's (docs).
+    (rs,) = doc["resourceSpans"]
+    res = {a["key"]: a["value"] for a in rs["resource"]["attributes"]}
+    assert res["service.name"] == {"stringValue": "gpufault"}
+    (ss,) = rs["scopeSpans"]
+    spans = ss["spans"]
+    assert [s["name"] for s in spans] == [d["name"] for d in docs]
+    for s, d in zip(spans, docs, strict=True):
+        assert "0x" + s["traceId"] == d["context"]["trace_id"], (s, d)
+        assert "0x" + s["spanId"] == d["context"]["span_id"]
+        assert len(s["traceId"]) == 32 and len(s["spanId"]) == 16
+        assert ("0x" + s["parentSpanId"] if "parentSpanId" in s else None) == d["parent_id"]
+        assert int(s["startTimeUnixNano"]) <= int(s["endTimeUnixNano"])
     names = [s["name"] for s in docs]
     assert names == [
         "experiment tok-stall",
@@ -50,6 +63,51 @@ def test_json_file(tmp_path: Path) -> None:
     f3 = docs[4]
     assert [e["name"] for e in f3["events"]] == ["xid", "anchor"]
     assert f3["events"][0]["attributes"]["xid"] == 31
+
+
+def test_the_json_file_is_the_exporters_request_in_otlp_json(tmp_path: Path) -> None:
+    """The peer: opentelemetry-proto parses the file (its ids put back in
+    base64, protobuf's mapping for bytes) into the ExportTraceServiceRequest
+    that the OTLP exporter itself encodes from the same spans."""
+    import base64
+
+    from google.protobuf.json_format import ParseDict
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    db = make_db(tmp_path / "gf.db")
+    add_experiment(db, "e1", name="tok-stall", slo_id="chat-p99", verdict="fail", fires=3)
+    out = tmp_path / "spans.json"
+    otel.export_experiment(db, "e1", json_path=out)
+    doc = json.loads(out.read_text())
+
+    def b64(o: Any) -> None:
+        if isinstance(o, dict):
+            for k, v in o.items():
+                if k in ("traceId", "spanId", "parentSpanId"):
+                    o[k] = base64.b64encode(bytes.fromhex(v)).decode()
+                else:
+                    b64(v)
+        elif isinstance(o, list):
+            for v in o:
+                b64(v)
+
+    b64(doc)
+    got = ParseDict(doc, ExportTraceServiceRequest())
+    _, spans = otel.build_spans(db, "e1")
+    want = encode_spans(spans)
+    # Span ids are random per build: compare all but the ids, and the shape of those.
+    for req in (got, want):
+        for rs in req.resource_spans:
+            for ss in rs.scope_spans:
+                for sp in ss.spans:
+                    assert len(sp.trace_id) == 16 and len(sp.span_id) == 8
+                    sp.trace_id, sp.span_id, sp.parent_span_id = b"", b"", b""
+                    for link in sp.links:
+                        link.trace_id, link.span_id = b"", b""
+    assert got == want
 
 
 class Receiver(BaseHTTPRequestHandler):

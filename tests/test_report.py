@@ -3,9 +3,11 @@ what the HTML and Markdown hold, that the HTML fetches nothing, the CLI."""
 
 from __future__ import annotations
 
+import html
 import re
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -153,3 +155,39 @@ def test_experiment_without_load_or_faults(tmp_path: Path) -> None:
     assert 'class="timeline"' in h and "no fault fired" in h
     assert h.count("– not asserted") == 3
     assert "control" in render_markdown(d, ["c"])
+
+
+def test_slo_bounds_breaches_arming_and_step_numbers(tmp_path: Path) -> None:
+    """The file's bounds drawn and listed, each window over one marked,
+    the fault phase from the step's real start (2 s after its planned one:
+    "arming" before it), and steps numbered from 1 as the CLI does."""
+    d = make_db(tmp_path / "gf.db")
+    add_experiment(d, "e1", name="tokenizer-stall", steady={"p99": "<= 100ms",
+                   "error_rate": "<= 1%"}, errors=True, armed_after=2.0)  # fmt: skip
+    h = render_html(d, ["e1"])
+    assert h.count('class="slo-bound slo-p99"') == 1 and "p99 SLO 100 ms" in h
+    assert 'class="slo-bound slo-error_rate"' in h
+    breaches = [html.unescape(b) for b in re.findall(
+        r'<rect class="breach"[^>]*><title>([^<]*)</title>', h)]  # fmt: skip
+    p99s = [w for w in load_windows(d) if w["p99"] > 0.1 or w["error_rate"] > 0.01]
+    assert len(breaches) == len(p99s) > 0, (breaches, len(p99s))
+    assert any("p99" in b and "> 100 ms" in b for b in breaches)
+    assert any("errors 8.0 % > 1 %" in b for b in breaches)
+    phases = re.findall(r'<rect class="phase"[^>]*><title>(\w+) ([\d.]+)-([\d.]+) s', h)
+    (arming,) = [p for p in phases if p[0] == "arming"]
+    (fault,) = [p for p in phases if p[0] == "fault"]
+    assert (float(arming[1]), float(arming[2])) == (10.0, 12.0) and float(fault[1]) == 12.0
+    assert ">1 stall-encode</text>" in h and "<td class=\"num\">1</td>" in h
+    md = render_markdown(d, ["e1"])
+    assert f"- SLO per 1 s window: p99 <= 100 ms, errors <= 1 %; {len(p99s)} of 40 windows" in md
+    assert "| 1 | stall-encode |" in md
+    # Without bounds in the file: no line, no marks.
+    d2 = make_db(tmp_path / "gf2.db")
+    add_experiment(d2, "e2", name="tokenizer-stall")
+    h2 = render_html(d2, ["e2"])
+    assert "slo-bound" not in h2 and 'class="breach"' not in h2 and ">arming<" not in h2
+
+
+def load_windows(d: Any) -> list[dict[str, Any]]:
+    cur = d.conn.execute("SELECT p99, error_rate FROM load_windows ORDER BY start")
+    return [{"p99": a, "error_rate": b} for a, b in cur.fetchall()]

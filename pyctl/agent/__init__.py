@@ -7,6 +7,7 @@ bound to a dead-man lease; and the client those controllers use.
 - lease: the dead-man leases and their watcher
 - server: AgentServer
 - client: AgentClient, RemoteSession
+- snapshot, pull: the node's store pulled into a local one (pull_evidence)
 
 A floor above pyctl.api (it is one of the API's clients; docs/layers.md);
 `import gpufault` exports its public names (gpufault.AgentClient ...).
@@ -20,6 +21,7 @@ A floor above pyctl.api (it is one of the API's clients; docs/layers.md);
 
 from pyctl.agent.client import AgentClient, AgentError, AgentRefused, RemoteSession
 from pyctl.agent.lease import MAX_LEASE_S, MIN_LEASE_S
+from pyctl.agent.pull import Pulled, pull_evidence
 from pyctl.agent.server import DEFAULT_LEASE_S, DEFAULT_SOCKET, AgentServer, Listen
 
 __all__ = [
@@ -32,5 +34,7 @@ __all__ = [
     "Listen",
     "MAX_LEASE_S",
     "MIN_LEASE_S",
+    "Pulled",
     "RemoteSession",
+    "pull_evidence",
 ]

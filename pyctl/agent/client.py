@@ -17,6 +17,9 @@ byte (pyctl/rundir.connect_root).
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
 import os
 import socket
 import threading
@@ -35,6 +38,7 @@ from pyctl.api.target import Target
 CONNECT_TIMEOUT_S = 10.0
 REQUEST_TIMEOUT_S = 30.0
 ARM_TIMEOUT_S = 150.0  # the agent's own arm_timeout (120 s) and the round trip
+PULL_IDLE_S = 60.0  # a pull may take long; 60 s without a chunk is a link gone
 
 
 class AgentError(GpufaultError):
@@ -73,6 +77,8 @@ class RemoteSession:
         self.db = str(answer.get("db"))
         self.on_fire = on_fire
         self.ended_by = ""  # the agent's reason, once it ended
+        self.armed_at = time.time()  # when its answer was read: every probe attached
+        self.ended_at: float | None = None  # when this client learnt it ended
         self.status = "armed"
         self.last_renewal = time.monotonic()
         self.renewing = True
@@ -107,6 +113,7 @@ class RemoteSession:
         with self._cond:
             if not self._ended.is_set():
                 self.ended_by, self.status = why, status or "done"
+                self.ended_at = time.time()
                 self.renewing = False
                 self._ended.set()
             self._cond.notify_all()
@@ -196,6 +203,7 @@ class AgentClient:
         self._plock = threading.Lock()
         self._next = 1
         self._pending: dict[int, tuple[threading.Event, list[Message]]] = {}
+        self._pulls: dict[int, Callable[[Message], None]] = {}  # a pull's data sink
         self._sessions: dict[str, RemoteSession] = {}
         self._early: dict[str, list[Message]] = {}  # events before arm's answer is read
         self._closed = threading.Event()
@@ -231,7 +239,8 @@ class AgentClient:
         c = cls(sock, url)
         c._reader.start()
         try:
-            ans = c.request("hello", timeout=timeout, **({"token": token} if token else {}))
+            hello: dict[str, Any] = {"token": token} if token else {}
+            ans = c.request("hello", timeout=timeout, **hello)
         except BaseException:
             c.close(disarm=False)
             raise
@@ -241,19 +250,39 @@ class AgentClient:
         return c
 
     # ---- requests ------------------------------------------------------------
-    def request(self, kind: str, *, timeout: float = REQUEST_TIMEOUT_S, **body: Any) -> Message:
+    def request(
+        self,
+        kind: str,
+        *,
+        timeout: float = REQUEST_TIMEOUT_S,
+        on_data: Callable[[Message], None] | None = None,
+        **body: Any,
+    ) -> Message:
+        """One request, its one answer. With on_data (a pull), the data
+        events before the answer go to it, and `timeout` is the longest
+        wait without one."""
+        progress = [time.monotonic()]
         with self._plock:
             mid = self._next
             self._next += 1
             slot: tuple[threading.Event, list[Message]] = (threading.Event(), [])
             self._pending[mid] = slot
+            if on_data is not None:
+
+                def sink(m: Message) -> None:
+                    progress[0] = time.monotonic()
+                    on_data(m)
+
+                self._pulls[mid] = sink
         try:
             self._send(protocol.encode(kind, mid, **body))
-            if not slot[0].wait(timeout):
-                raise AgentError(f"agent {self.url}: no answer to {kind} within {timeout:g}s")
+            while not slot[0].wait(min(timeout, 1.0)):
+                if time.monotonic() - progress[0] >= timeout:
+                    raise AgentError(f"agent {self.url}: no answer to {kind} within {timeout:g}s")
         finally:
             with self._plock:
                 self._pending.pop(mid, None)
+                self._pulls.pop(mid, None)
         if not slot[1]:
             raise AgentError(f"agent {self.url}: connection lost ({self.lost or 'closed'})")
         ans = slot[1][0]
@@ -302,6 +331,54 @@ class AgentClient:
 
     def status(self) -> dict[str, Any]:
         return dict(self.request("status").body)
+
+    def pull_evidence(
+        self, into: str | os.PathLike[str], *, idle_timeout: float = PULL_IDLE_S
+    ) -> dict[str, Any]:
+        """The agent's evidence store, one consistent snapshot, written to
+        `into`: a new file (O_EXCL, never a link followed, 0600). Checked
+        against the agent's size and sha256; on any failure the file is
+        removed. Returns the agent's facts (bytes, sha256, runs, running)."""
+        fd = os.open(into, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)  # fmt: skip
+        h = hashlib.sha256()
+        state: dict[str, Any] = {"seq": 0, "bytes": 0, "error": ""}
+
+        def chunk(m: Message) -> None:  # on the reader thread
+            if state["error"]:
+                return
+            if m.get("seq") != state["seq"]:
+                state["error"] = f"chunk {m.get('seq')} where {state['seq']} was due"
+                return
+            try:
+                data = base64.b64decode(str(m.get("b64")), validate=True)
+            except (binascii.Error, ValueError):
+                state["error"] = f"chunk {state['seq']} is not base64"
+                return
+            h.update(data)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            state["seq"] += 1
+            state["bytes"] += len(data)
+
+        ok = False
+        try:
+            ans = self.request("pull", timeout=idle_timeout, on_data=chunk)
+            facts = dict(ans.body)
+            if state["error"]:
+                raise AgentError(f"agent {self.url}: pull: {state['error']}")
+            if state["bytes"] != facts.get("bytes") or h.hexdigest() != facts.get("sha256"):
+                raise AgentError(f"agent {self.url}: pull: got {state['bytes']} bytes, sha256 "
+                                 f"{h.hexdigest()[:12]}, the agent sent {facts.get('bytes')} "
+                                 f"({str(facts.get('sha256'))[:12]}): pull again")  # fmt: skip
+            os.fsync(fd)
+            ok = True
+            return facts
+        finally:
+            os.close(fd)
+            if not ok:
+                os.unlink(into)
 
     def sessions(self) -> list[dict[str, Any]]:
         return list(self.request("sessions").get("sessions") or [])
@@ -358,6 +435,12 @@ class AgentClient:
                 h.renewing = False
 
     def _on(self, msg: Message) -> None:
+        if msg.kind == "data":
+            with self._plock:
+                sink = self._pulls.get(msg.get("pull"))  # type: ignore[arg-type]
+            if sink is not None:
+                sink(msg)
+            return
         if msg.kind in protocol.ANSWERS:
             with self._plock:
                 slot = self._pending.get(msg.id) if msg.id is not None else None

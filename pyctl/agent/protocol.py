@@ -7,7 +7,8 @@ MAX_LINE bytes), each with the protocol version and a kind first.
     {"v": 1, "kind": "fire", "session": "S", ...}   an event, no id
 
 Requests: hello (first, with the token where one is needed), arm, renew,
-disarm, status, sessions. Events: fire, counters, ended. Every request
+disarm, status, sessions, pull (the node's evidence store). Events: fire,
+counters, ended; data (a pull's bytes, before its answer). Every request
 gets exactly one answer (ok or error); a line that is not a message of
 this version is answered with one error line and the connection closed.
 """
@@ -21,9 +22,11 @@ from typing import Any
 VERSION = 1
 MAX_LINE = 1 << 20  # a spec list is a few KiB; a megabyte is a client gone wrong
 
-REQUESTS = frozenset({"hello", "arm", "renew", "disarm", "status", "sessions"})
+REQUESTS = frozenset({"hello", "arm", "renew", "disarm", "status", "sessions", "pull"})
 ANSWERS = frozenset({"ok", "error"})
-EVENTS = frozenset({"fire", "counters", "ended"})
+EVENTS = frozenset({"fire", "counters", "ended", "data"})
+# A pull's chunk before base64: well under MAX_LINE once encoded (4/3).
+DATA_CHUNK = 384 << 10
 KINDS = REQUESTS | ANSWERS | EVENTS
 
 
@@ -77,5 +80,5 @@ def decode(line: bytes) -> Message:
     return Message(kind, obj, mid)
 
 
-__all__ = ["ANSWERS", "EVENTS", "KINDS", "MAX_LINE", "Message", "ProtocolError", "REQUESTS",
-           "VERSION", "decode", "encode"]  # fmt: skip
+__all__ = ["ANSWERS", "DATA_CHUNK", "EVENTS", "KINDS", "MAX_LINE", "Message", "ProtocolError",
+           "REQUESTS", "VERSION", "decode", "encode"]  # fmt: skip

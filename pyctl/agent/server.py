@@ -431,13 +431,13 @@ class AgentServer:
     def _dispatch(self, conn: _Conn, msg: Message) -> None:
         handlers: dict[str, Callable[[_Conn, Message], None]] = {
             "arm": self._arm, "renew": self._renew, "disarm": self._disarm,
-            "status": self._status, "sessions": self._list,
+            "status": self._status, "sessions": self._list, "pull": self._pull,
         }  # fmt: skip
         h = handlers.get(msg.kind)
         if h is None:
             conn.send("error", msg.id, message=f"{msg.kind} is not a request here")
             return
-        if msg.kind in ("arm", "disarm"):
+        if msg.kind in ("arm", "disarm", "pull"):
             # They take up to arm_timeout / the child's exit: off the reader,
             # so renewals on this connection are never held behind them.
             threading.Thread(target=self._guarded, args=(h, conn, msg), daemon=True,
@@ -544,6 +544,25 @@ class AgentServer:
     def _list(self, conn: _Conn, msg: Message) -> None:
         conn.send("ok", msg.id, sessions=self.sessions())
 
+    def _pull(self, conn: _Conn, msg: Message) -> None:
+        """The node's store as one consistent snapshot (SQLite's backup of
+        a read-only connection, taken while sessions write), sent as data
+        events and then the answer with its size and sha256. The writer
+        queue is kept short, so a large store is never all in memory."""
+        # lazy: pyctl.agent.snapshot (sqlite3, the store's checks) only for a pull
+        from pyctl.agent import snapshot
+
+        with snapshot.taken(self.db) as snap:
+            seq = 0
+            for chunk in snap.chunks(protocol.DATA_CHUNK):
+                while conn.out.qsize() > 8 and not conn.closed.is_set():
+                    conn.closed.wait(0.01)  # the writer drains it: backpressure, not a sync
+                if conn.closed.is_set():
+                    return
+                conn.send("data", pull=msg.id, seq=seq, b64=chunk)
+                seq += 1
+            conn.send("ok", msg.id, chunks=seq, **snap.facts())
+
     # ---- the library surface --------------------------------------------------
     def status(self) -> dict[str, Any]:
         with self._lock:
@@ -597,7 +616,8 @@ class AgentServer:
             "renewals": lease.renewals,
             # wall time of the watcher's expiry: what a reader compares fire walls with
             "lease_expired_at": (
-                None if lease.expired_at is None
+                None
+                if lease.expired_at is None
                 else round(time.time() - (time.monotonic() - lease.expired_at), 4)
             ),  # fmt: skip
             "since_last_renewal_s": round(

@@ -227,6 +227,7 @@ def checks() -> list[Check]:
         )
     )
     out.append(_ptrace_check(root))
+    out.append(_pid_namespace_check())
     out.append(_serve_check())
     return out
 
@@ -317,6 +318,36 @@ def _serve_check() -> Check:
         False,
         f"pid {pid} runs other code than this gpufault: it serves nothing",
         f"kill {pid} and start gpufault serve again",
+    )
+
+
+# The init PID namespace's inode number is fixed (PROC_PID_INIT_INO).
+HOST_PID_NS_INO = 0xEFFFFFFC
+
+
+def _pid_namespace_check() -> Check:
+    """BPF filters and reports host pids (bpf_get_current_pid_tgid), the
+    copilot and /proc take this namespace's: a gpufault in a PID namespace
+    of its own (a container without hostPID) would probe by a pid that
+    means another process, or none. It does not translate pids: it says
+    how to run it."""
+    try:
+        ino = os.stat("/proc/self/ns/pid").st_ino
+    except OSError as e:
+        return Check("pid-namespace", False, f"cannot read /proc/self/ns/pid: {e.strerror}",
+                     "mount /proc and run as root", ["trace", "inject"])  # fmt: skip
+    if ino == HOST_PID_NS_INO:
+        return Check("pid-namespace", True, "the host's: pids here are the ones BPF sees",
+                     required_for=["trace", "inject"])  # fmt: skip
+    return Check(
+        "pid-namespace",
+        False,
+        f"gpufault runs in a PID namespace of its own (inode {ino}, not the host's): BPF sees "
+        "host pids, this /proc another numbering, so --pid and every selector would name the "
+        "wrong process",
+        "run it in the host's PID namespace: hostPID: true in its pod spec "
+        "(deploy/kubernetes/gpufault-agent.yaml), podman/docker run --pid=host",
+        ["trace", "inject"],
     )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -144,18 +144,24 @@ def open_evidence(db_path: str | os.PathLike[str]) -> Evidence:
 
 
 def merge_evidence(
-    sources: Sequence[str | os.PathLike[str]], into: str | os.PathLike[str]
+    sources: Sequence[str | os.PathLike[str]],
+    into: str | os.PathLike[str],
+    *,
+    skip_running: bool = False,
+    runs: Collection[str] | None = None,
 ) -> list[Any]:
     """Merge several databases (nodes, ranks, agents) into `into`, created
     if missing, in one transaction: every run and experiment of each
     source once (one already there, the same, is skipped; another under
     the same id is refused with `into` untouched). Returns per source a
-    SourceStats (runs_added, runs_skipped, rows per table, .line())."""
+    SourceStats (runs_added, runs_skipped, rows per table, .line()).
+    skip_running leaves out the runs a source still has running; runs
+    merges only those run ids (and no experiments)."""
     # lazy: keeps pyctl.evidence.merge off `import gpufault`
     from pyctl.evidence import merge
 
     try:
-        return merge.merge(sources, into)
+        return merge.merge(sources, into, skip_running=skip_running, runs=runs)
     except Exception as e:  # noqa: BLE001 - MergeError, StoreError: one line
         raise translate(e) from e
 

@@ -83,7 +83,8 @@ class Target:
         from pyctl.targets import select
 
         if self.selector:
-            ms = select.resolve(self.selector, self.value, libs=libs, thread=self.thread_name)
+            ms = select.resolve(self.selector, self.value, libs=libs, thread=self.thread_name,
+                                same=_maps_same_build)  # fmt: skip
         else:
             pid = self.pid
             if pid is None:
@@ -172,3 +173,15 @@ def _positive(v: int, what: str) -> int:
 
 
 __all__ = ["Target"]
+
+
+def _maps_same_build(pid: int, lib: str) -> bool:
+    """Whether pid maps the file at lib or, in another root (a container),
+    a copy of its build: what find_library resolves lib to there."""
+    # lazy: keeps pyctl.symbols.resolve (+3 modules) off `import gpufault`
+    from pyctl.symbols import resolve
+
+    try:
+        return resolve.find_library(lib, pid).mapped
+    except resolve.ResolveError:
+        return False

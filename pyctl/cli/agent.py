@@ -21,9 +21,14 @@ _DEFAULT_URL = "unix:/run/gpufault/agent.sock"
 
 def _client_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """How a command reaches an agent: one bundle for status and arm."""
+    fn = auth_options(fn)
+    return click.option("--agent", "url", default=_DEFAULT_URL, show_default=True,
+                        metavar="URL", help="unix:PATH or tls://HOST:PORT")(fn)  # fmt: skip
+
+
+def auth_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """How a client proves itself to agents and checks them (TLS)."""
     for opt in reversed((
-        click.option("--agent", "url", default=_DEFAULT_URL, show_default=True, metavar="URL",
-                     help="unix:PATH or tls://HOST:PORT"),
         click.option("--token-file", type=click.Path(dir_okay=False), default=None,
                      help="bearer token (a root-owned 0600 file)"),
         click.option("--cert", type=click.Path(dir_okay=False), default=None,

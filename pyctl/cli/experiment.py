@@ -312,6 +312,86 @@ def validate(name: str, sets: dict[str, str], target_pid: int | None) -> None:
         click.echo(ln)
 
 
+def export_options(fn: Any) -> Any:
+    """Where an experiment's record goes besides the store: OTLP spans and
+    Grafana annotations (pyctl/observe/export.py)."""
+    for opt in reversed((
+        click.option("--otlp-file", type=click.Path(dir_okay=False), default=None,
+                     help="write the experiment's spans to this file as OTLP JSON"),
+        click.option("--otlp-endpoint", metavar="URL", default=None,
+                     help="send the spans to a collector's OTLP/HTTP endpoint "
+                          "(http://HOST:4318; /v1/traces is added)"),
+        click.option("--grafana-url", metavar="URL", default=None,
+                     help="post each step as a Grafana annotation (needs --grafana-token-file)"),
+        click.option("--grafana-token-file", type=click.Path(dir_okay=False), default=None,
+                     help="a Grafana service account token (a root-owned 0600 file)"),
+        click.option("--annotations-file", type=click.Path(dir_okay=False), default=None,
+                     help="write the Grafana annotations to this JSON file"),
+    )):  # fmt: skip
+        fn = opt(fn)
+    return fn
+
+
+def _export(db_file: str, xid: str, otlp_file: str | None, otlp_endpoint: str | None,
+            grafana_url: str | None, grafana_token_file: str | None,
+            annotations_file: str | None) -> list[str]:  # fmt: skip
+    if not (otlp_file or otlp_endpoint or grafana_url or annotations_file):
+        return []
+    # lazy: pyctl.observe.export (the OTLP encoder, urllib) only when asked for
+    from pyctl.observe import ObserveError
+    from pyctl.observe.export import export
+
+    token = None
+    if grafana_token_file:
+        # lazy: the agent's token reader (root's, 0600, checked on the fd) only with a token file
+        from pyctl.agent.auth import read_token
+
+        try:
+            token = read_token(grafana_token_file)
+        except BadInput as err:
+            raise _user_error(str(err)) from None
+    try:
+        db = open_readonly(db_file)
+    except BadInput as err:
+        raise _user_error(str(err)) from None
+    try:
+        return export(db, xid, otlp_file=otlp_file, otlp_endpoint=otlp_endpoint,
+                      grafana_url=grafana_url, grafana_token=token,
+                      annotations_file=annotations_file)  # fmt: skip
+    except ObserveError as err:
+        raise _user_error(str(err)) from None
+    finally:
+        db.close()
+
+
+@experiment.command("export")
+@click.argument("experiment_id")
+@db_option()
+@export_options
+def export_cmd(experiment_id: str, db_path: str | None, otlp_file: str | None,
+               otlp_endpoint: str | None, grafana_url: str | None,
+               grafana_token_file: str | None, annotations_file: str | None) -> None:  # fmt: skip
+    """Send a recorded experiment to OpenTelemetry and Grafana.
+
+    Its spans (the experiment, each step, each fault) as OTLP JSON to a
+    file or over OTLP/HTTP to a collector; its steps as Grafana
+    annotations to the API and/or a file. The store is read, not changed.
+
+    \b
+    Examples:
+      gpufault experiment export x1a2b3c4d --db /tmp/exp.db --otlp-file spans.json
+      gpufault experiment export x1a2b3c4d --otlp-endpoint http://otel:4318 \\
+          --grafana-url http://grafana:3000 --grafana-token-file /etc/gpufault/grafana.token
+    """
+    lines = _export(str(db_path or DEFAULT_DB), experiment_id, otlp_file, otlp_endpoint,
+                    grafana_url, grafana_token_file, annotations_file)  # fmt: skip
+    if not lines:
+        raise _user_error("say where it goes: --otlp-file, --otlp-endpoint, --grafana-url "
+                          "or --annotations-file")  # fmt: skip
+    for ln in lines:
+        click.echo(ln)
+
+
 @experiment.command()
 @click.argument("name", required=False)
 @click.option(
@@ -327,6 +407,7 @@ def validate(name: str, sets: dict[str, str], target_pid: int | None) -> None:
 @click.option("--json", "as_json", is_flag=True, help="print the result as JSON at the end")
 @metrics_addr_option
 @target_options
+@export_options
 @click.option(
     "--metrics-linger",
     type=Duration(allow_zero=True),
@@ -347,6 +428,11 @@ def run(
     pid: int | None,
     command: str | None,
     ready: str | None,
+    otlp_file: str | None,
+    otlp_endpoint: str | None,
+    grafana_url: str | None,
+    grafana_token_file: str | None,
+    annotations_file: str | None,
 ) -> None:
     """Run an experiment: baseline, method, recovery, verdict.
 
@@ -386,6 +472,17 @@ def run(
         return
     if not name:
         raise _user_error("give an experiment NAME (see `gpufault experiment list`) or --all")
+    if grafana_url and not grafana_token_file:
+        raise _user_error("--grafana-url needs --grafana-token-file (a service account token "
+                          "with annotations:write)")  # fmt: skip
+    if grafana_token_file:
+        # lazy: the agent's token reader only with a token file; checked before anything runs
+        from pyctl.agent.auth import read_token
+
+        try:
+            read_token(grafana_token_file)
+        except BadInput as err:
+            raise _user_error(str(err)) from None
     e = _load(name, sets, target)
     if (why := missing_on_host(e.target)) is not None:
         raise _user_error(f"{e.ident} {why}: run it on a GPU host")
@@ -411,6 +508,14 @@ def run(
     finally:
         if metrics is not None:
             metrics.close(final_scrape_s=linger)  # Prometheus reads the verdict first
+    try:
+        for ln in _export(db, out.experiment_id, otlp_file, otlp_endpoint, grafana_url,
+                          grafana_token_file, annotations_file):  # fmt: skip
+            echo(ln)
+    except click.ClickException as err:
+        # The run is recorded and judged: its export failing changes no verdict.
+        echo(f"gpufault: export: {err.message}; retry with gpufault experiment export "
+             f"{out.experiment_id} --db {db}")  # fmt: skip
     v = out.verdict
     words = expectation_words(v.verdict, out.expected, out.interrupted is not None, out.died)
     line = (

@@ -257,6 +257,7 @@ class Engine:
         if self.pid is not None and not resolve.pid_alive(self.pid):
             raise EngineError(f"no process {self.pid}: check the pid (is it still running?)")
         self._check_not_loaded()
+        self._check_init_signals()
         # The database is opened and checked (writable, SQLite, gpufault's or
         # new) before anything is loaded: a bad --db must not be found with
         # faults already armed. A file we create here goes again if the
@@ -362,6 +363,31 @@ class Engine:
                 self.start_warnings.append(
                     f"--caller {sp.caller}: not mapped in pid {self.pid} yet: nothing fires "
                     "until it is loaded (a line says when the filter goes live)"
+                )
+
+    def _check_init_signals(self) -> None:
+        """A signal fault into the init (pid 1) of a PID namespace (a
+        container's first process) that has no handler for it: the kernel
+        drops such a signal (SIGKILL and SIGSTOP aside), so the fire is
+        recorded and nothing happens. Said in one line, once."""
+        if self.pid is None:
+            return
+        sigs = {sp.signo for sp in self.specs if sp.action == "signal" and sp.signo not in (9, 19)}
+        if not sigs:
+            return
+        # lazy: keeps pyctl.targets (+2 modules) off trace's start
+        from pyctl.targets import procfs
+
+        nsp = procfs.ns_pids(self.pid)
+        if len(nsp) < 2 or nsp[-1] != 1:
+            return
+        caught = procfs.signal_mask(self.pid, "SigCgt")
+        for signo in sorted(sigs):
+            if caught is not None and not caught >> (signo - 1) & 1:
+                name = _signal_name(signo)
+                self.start_warnings.append(
+                    f"pid {self.pid} is the init (pid 1) of its PID namespace and has no {name} "
+                    "handler: the kernel drops that signal (target another process of it)"
                 )
 
     def arm(self) -> None:
@@ -756,3 +782,13 @@ __all__ = [
     "signal_cause",
     "write_corruption",
 ]
+
+
+def _signal_name(signo: int) -> str:
+    # lazy: signal (+1 module) only for a signal fault into a namespace's init
+    import signal
+
+    try:
+        return signal.Signals(signo).name
+    except ValueError:
+        return f"signal {signo}"

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +45,7 @@ class SourceStats:
     path: str
     runs_added: int = 0
     runs_skipped: int = 0  # already in the destination, identical
+    runs_running: int = 0  # still running in the source, left out (skip_running)
     experiments_added: int = 0
     experiments_skipped: int = 0
     rows: dict[str, int] = field(default_factory=dict)
@@ -53,6 +54,8 @@ class SourceStats:
         faults = self.rows.get("faults", 0)
         calls = self.rows.get("calls", 0)
         skipped = f", {self.runs_skipped} already there" if self.runs_skipped else ""
+        if self.runs_running:
+            skipped += f", {self.runs_running} still running (left out: merge again when ended)"
         exps = ""
         if self.experiments_added or self.experiments_skipped:
             exps = f", {self.experiments_added} experiments"
@@ -108,10 +111,21 @@ def _in(ids: Iterable[str]) -> tuple[str, list[str]]:
     return "(" + ",".join("?" for _ in ids) + ")", ids
 
 
-def _merge_one(src: sqlite3.Connection, dst: sqlite3.Connection, path: str) -> SourceStats:
+def _merge_one(src: sqlite3.Connection, dst: sqlite3.Connection, path: str,
+               skip_running: bool = False, runs: Collection[str] | None = None
+               ) -> SourceStats:  # fmt: skip
     st = SourceStats(path)
     new_runs = []
-    for (rid,) in src.execute("SELECT run_id FROM runs ORDER BY started, run_id").fetchall():
+    for rid, status in src.execute(
+        "SELECT run_id, status FROM runs ORDER BY started, run_id"
+    ).fetchall():
+        if runs is not None and rid not in runs:
+            continue
+        if skip_running and status == "running":
+            # Its rows are still being written: a copy now would clash with
+            # the ended run a later merge brings (same id, other contents).
+            st.runs_running += 1
+            continue
         same = _same(src, dst, "runs", "run_id", rid)
         if same is None:
             new_runs.append(rid)
@@ -122,7 +136,8 @@ def _merge_one(src: sqlite3.Connection, dst: sqlite3.Connection, path: str) -> S
                              "contents (two hosts drew the same run id): merge that source "
                              "into another database")  # fmt: skip
     new_exps = []
-    for (xid,) in src.execute("SELECT id FROM experiments ORDER BY id").fetchall():
+    xids = [] if runs is not None else src.execute("SELECT id FROM experiments ORDER BY id")
+    for (xid,) in xids:
         same = _same(src, dst, "experiments", "id", xid)
         if same is None:
             new_exps.append(xid)
@@ -158,11 +173,15 @@ def _merge_one(src: sqlite3.Connection, dst: sqlite3.Connection, path: str) -> S
     return st
 
 
-def merge(sources: Sequence[str | os.PathLike[str]], into: str | os.PathLike[str]
+def merge(sources: Sequence[str | os.PathLike[str]], into: str | os.PathLike[str],
+          *, skip_running: bool = False, runs: Collection[str] | None = None
           ) -> list[SourceStats]:  # fmt: skip
     """Merge every source into `into` (created if missing) in one
     transaction; raises MergeError/StoreError (BadInput) with `into` as it
-    was (a file this call created is removed)."""
+    was (a file this call created is removed). skip_running: leave out
+    the runs a source still has running (a live agent's store). runs:
+    only these run ids, and no experiments (an experiment's own steps
+    pulled from the agents that armed them)."""
     if not sources:
         raise MergeError(
             "give the databases to merge: gpufault evidence merge A.db B.db --into ALL.db"
@@ -181,7 +200,8 @@ def merge(sources: Sequence[str | os.PathLike[str]], into: str | os.PathLike[str
         try:
             dst.conn.execute("BEGIN IMMEDIATE")
             try:
-                out = [_merge_one(db.conn, dst.conn, path) for path, db in srcs]
+                out = [_merge_one(db.conn, dst.conn, path, skip_running, runs)
+                       for path, db in srcs]  # fmt: skip
                 dst.conn.execute("COMMIT")
                 ok = True
             except BaseException:

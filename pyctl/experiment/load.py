@@ -26,6 +26,7 @@ else:  # Python 3.10: the same parser as a package
     import tomli as tomllib
 
 from pyctl import templates as T
+from pyctl.experiment.agents import parse_agents
 from pyctl.experiment.facts import TARGET_FACTS, is_fact, placeholders, render
 from pyctl.experiment.method import parse_method
 from pyctl.experiment.model import (
@@ -66,6 +67,7 @@ TOP_KEYS = {
     "expect",
     "rollback",
     "remediation",
+    "agents",
 }
 
 
@@ -207,6 +209,8 @@ def load_file(
     ):
         raise r.err("steady_state", "latency or error hypotheses need a [load] table: add one")
     steps = parse_method(r, rendered)
+    agents = parse_agents(r, rendered, path.parent)
+    _check_agent_steps(r, steps, agents)
     phases = r.table(rendered, "phases", {"warmup", "baseline", "method", "recovery"})
     warmup = r.duration(phases, "phases", "warmup", "1s", allow_zero=True)
     baseline = r.duration(phases, "phases", "baseline", "5s")
@@ -258,7 +262,26 @@ def load_file(
         rollbacks=rollbacks,
         remediation=remediation,
         expanded=expanded,
+        agents=agents,
     )
+
+
+def _check_agent_steps(r: Reader, steps: list[Any], agents: dict[str, Any]) -> None:
+    for s in steps:
+        if s.agent is None:
+            continue
+        key = f"method[{s.idx + 1}].agent"
+        if s.agent not in agents:
+            have = ", ".join(sorted(agents)) or "none"
+            raise r.err(key, f"{s.agent!r} is not one of the file's [agents.NAME] ({have}): "
+                             "add the table or fix the name")  # fmt: skip
+        if s.kind != "fault":
+            raise r.err(key, f"a {s.kind} step runs here: agent is for fault steps")
+        if s.pid is None and s.tid is None:
+            raise r.err(key, 'an agent step names its process on that node: pid = N or '
+                             'pid = "{rank1_pid}" (or tid)')  # fmt: skip
+        if s.thread is not None:
+            raise r.err(key, "thread is resolved on this machine: give the thread's tid instead")
 
 
 def _load(r: Reader, doc: dict[str, Any]) -> Load | None:

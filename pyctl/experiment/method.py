@@ -16,7 +16,9 @@ from pyctl.experiment.model import Step
 from pyctl.experiment.reader import Reader
 from pyctl.experiment.steps import WORDS
 
-COMMON = {"name", "set", "start", "duration", "parallel", "thread", "pid", "tid", "arm_timeout"}
+COMMON = {
+    "name", "set", "start", "duration", "parallel", "thread", "pid", "tid", "arm_timeout", "agent",
+}  # fmt: skip
 
 
 def parse_method(r: Reader, doc: dict[str, Any]) -> list[Step]:
@@ -47,6 +49,7 @@ def parse_method(r: Reader, doc: dict[str, Any]) -> list[Step]:
         if tid is not None and thread is not None:
             raise r.err(f"{key}.tid", "tid and thread both name the thread: keep one")
         arm_timeout = r.duration(m, key, "arm_timeout") if "arm_timeout" in m else None
+        agent = r.str_(m, key, "agent", "") or None
         kind = WORDS[chosen[0]]
         kind.refuse(r, key, m)
         common = Step(
@@ -62,6 +65,7 @@ def parse_method(r: Reader, doc: dict[str, Any]) -> list[Step]:
             tid=tid,
             arm_timeout=arm_timeout,
             kind=kind.name,
+            agent=agent,
         )
         steps.append(kind.parse(r, key, m, common))
         prev_start, prev_end = start, start + duration

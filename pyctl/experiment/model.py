@@ -53,6 +53,9 @@ class Step:
     # A pressure step: {"share", "device", "allocator", "reserve_mib"}, a
     # second process holding VRAM (pyctl/experiment/steps/pressure.py).
     pressure: dict[str, Any] | None = None
+    # A fault step for another node: the name of one of the file's
+    # [agents.NAME] (pyctl/experiment/agents.py); None: this machine.
+    agent: str | None = None
 
     @property
     def label(self) -> str:
@@ -221,6 +224,9 @@ class Experiment:
     rollbacks: list[Rollback]
     remediation: Remediation | None
     expanded: dict[str, Any]  # the file's content with the knobs filled in
+    # [agents.NAME]: the nodes whose agents arm the steps naming them
+    # (pyctl.experiment.agents.AgentRef by name); empty: all steps here.
+    agents: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ident(self) -> str:

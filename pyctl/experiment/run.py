@@ -86,6 +86,11 @@ class Run(Evaluation):
         self.db_path = db_path
         self.metrics = metrics  # pyctl.observe.metrics.Metrics or None
         self.host: FaultHost = host or LocalFaultHost(db_path)
+        if exp.agents and host is None:
+            # lazy: pyctl.experiment.agents only for a file that names agents
+            from pyctl.experiment.agents import FleetHost
+
+            self.host = FleetHost(self.host, exp.agents, db_path)
         self.echo = echo
         self.phase = "baseline"
         # Reentrant: the SIGINT handler runs on the main thread, maybe inside it.
@@ -187,8 +192,10 @@ class Run(Evaluation):
     def execute(self) -> Outcome:
         exp = self.exp
         # BPF uprobes and ptrace need root; traffic, perturb and pressure steps do not.
-        faults = [s for s in exp.steps if s.specs]
-        if faults and os.geteuid() != 0 and isinstance(self.host, LocalFaultHost):
+        faults = [s for s in exp.steps if s.specs and s.agent is None]
+        if faults and os.geteuid() != 0 and isinstance(
+            getattr(self.host, "local", self.host), LocalFaultHost
+        ):
             raise ExperimentError(
                 f"{exp.path}: method: its faults need root here (BPF uprobes, ptrace): "
                 "run gpufault experiment as root"
@@ -251,6 +258,9 @@ class Run(Evaluation):
                 failed = e
             finally:
                 self._stop_faults()
+                finish = getattr(self.host, "finish", None)
+                if finish is not None:  # the agents' evidence into this store
+                    finish(self.echo)
                 self.done_event.set()
                 if load is not None:
                     load.stop()

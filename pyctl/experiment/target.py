@@ -391,6 +391,10 @@ def step_target(exp: Experiment, s: Step, facts: dict[str, Any]) -> tuple[int, i
 
     tid = fact("tid", s.tid)
     pid = fact("pid", s.pid)
+    if s.agent is not None:
+        # Another node's process: its agent checks it when it arms (one
+        # line back, the step failed); /proc here knows nothing of it.
+        return int(pid if pid is not None else 0), tid
     if tid is not None:
         owner = _tgid(tid)
         if owner is None:

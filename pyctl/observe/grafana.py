@@ -170,7 +170,7 @@ def post(grafana_url: str, token: str, annotation: dict[str, Any], timeout: floa
 def publish(
     db: Any,
     experiment_id: str,
-    json_path: str | os.PathLike[str],
+    json_path: str | os.PathLike[str] | None,
     *,
     grafana_url: str | None = None,
     token: str | None = None,
@@ -178,8 +178,8 @@ def publish(
     panel_id: int | None = None,
     timeout: float = 10.0,
 ) -> list[dict[str, Any]]:
-    """Write the experiment's annotations to json_path and, with a URL and a
-    token, post each to Grafana (each entry then carries the `grafana_id` it
+    """Write the experiment's annotations to json_path (None: no file) and,
+    with a URL and a token, post each to Grafana (each entry then carries the `grafana_id` it
     got; the file is rewritten with them)."""
     if grafana_url and not token:
         raise ObserveError(
@@ -189,11 +189,13 @@ def publish(
         anns = annotations_for(db, experiment_id, dashboard_uid=dashboard_uid, panel_id=panel_id)
     except sqlite3.OperationalError as e:
         raise ObserveError(f"{e}: this database holds no experiments") from None
-    write_json(json_path, anns)
+    if json_path is not None:
+        write_json(json_path, anns)
     if grafana_url and token:
         for a in anns:
             a["grafana_id"] = post(
                 grafana_url, token, {k: v for k, v in a.items() if k != "grafana_id"}, timeout
             )
-        write_json(json_path, anns)
+        if json_path is not None:
+            write_json(json_path, anns)
     return anns

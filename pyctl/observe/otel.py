@@ -9,13 +9,17 @@ span carries its Xids and anchors as span events.
 
 Sent to an OTLP/HTTP endpoint (opentelemetry-exporter-otlp-proto-http;
 `http://host:4318`, /v1/traces is added) when one is given, else written to
-a JSON file: {"resource": {...}, "spans": [span.to_json() of each]}.
+a file in OTLP JSON: the ExportTraceServiceRequest the exporter would send,
+in the protobuf JSON mapping with the OTLP rules (lowerCamelCase names,
+trace and span ids as hex, enums as integers), which a collector's
+otlpjsonfile receiver and `otelcol` tooling read.
 Both need `pip install gpufault[observe]`; without the packages the
 functions raise ObserveError saying so.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 from collections.abc import Sequence
@@ -239,11 +243,43 @@ def export_experiment(
         assert json_path is not None
         p = Path(json_path)
         tmp = p.with_name(p.name + ".tmp")
-        tmp.write_text(
-            json.dumps({"resource": dict(resource.attributes), "spans": docs}, indent=2) + "\n"
-        )
+        tmp.write_text(json.dumps(otlp_json(spans), indent=2) + "\n")
         os.replace(tmp, p)
     return docs
+
+
+_ID_KEYS = ("traceId", "spanId", "parentSpanId")
+
+
+def otlp_json(spans: Sequence[Any]) -> dict[str, Any]:
+    """The spans as one OTLP JSON ExportTraceServiceRequest: the
+    exporter's own protobuf encoding (opentelemetry-exporter-otlp-proto-
+    common), in protobuf's JSON mapping, with the ids in hex as the OTLP
+    JSON encoding asks (protobuf would write bytes as base64)."""
+    try:
+        # lazy: the OTLP encoder and protobuf are optional (the observe extra)
+        from google.protobuf.json_format import MessageToDict
+        from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    except ImportError:
+        raise ObserveError(
+            "OTLP JSON needs opentelemetry-exporter-otlp-proto-http: "
+            "pip install 'gpufault[observe]'"
+        ) from None
+    doc = MessageToDict(encode_spans(list(spans)), use_integers_for_enums=True)
+    _hex_ids(doc)
+    return doc
+
+
+def _hex_ids(o: Any) -> None:
+    if isinstance(o, dict):
+        for k, v in o.items():
+            if k in _ID_KEYS and isinstance(v, str):
+                o[k] = base64.b64decode(v).hex()
+            else:
+                _hex_ids(v)
+    elif isinstance(o, list):
+        for v in o:
+            _hex_ids(v)
 
 
 def send(

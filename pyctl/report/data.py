@@ -118,6 +118,42 @@ class ExperimentData:
             k: v for k, v in knobs.items() if k in e.knobs and str(v) != str(e.knobs[k].default)
         }
 
+    def slo_bounds(self) -> dict[str, float]:
+        """The steady state's per-window bounds as the file gave them
+        (`p99 = "<= 250ms"`, `error_rate = "<= 1%"`): seconds for the
+        latencies, a fraction for the error rate; {} when none was set."""
+        try:
+            steady = json.loads(self.exp.get("settings") or "{}")["file"]["steady_state"]
+        except (ValueError, KeyError, TypeError):
+            return {}
+        out: dict[str, float] = {}
+        for k in ("p50", "p95", "p99", "error_rate"):
+            v = steady.get(k) if isinstance(steady, dict) else None
+            m = re.fullmatch(r"\s*<=?\s*(\d+(?:\.\d+)?)\s*(ms|s|%)?\s*", str(v)) if v else None
+            if m:
+                unit = m.group(2) or ("%" if k == "error_rate" else "s")
+                out[k] = float(m.group(1)) * {"ms": 0.001, "s": 1.0, "%": 0.01}[unit]
+        return out
+
+    def breaches(self, w: dict[str, Any]) -> list[str]:
+        """The bounds one load window broke ("p99 412 ms > 250 ms", ...)."""
+        out = []
+        for k, bound in self.slo_bounds().items():
+            v = w.get(k)
+            if v is None or v <= bound:
+                continue
+            if k == "error_rate":
+                out.append(f"errors {100 * v:.1f} % > {100 * bound:g} %")
+            else:
+                out.append(f"{k} {1000 * v:.0f} ms > {1000 * bound:g} ms")
+        return out
+
+    def first_armed(self) -> float | None:
+        """When the first step was armed (its real start): the fault phase
+        begins there, not at the method's planned start."""
+        ts = [float(st["started_at"]) for st in self.steps if st.get("started_at") is not None]
+        return min(ts) if ts else None
+
     def recovery_limit_s(self) -> float | None:
         """N of `recovered within N s`: from the settings the runner stored,
         else read out of the expectation's detail ('limit 30 s')."""

@@ -133,7 +133,7 @@ def _steps(d: ExperimentData) -> str:
     for st in d.steps:
         rows.append(
             [
-                _td(st["idx"], "num"),
+                _td(st["idx"] + 1, "num"),  # step 1 is the first, as the CLI says
                 _td(st.get("name")),
                 _td(common.spec_text(st)),
                 _td(st.get("run_id")),

@@ -76,6 +76,20 @@ def experiment_md(d: ExperimentData) -> list[str]:
         + (f"{common.secs(rec)}" if rec is not None else "-"),
         "",
     ]
+    bounds = d.slo_bounds()
+    if bounds:
+        words = [f"{k} <= {1000 * v:g} ms" for k, v in bounds.items() if k != "error_rate"]
+        if "error_rate" in bounds:
+            words.append(f"errors <= {100 * bounds['error_rate']:g} %")
+        breached = [(w, d.breaches(w)) for w in d.windows]
+        breached = [(w, why) for w, why in breached if why]
+        out.append(f"- SLO per 1 s window: {', '.join(words)}; "
+                   f"{len(breached)} of {len(d.windows)} windows broke it")  # fmt: skip
+        for w, why in breached[:20]:
+            out.append(f"  - {common.rel(w['start'], d.t0)} ({w.get('phase')}): {'; '.join(why)}")
+        if len(breached) > 20:
+            out.append(f"  - {len(breached) - 20} more")
+        out.append("")
     out += ["### Load by phase (median p50, worst p99, worst error rate)", ""]
     out += _table(["phase", "window", "p50", "p99", "errors"], _phase_summary(d))
     out += ["### Fault steps", ""]
@@ -83,7 +97,7 @@ def experiment_md(d: ExperimentData) -> list[str]:
         ["#", "step", "fault", "run", "started", "ended", "fires", "status"],
         [
             [
-                st["idx"],
+                st["idx"] + 1,  # step 1 is the first, as the CLI says
                 st.get("name"),
                 common.spec_text(st),
                 st.get("run_id"),

@@ -30,6 +30,7 @@ C_OK, C_NOT_OK = "#40c057", "#fa5252"
 
 PHASE_COLORS = {
     "baseline": "#dbe9f6",
+    "arming": "#eceff1",
     "fault": "#f8d7d3",
     "recovery": "#fdf0c9",
     "after": "#dff0db",
@@ -124,7 +125,10 @@ def timeline(d: ExperimentData) -> str:
     lat_vals = [1000 * w[k] for w in wins for k in ("p50", "p99") if w.get(k) is not None]
     ya = _Y(lat_vals)
 
-    # Phase strip, from the load windows' phases (runs of equal phase).
+    # Phase strip, from the load windows' phases (runs of equal phase). The
+    # fault phase begins when the first step was armed: the time between the
+    # method's start and then is "arming" (0.5-4 s under load, a child
+    # controller attaching), not a fault.
     runs: list[tuple[str, float, float]] = []
     for w in wins:
         ph = w.get("phase") or ""
@@ -132,6 +136,11 @@ def timeline(d: ExperimentData) -> str:
             runs[-1] = (ph, runs[-1][1], w["end"])
         else:
             runs.append((ph, w["start"], w["end"]))
+    armed = d.first_armed()
+    for i, (ph, a, b) in enumerate(runs):
+        if ph == "fault" and armed is not None and a + 0.1 < armed < b:
+            runs[i : i + 1] = [("arming", a, armed), (ph, armed, b)]
+            break
     for ph, a, b in runs:
         xa, xb = x(a), x(b)
         out.append(
@@ -156,13 +165,13 @@ def timeline(d: ExperimentData) -> str:
             f'<rect class="fault-window" x="{xa:.1f}" y="{LAT_Y}" width="{max(xb - xa, 2):.1f}"'
             f' height="{bottom - LAT_Y}" fill="{C_FAULT}" fill-opacity="0.10"'
             f' stroke="{C_FAULT}" stroke-opacity="0.5" stroke-dasharray="4 3">'
-            f"<title>step {escape(str(st.get('name') or st['idx']))}"
+            f"<title>step {st['idx'] + 1} {escape(str(st.get('name') or ''))}"
             f"{' (planned)' if planned else ''}: {sw[0] - t0:.2f}-{sw[1] - t0:.2f} s, "
             f"{st.get('fires') if st.get('fires') is not None else '?'} fires</title></rect>"
         )
         out.append(
             f'<text x="{xa + 4:.1f}" y="{LAT_Y + 13}" fill="{C_FAULT}" font-weight="600">'
-            f"{escape(str(st.get('name') or st['idx']))}</text>"
+            f"{st['idx'] + 1} {escape(str(st.get('name') or ''))}</text>"
         )
 
     # Latency grid and axis.
@@ -191,7 +200,34 @@ def timeline(d: ExperimentData) -> str:
     ):
         pts = [(x(t), ya.y(1000 * w[key])) for t, w in mid if w.get(key) is not None]
         out.append(_polyline(pts, color, width, f' class="line-{cls}"'))
-    # The SLO threshold is not in the schema; the p99 points carry tooltips.
+    # The file's bounds as dashed lines, and each window that broke one as
+    # a red tick on the panel's top edge (its title says which and by how much).
+    bounds = d.slo_bounds()
+    for key, color in (("p50", C_P50), ("p95", C_P95), ("p99", C_P99)):
+        if key not in bounds:
+            continue
+        yy = ya.y(1000 * bounds[key])
+        if not LAT_Y <= yy <= LAT_Y + LAT_H:
+            continue
+        out.append(
+            f'<line class="slo-bound slo-{key}" x1="{LEFT}" x2="{W - RIGHT}" y1="{yy:.1f}"'
+            f' y2="{yy:.1f}" stroke="{color}" stroke-width="1.2" stroke-dasharray="6 4">'
+            f"<title>SLO: {key} &lt;= {_ms(1000 * bounds[key])} per window</title></line>"
+        )
+        out.append(
+            f'<text x="{W - RIGHT - 4}" y="{yy - 4:.1f}" text-anchor="end" fill="{color}">'
+            f"{key} SLO {_ms(1000 * bounds[key])}</text>"
+        )
+    for w in wins:
+        why = d.breaches(w)
+        if not why:
+            continue
+        xa, xb = x(w["start"]), x(w["end"])
+        out.append(
+            f'<rect class="breach" x="{xa:.1f}" y="{LAT_Y}" width="{max(xb - xa, 1):.1f}"'
+            f' height="5" fill="{C_NOT_OK}"><title>{w["start"] - t0:.0f} s: '
+            f"{escape('; '.join(why))}</title></rect>"
+        )
     for t, w in mid:
         if w.get("p99") is not None:
             out.append(
@@ -223,6 +259,13 @@ def timeline(d: ExperimentData) -> str:
         f'<text x="16" y="{ERR_Y + ERR_H / 2:.0f}" transform="rotate(-90 16 '
         f'{ERR_Y + ERR_H / 2:.0f})" text-anchor="middle" fill="#495057">errors</text>'
     )
+    if "error_rate" in bounds and bounds["error_rate"] <= etop:
+        yy = ey(bounds["error_rate"])
+        out.append(
+            f'<line class="slo-bound slo-error_rate" x1="{LEFT}" x2="{W - RIGHT}" y1="{yy:.1f}"'
+            f' y2="{yy:.1f}" stroke="{C_ERR}" stroke-width="1.2" stroke-dasharray="6 4">'
+            f"<title>SLO: errors &lt;= {100 * bounds['error_rate']:g} % per window</title></line>"
+        )
     for w in wins:
         er = w.get("error_rate") or 0
         if er <= 0:

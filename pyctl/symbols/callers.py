@@ -21,6 +21,7 @@ import re
 from dataclasses import dataclass
 
 from pyctl.procstate import proc_dir
+from pyctl.targets.procfs import chroot_prefix, in_view
 
 
 class CallerError(ValueError):
@@ -63,7 +64,9 @@ def _exec_maps_off(pid: int) -> list[tuple[int, int, int, str]]:
             continue
         lo, hi = (int(x, 16) for x in parts[0].split("-"))
         out.append((lo, hi, int(parts[2], 16), parts[5].removesuffix(" (deleted)")))
-    return out
+    # A chroot in our mounts: its files as it names them (resolve's view).
+    pre = chroot_prefix(pid)
+    return [(lo, hi, off, in_view(p, pre)) for lo, hi, off, p in out] if pre else out
 
 
 def _matches(name: str, path: str, exe: str) -> bool:
@@ -86,7 +89,8 @@ def exec_range(pid: int, name: str) -> Range | None:
     range of one byte; CallerError when no executable mapping holds OFF."""
     name, site = split_site(name)
     try:
-        exe = os.readlink(f"{proc_dir(pid)}/exe").removesuffix(" (deleted)")
+        exe = in_view(os.readlink(f"{proc_dir(pid)}/exe").removesuffix(" (deleted)"),
+                      chroot_prefix(pid))  # fmt: skip
     except OSError:
         exe = ""
     hits: dict[str, list[tuple[int, int, int]]] = {}
@@ -96,11 +100,9 @@ def exec_range(pid: int, name: str) -> Range | None:
     if not hits:
         return None
     if len(hits) > 1:
-        raise CallerError(
-            f"--caller {name!r} matches {len(hits)} objects in pid {pid} "
-            f"({', '.join(sorted(os.path.basename(p) for p in hits))}): "
-            "give a longer name or the full path"
-        )
+        raise CallerError(f"--caller {name!r} matches {len(hits)} objects in pid {pid} "
+                          f"({', '.join(sorted(os.path.basename(p) for p in hits))}): "
+                          "give a longer name or the full path")  # fmt: skip
     ((path, spans),) = hits.items()
     if site is not None:
         for lo, hi, off in spans:

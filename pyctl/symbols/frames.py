@@ -38,6 +38,8 @@ def fire_frames(
     maps = watch.maps() if watch is not None else None
     if watch is not None:
         sym.offer(watch.file_maps())  # current: the process may be gone
+    if maps is not None:
+        sym.opener = maps.opened  # a container's files, checked against the mappings
     if copy is not None and maps is not None and copy[1]:
         walk = unwind.unwind(regs, unwind.Stack(*copy), maps)
         out = []
@@ -70,7 +72,7 @@ def fire_frames(
             break
         bid = None
         if loc is not None:
-            fc = unwind.load(loc[0])
+            fc = unwind.load(sym.opened(loc[0]))
             bid = fc.build_id if fc else None
         out.append(StoredFrame(len(out), addr, name, loc[0] if loc else None,
                                loc[1] if loc else None, bid, method))  # fmt: skip

@@ -28,6 +28,8 @@ class Mapping:
     offset: int  # file offset of lo
     perms: str  # "r-xp"
     path: str  # as the target sees it ('' for anonymous)
+    dev: int = 0  # the mapped file's device (os.makedev) and inode; 0: not known
+    ino: int = 0
 
     @property
     def executable(self) -> bool:
@@ -38,8 +40,12 @@ class Maps:
     """A process's mappings as they were at a fire (pyctl/symbols/mapwatch.py
     keeps them current), searchable by address."""
 
-    def __init__(self, maps: Sequence[Mapping]) -> None:
+    def __init__(self, maps: Sequence[Mapping], root: str = "") -> None:
+        """root: the process's /proc/PID/root when it is not ours (a
+        container, a chroot): its paths are opened through it."""
         self.maps = sorted(maps, key=lambda m: m.lo)
+        self.root = root
+        self._opened: dict[str, str] = {}
         self._los = [m.lo for m in self.maps]
         # path -> the unwinder's FileCfi (or None): one stat per module per
         # fire, not per frame (unwind.unwind fills it).
@@ -52,6 +58,40 @@ class Maps:
             return self.maps[i]
         return None
 
+    def opened(self, path: str) -> str:
+        """Where this process's file `path` is opened from here: through its
+        root; where what lies at that path now is not the file mapped there
+        (a file mounted over it, one swapped in since), the kernel's handle
+        on the mapped file (/proc/PID/map_files/RANGE) while it lives."""
+        if not self.root or not path.startswith("/"):
+            return path
+        hit = self._opened.get(path)
+        if hit is None:
+            hit = self._opened[path] = self._verified(path)
+        return hit
+
+    def _verified(self, path: str) -> str:
+        cand = self.root + path
+        ms = [m for m in self.maps if m.path == path and m.ino]
+        if not ms:
+            return cand
+        try:
+            st = os.stat(cand)
+            if any((st.st_dev, st.st_ino) == (m.dev, m.ino) for m in ms):
+                return cand
+        except OSError:
+            pass
+        proc = self.root.removesuffix("/root")
+        for m in ms:
+            handle = f"{proc}/map_files/{m.lo:x}-{m.hi:x}"
+            try:
+                st = os.stat(handle)
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) == (m.dev, m.ino):
+                return handle
+        return cand
+
     def exec_at(self, addr: int) -> Mapping | None:
         m = self.find(addr)
         return m if m is not None and m.executable and m.path else None
@@ -63,7 +103,8 @@ class Maps:
         a file offset that is not its vaddr in, e.g., a Rust wheel's .so)."""
         if path not in self._bases:
             self._bases[path] = min(
-                (mapping_base(m) for m in self.maps if m.path == path), default=0
+                (mapping_base(m, opened=self.opened(path)) for m in self.maps if m.path == path),
+                default=0,
             )
         return self._bases[path]
 
@@ -131,7 +172,9 @@ def segment_delta(path: str, file_off: int, perms: str = "") -> int:
     return (vaddr - off) - (first[1] - first[0])
 
 
-def mapping_base(m: Mapping) -> int:
+def mapping_base(m: Mapping, root: str = "", opened: str = "") -> int:
     """Where the file of mapping m has its offset 0 (its load base), from
-    this one mapping and the file's segments."""
-    return m.lo - m.offset - segment_delta(m.path, m.offset, m.perms)
+    this one mapping and the file's segments (read from `opened`, else
+    through root: the process's /proc/PID/root when it is not ours)."""
+    path = opened or (root + m.path if root and m.path.startswith("/") else m.path)
+    return m.lo - m.offset - segment_delta(path, m.offset, m.perms)

@@ -27,6 +27,7 @@ import struct
 from pathlib import Path
 
 from pyctl.symbols.maps import Mapping, Maps, mapping_base
+from pyctl.targets.procfs import chroot_prefix, in_view, root_prefix
 
 _NR_PERF_EVENT_OPEN = 298  # x86-64
 PERF_TYPE_SOFTWARE, PERF_COUNT_SW_DUMMY = 1, 9
@@ -81,13 +82,21 @@ def read_proc_maps(pid: int) -> list[Mapping] | None:
     except OSError:
         return None
     out = []
+    # A chroot in our mounts: maps name its files from our root, perf's
+    # records from its own; its own, as every reader stores them.
+    pre = chroot_prefix(pid)
     for line in text.splitlines():
         parts = line.split(None, 5)
         if len(parts) < 5:
             continue
         lo, hi = (int(x, 16) for x in parts[0].split("-"))
-        path = parts[5].strip() if len(parts) > 5 else ""
-        out.append(Mapping(lo, hi, int(parts[2], 16), parts[1], path))
+        path = in_view(parts[5].strip(), pre) if len(parts) > 5 else ""
+        major, _, minor = parts[3].partition(":")
+        try:
+            dev, ino = os.makedev(int(major, 16), int(minor, 16)), int(parts[4])
+        except ValueError:
+            dev = ino = 0
+        out.append(Mapping(lo, hi, int(parts[2], 16), parts[1], path, dev, ino))
     return out
 
 
@@ -97,6 +106,9 @@ class MapWatch:
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
+        # Its root when not ours (a container): where its paths are opened;
+        # kept, since /proc/PID/root goes with the process.
+        self.root = root_prefix(pid)
         self.fds: list[int] = []
         self.lost = 0  # records the ring dropped (then /proc is read, if it can be)
         self._maps: dict[int, Mapping] = {}  # lo -> mapping
@@ -198,7 +210,11 @@ class MapWatch:
             return  # a child process's (inherit follows forks too)
         prot = struct.unpack_from("<I", rec, 64)[0]
         name = rec[72:].split(b"\0", 1)[0].decode(errors="replace")
-        new = Mapping(addr, addr + ln, pgoff, "r-xp" if prot & 4 else "r--p", name)
+        dev = ino = 0
+        if not misc & PERF_RECORD_MISC_MMAP_BUILD_ID:  # maj, min, ino; else a build-id
+            major, minor, ino = struct.unpack_from("<IIQ", rec, 40)
+            dev = os.makedev(major, minor)
+        new = Mapping(addr, addr + ln, pgoff, "r-xp" if prot & 4 else "r--p", name, dev, ino)
         # The new mapping replaces whatever it overlaps (MAP_FIXED over a reservation).
         for lo in [lo for lo, m in self._maps.items() if m.lo < new.hi and new.lo < m.hi]:
             del self._maps[lo]
@@ -209,7 +225,7 @@ class MapWatch:
         memoizes the modules' unwind tables and load bases)."""
         self.update()
         if self._snapshot is None:
-            self._snapshot = Maps(list(self._maps.values()))
+            self._snapshot = Maps(list(self._maps.values()), self.root)
         return self._snapshot
 
     def file_maps(self) -> list[tuple[int, int, int, str]]:
@@ -223,6 +239,6 @@ class MapWatch:
         snap = self.maps()  # the same object while nothing changed: computed once
         if self._file_maps is None or self._file_maps[0] is not snap:
             self._file_maps = (snap, sorted(
-                (m.lo, m.hi, m.lo - mapping_base(m), m.path)
+                (m.lo, m.hi, m.lo - mapping_base(m, opened=snap.opened(m.path)), m.path)
                 for m in self._maps.values() if m.path.startswith("/")))  # fmt: skip
         return self._file_maps[1]

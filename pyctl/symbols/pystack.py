@@ -29,6 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from pyctl import elf
+from pyctl.targets.procfs import chroot_prefix, in_view, mapped_file, ns_tid
 
 MAX_FRAMES = 256
 MAX_STR = 1024
@@ -216,6 +217,12 @@ class Reader:
         self.key: tuple[tuple[str, int], ...] = ()
         self.exe = exe_id(pid)
         try:
+            self.in_ns = (
+                os.stat(f"/proc/{pid}/ns/pid").st_ino != os.stat("/proc/self/ns/pid").st_ino
+            )
+        except OSError:
+            self.in_ns = False
+        try:
             got = list(maps) if maps is not None else _proc_maps(pid)
             self.key = interpreter_key(got)
             self._locate(got)
@@ -228,8 +235,12 @@ class Reader:
         self.mem.close()
 
     def _locate(self, maps: Iterable[tuple[int, int, str]]) -> None:
+        pre = chroot_prefix(self.pid)
         for path, base in _py_paths(maps):
-            syms = _find_symbols(path)
+            # The interpreter the process maps, through its root when it is
+            # not ours (a container's libpython may be at no host path, or
+            # be another build there); a chroot's maps name it from ours.
+            syms = _find_symbols(mapped_file(self.pid, in_view(path, pre)))
             if "_PyRuntime" not in syms:
                 continue
             rt = base + syms["_PyRuntime"]
@@ -273,7 +284,10 @@ class Reader:
             return PyStack(error=self.error, read_ns=now, tid=tid)
         st = PyStack(version=".".join(map(str, rt.version)), read_ns=now, tid=tid)
         try:
-            ts = self._tstate(rt, tid)
+            # CPython keeps gettid() as its own PID namespace numbers it: a
+            # container's thread is found by its tid there, not the host's.
+            own = ns_tid(self.pid, tid) if self.in_ns else tid
+            ts = self._tstate(rt, own if own is not None else tid)
             if ts is None:
                 return None
             self._frames(rt, ts, st)

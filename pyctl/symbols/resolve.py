@@ -79,11 +79,18 @@ def _proc(pid: int) -> str:
 
 def _maps(pid: int) -> list[str]:
     try:
-        return Path(f"{_proc(pid)}/maps").read_text().splitlines()
+        text = Path(f"{_proc(pid)}/maps").read_text()
     except FileNotFoundError:
         raise ResolveError(f"no process {pid}: check the pid (is it still running?)") from None
     except PermissionError:
         raise ResolveError(f"cannot read /proc/{pid}/maps: run gpufault as root") from None
+    # A chroot in our mounts: maps name its files from our root; the
+    # target (and perf's mmap records) from its own. Its view, as stored.
+    # lazy: keeps pyctl.targets (+2 modules) off `--help` and `import gpufault`
+    from pyctl.targets import procfs
+
+    pre = procfs.chroot_prefix(pid)
+    return [ln.replace(" " + pre + "/", " /", 1) if pre else ln for ln in text.splitlines()]
 
 
 def mapped_files(pid: int) -> list[str]:
@@ -97,6 +104,46 @@ def mapped_files(pid: int) -> list[str]:
             if p not in seen:
                 seen.append(p)
     return seen
+
+
+def _mapped_file(pid: int | None, root: str, path: str) -> str:
+    """Where to open the file pid maps at `path`: through its root when
+    that is the mapped file, else /proc/PID/map_files (procfs.mapped_file)."""
+    if pid is None:
+        return root + path
+    # lazy: keeps pyctl.targets (+2 modules) off `--help` and `import gpufault`
+    from pyctl.targets import procfs
+
+    return procfs.mapped_file(pid, path)
+
+
+def _mapped_same_file(path: str, pid: int) -> str | None:
+    """The path (as pid sees it) of what pid maps that is the file at path:
+    the same inode reached by another path (a bind mount, a hard link); or,
+    for a process in another root (a container, a chroot), a copy of the
+    same build (build-id), which is the file its calls run in. None when
+    pid maps neither."""
+    # lazy: keeps pyctl.targets (+2 modules) off `--help` and `import gpufault`
+    from pyctl.targets import procfs
+
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    inodes = procfs.mapped_inodes(pid)
+    hit = inodes.get((st.st_dev, st.st_ino))
+    if hit is not None or not procfs.root_prefix(pid):
+        return hit[0] if hit is not None else None
+    want = elf.build_id(path)
+    if not want:
+        return None
+    # Read through the kernel's handle on each mapped file (map_files): the
+    # file the target maps, not one a path in its root leads to now.
+    base = os.path.basename(path)
+    for mapped, handle in sorted(inodes.values(), key=lambda x: os.path.basename(x[0]) != base):
+        if elf.build_id(handle) == want:
+            return mapped
+    return None
 
 
 def _lib_from(path: str, display: str, mapped: bool) -> Library:
@@ -258,7 +305,7 @@ def _python_package_lib(want: str, pid: int | None, *, mapped_only: bool) -> Lib
     if mapped_only:
         cands = [(root + p, p, d) for p in files if (d := _package_dir_in_maps(p, want))]
         hit = _best_extension(cands, want)
-        return _lib_from(hit[0], hit[1], True) if hit else None
+        return _lib_from(_mapped_file(pid, root, hit[1]), hit[1], True) if hit else None
     site: list[str] = []
     for p in files:
         parts = p.split("/")
@@ -318,12 +365,19 @@ def find_library(want: str, pid: int | None = None) -> Library:
                 # it: ./build/x or a symlink typed is the file it resolves to.
                 real = canonical_path(cand, root if cand.startswith(root + "/") else "")
                 mapped = pid is not None and real in mapped_files(pid)
+                if pid is not None and not mapped:
+                    same = _mapped_same_file(cand, pid)
+                    if same is not None:
+                        return _lib_from(_mapped_file(pid, root, same), same, True)
+                if mapped and cand.startswith(root + "/"):
+                    # The mapped file, not one mounted over its path since.
+                    return _lib_from(_mapped_file(pid, root, real), real, True)
                 return _lib_from(cand, real, mapped)
         raise ResolveError(f"library {want} not found: give an existing path or a soname")
     if pid is not None:
         for path in mapped_files(pid):
             if _name_matches(os.path.basename(path), want) and _is_lib(root + path):
-                return _lib_from(root + path, path, True)
+                return _lib_from(_mapped_file(pid, root, path), path, True)
         lib = _python_package_lib(want, pid, mapped_only=True)
         if lib is not None:
             return lib

@@ -7,14 +7,22 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from pyctl.symbols import resolve, symtab
+from pyctl.targets.procfs import chroot_prefix, in_view, root_prefix
 
 
 class Symbolizer:
     def __init__(self, pid: int):
         self.pid = pid
+        # Its /proc/PID/root when not ours (a container, a chroot), kept
+        # while it lives: what its mapped paths are opened through.
+        self.root = root_prefix(pid)
+        # path -> where to open it from here, when a MapWatch's Maps knows
+        # better than root + path (a file mounted over the mapped one).
+        self.opener: Callable[[str], str] | None = None
         self.maps: list[tuple[int, int, int, str]] = []
         # path -> load base, learnt from fires at known probe sites; used when
         # the process died before its maps could be read.
@@ -48,6 +56,12 @@ class Symbolizer:
         if slow:
             threading.Thread(target=_load_all, args=(slow,), daemon=True,
                              name="gf-symtab").start()  # fmt: skip
+
+    def opened(self, path: str) -> str:
+        """Where the process's file `path` is opened from here."""
+        if self.opener is not None:
+            return self.opener(path)
+        return self.root + path if self.root and path.startswith("/") else path
 
     def learn_base(self, path: str, base: int, display: str | None = None) -> None:
         self.known[path] = base
@@ -132,7 +146,14 @@ class Symbolizer:
             known = self._from_known(addr)
             return known[0] if known else f"{addr:#x}"
         path, rel = loc
-        name = name_in(path, rel, self.pid, parse=parse)
+        there = self.opened(path)
+        if self.root and there != self.root + path:
+            # Not the file at that path in its root: the mapped file itself.
+            name = symtab.name_at(there, rel, "") if parse or symtab.cheap(there) else None
+            if name is not None:  # 'RANGE!fn+0x0' -> 'lib!fn+0x0': the module's own name
+                name = os.path.basename(path) + name[name.index("!") :]
+        else:
+            name = name_in(path, rel, self.pid, parse=parse)
         return name or f"{os.path.basename(path)}+{rel:#x}"
 
 
@@ -148,12 +169,13 @@ def read_maps(pid: int) -> list[tuple[int, int, int, str]] | None:
         text = Path(f"{proc_dir(pid)}/maps").read_text()
     except OSError:
         return None
+    pre = chroot_prefix(pid)  # a chroot's files as it names them
     for line in text.splitlines():
         parts = line.split(None, 5)
         if len(parts) < 6 or not parts[5].startswith("/"):
             continue
         lo, hi = (int(x, 16) for x in parts[0].split("-"))
-        maps.append((lo, hi, int(parts[2], 16), parts[5].strip()))
+        maps.append((lo, hi, int(parts[2], 16), in_view(parts[5].strip(), pre)))
     return maps
 
 

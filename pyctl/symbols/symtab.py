@@ -131,6 +131,11 @@ def debug_candidates(path: str, build_id: str, link: str, root: str = "") -> lis
     if link:
         d = os.path.dirname(path)
         out += [f"{root}{d}/{link}", f"{root}{d}/.debug/{link}", f"{root}{DEBUG_ROOT}{d}/{link}"]
+    if root and len(build_id) > 2:
+        # A container's library of a build the host has the debug file of
+        # (the same distribution's libc): a build-id names one build
+        # wherever it lies, and debug_files checks the file's own.
+        out.append(f"{DEBUG_ROOT}/.build-id/{build_id[:2]}/{build_id[2:]}.debug")
     return out
 
 
@@ -186,7 +191,8 @@ def _existing_debug(path: str, build_id: str, link: str, root: str) -> list[str]
     """The debug-file candidates that exist now, as the target sees them:
     part of a cached table's validity (libc6-dbg installed since adds names)."""
     cands = debug_candidates(path, build_id, link, root)
-    return [c[len(root) :] for c in cands if os.path.isfile(c)]
+    return [c[len(root) :] if root and c.startswith(root + "/") else c
+            for c in cands if os.path.isfile(c)]  # fmt: skip
 
 
 def _from_disk(path: str, root: str, bid: str) -> Table | None:

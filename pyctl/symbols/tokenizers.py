@@ -299,8 +299,9 @@ def libraries_of_pid(pid: int) -> dict[str, Path]:
     """The tokenizer shared objects a running process maps, by library.
 
     Paths come from /proc/PID/maps; we return /proc/PID/root/<path> when the
-    process lives in another mount namespace, so the file we read is the one
-    it maps."""
+    process has another root (a container), or /proc/PID/map_files/RANGE
+    when that path leads elsewhere now, so the file we read is the one it
+    maps (procfs.mapped_file)."""
     try:
         maps = Path(f"/proc/{pid}/maps").read_text()
     except FileNotFoundError as e:
@@ -308,16 +309,23 @@ def libraries_of_pid(pid: int) -> dict[str, Path]:
     except OSError as e:
         raise LookupError(f"cannot read /proc/{pid}/maps ({e.strerror}): run as root") from e
     seen: dict[str, Path] = {}
+    # lazy: keeps pyctl.targets (+2 modules) off `--help`
+    from pyctl.targets import procfs
+
+    # Its root when not ours: the host may have another file at that path
+    # (or none); a chroot in our mounts has its files named from our root;
+    # a path in a container's root may lead elsewhere than the mapped file.
+    pre = procfs.chroot_prefix(pid)
+    inodes = procfs.mapped_inodes(pid) if procfs.root_prefix(pid) else {}
     for line in maps.splitlines():
         fields = line.split(maxsplit=5)
         if len(fields) < 6 or not fields[5].startswith("/"):
             continue
-        path = fields[5]
+        path = procfs.in_view(fields[5], pre)
         base = os.path.basename(path)
         for lib, globs in FILE_GLOBS.items():
             if lib not in seen and any(Path(base).match(g) for g in globs):
-                root = Path(f"/proc/{pid}/root{path}")
-                seen[lib] = Path(path) if Path(path).exists() else root
+                seen[lib] = Path(procfs.mapped_file(pid, path, inodes))
     return seen
 
 

@@ -83,7 +83,6 @@ _BY_PATH: dict[str, FileCfi] = {}  # the last read through a path: it may be gon
 reads = 0
 
 
-
 def _read_elf(path: str) -> tuple[str, Loads, dict[str, tuple[int, bytes]]]:
     """(build-id, PT_LOADs, frame sections name -> (sh_addr, bytes)). A
     file with no .debug_frame of its own takes the one of its MiniDebugInfo
@@ -244,7 +243,9 @@ def unwind(
 
         def loader(path: str) -> FileCfi | None:
             if path not in memo:
-                memo[path] = load(path)
+                # A container's file through its root: the host may have
+                # no file at that path, or another one.
+                memo[path] = load(maps.opened(path))
             return memo[path]
 
     cur = {DWARF_OF[k]: v for k, v in regs.items() if k in DWARF_OF}

@@ -105,6 +105,21 @@ def ns_inode(pid: int, kind: str) -> int | None:
         return None
 
 
+def signal_mask(pid: int, field: str) -> int | None:
+    """A signal mask of pid's /proc status (SigCgt: the signals it has a
+    handler for; SigIgn, SigBlk), bit signo-1; None when gone."""
+    b = _read(f"/proc/{pid}/status", 1 << 16)
+    if b is None:
+        return None
+    for line in b.decode(errors="replace").splitlines():
+        if line.startswith(field + ":"):
+            try:
+                return int(line.split()[1], 16)
+            except (IndexError, ValueError):
+                return None
+    return None
+
+
 def ns_pids(pid: int) -> list[int]:
     """NSpid: pid as each PID namespace from the host's down to the
     process's own sees it ([pid] for a process in the host's)."""
@@ -168,11 +183,108 @@ def mapped_files(pid: int) -> set[str]:
     if b is None:
         return set()
     out = set()
+    pre = chroot_prefix(pid)
     for line in b.decode(errors="replace").splitlines():
         parts = line.split(None, 5)
         if len(parts) == 6 and "x" in parts[1] and parts[5].startswith("/"):
-            out.add(parts[5].removesuffix(" (deleted)"))
+            out.add(in_view(parts[5].removesuffix(" (deleted)"), pre))
     return out
+
+
+def root_prefix(pid: int) -> str:
+    """'/proc/PID/root' when pid's root directory is not ours (a container's
+    pivot_root, a chroot), '' when it is (or pid is gone): what a path in
+    pid's maps is opened through to reach the file pid maps."""
+    try:
+        theirs, ours = os.stat(f"/proc/{pid}/root"), os.stat("/")
+    except OSError:
+        return ""
+    same = (theirs.st_dev, theirs.st_ino) == (ours.st_dev, ours.st_ino)
+    return "" if same else f"/proc/{pid}/root"
+
+
+def chroot_prefix(pid: int) -> str:
+    """The host path of pid's root when pid is chrooted inside gpufault's
+    own mounts (`chroot DIR`, `unshare --mount` + chroot): /proc/PID/maps
+    names its files from the reader's root, so they appear under this
+    prefix there, while pid itself (and perf's mmap records) name them
+    from its root. '' when its root is ours, or out of our reach (a
+    container's pivot_root into mounts of its own: maps already name its
+    files from its root)."""
+    try:
+        top = os.readlink(f"/proc/{pid}/root")
+        theirs = os.stat(f"/proc/{pid}/root")
+        if top in ("", "/") or not top.startswith("/") or top.endswith(" (deleted)"):
+            return ""
+        here = os.stat(top)
+    except OSError:
+        return ""
+    # The same directory by the name readlink gave: a path nobody swapped.
+    same = (here.st_dev, here.st_ino) == (theirs.st_dev, theirs.st_ino)
+    return top.rstrip("/") if same else ""
+
+
+def in_view(path: str, prefix: str) -> str:
+    """A /proc/PID/maps path as pid sees it (chroot_prefix stripped)."""
+    if prefix and path.startswith(prefix + "/"):
+        return path[len(prefix) :]
+    return path
+
+
+def mapped_inodes(pid: int) -> dict[tuple[int, int], tuple[str, str]]:
+    """(st_dev, st_ino) -> (path as pid sees it, a path that opens that very
+    file), for every file pid maps executable: the file itself, whatever
+    path it is reached by (a bind mount, a hard link, a container's root).
+    From /proc/PID/map_files (the kernel's handle on the mapped file, no
+    path walked in the target's root: root only), else the device and
+    inode numbers /proc/PID/maps writes and the path through its root."""
+    b = _read(f"/proc/{pid}/maps", 1 << 24)
+    if b is None:
+        return {}
+    root, pre = root_prefix(pid), chroot_prefix(pid)
+    out: dict[tuple[int, int], tuple[str, str]] = {}
+    for line in b.decode(errors="replace").splitlines():
+        parts = line.split(None, 5)
+        if len(parts) != 6 or "x" not in parts[1] or not parts[5].startswith("/"):
+            continue
+        path = in_view(parts[5].strip().removesuffix(" (deleted)"), pre)
+        handle = f"/proc/{pid}/map_files/{parts[0]}"
+        try:
+            st = os.stat(handle)
+            key = (st.st_dev, st.st_ino)
+        except OSError:
+            major, _, minor = parts[3].partition(":")
+            handle = root + path
+            try:
+                key = (os.makedev(int(major, 16), int(minor, 16)), int(parts[4]))
+            except ValueError:
+                continue
+        out.setdefault(key, (path, handle))
+    return out
+
+
+def mapped_file(pid: int, path: str,
+                inodes: dict[tuple[int, int], tuple[str, str]] | None = None) -> str:  # fmt: skip
+    """Where to open the file pid maps at `path` (as it sees it): through
+    its root when what lies there now is the inode mapped at that path;
+    else (a file mounted over it, one swapped in since) the kernel's handle
+    on the mapped file itself, /proc/PID/map_files/RANGE. A process whose
+    root is ours: path (what lies there is the host's own business)."""
+    root = root_prefix(pid)
+    if not root:
+        return path
+    inodes = mapped_inodes(pid) if inodes is None else inodes
+    try:
+        st = os.stat(root + path)
+        here = inodes.get((st.st_dev, st.st_ino))
+        if here is not None and here[0] == path:
+            return root + path
+    except OSError:
+        pass
+    for seen, handle in inodes.values():
+        if seen == path:
+            return handle
+    return root + path
 
 
 def environ(pid: int) -> dict[str, str]:

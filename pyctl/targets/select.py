@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -168,10 +168,16 @@ def _comm(pattern: str) -> list[Member]:
     return [Member(p, None, {"selector": f"comm={pattern}"}) for p in sorted(pids)]
 
 
-def _maps_any(pid: int, libs: Sequence[str]) -> bool:
+# (pid, absolute --lib) -> whether pid maps a copy of that file: the layer
+# above, which reads ELF files, says it (a build-id match in another root).
+SameBuild = Callable[[int, str], bool]
+
+
+def _maps_any(pid: int, libs: Sequence[str], same: SameBuild | None = None) -> bool:
     if not libs:
         return True
     files = procfs.mapped_files(pid)
+    inodes: dict[tuple[int, int], tuple[str, str]] | None = None
     for want in libs:
         for path in files:
             base = os.path.basename(path)
@@ -180,15 +186,30 @@ def _maps_any(pid: int, libs: Sequence[str]) -> bool:
                     return True
             elif base == want or base.startswith((want + ".", want + "-", want + "_")):
                 return True
+        if want.startswith("/"):
+            # The same file by another path: the container's own path of a
+            # library it maps (through its root), or a host path bind-mounted
+            # into it; matched by the mapped inode, not by its name.
+            inodes = procfs.mapped_inodes(pid) if inodes is None else inodes
+            root = procfs.root_prefix(pid)
+            for cand in ([root + want] if root else []) + [want]:
+                try:
+                    st = os.stat(cand)
+                except OSError:
+                    continue
+                if (st.st_dev, st.st_ino) in inodes:
+                    return True
+            if same is not None and same(pid, want):
+                return True
     return False
 
 
-def _ranks_of(pid: int, libs: Sequence[str]) -> list[Member]:
+def _ranks_of(pid: int, libs: Sequence[str], same: SameBuild | None = None) -> list[Member]:
     if procfs.comm(pid) is None:
         raise SelectError(f"--ranks-of {pid}: no process {pid}: give the job's launcher "
                           "(torchrun, mpirun) or its first rank")  # fmt: skip
     tree = [pid, *procfs.descendants(pid)]
-    pids = [p for p in tree if _maps_any(p, libs)]
+    pids = [p for p in tree if _maps_any(p, libs, same)]
     if not pids:
         lib = " or ".join(libs)
         raise SelectError(f"--ranks-of {pid}: none of its {len(tree)} processes maps {lib} yet: "
@@ -224,10 +245,11 @@ def _threads(name: str, within: Sequence[Member]) -> list[Member]:
 
 def resolve(
     kind: str, value: str | int, *, libs: Sequence[str] = (), thread: str = "",
-    pid: int | None = None,
+    pid: int | None = None, same: SameBuild | None = None,
 ) -> list[Member]:  # fmt: skip
     """The members kind=value selects (thread narrows them to the threads
-    of that name). libs: the libraries the faults probe, for ranks_of."""
+    of that name). libs: the libraries the faults probe, for ranks_of;
+    same: whether a process maps a copy of an absolute lib (build-id)."""
     if kind == "pid":
         if pid is None:
             pid = int(value)
@@ -245,13 +267,13 @@ def resolve(
             p = int(value)
         except ValueError:
             raise SelectError(f"--ranks-of {value}: give the launcher's pid") from None
-        within = _ranks_of(p, libs)
+        within = _ranks_of(p, libs, same)
     else:
         raise SelectError(f"unknown target selector {kind!r}: one of {', '.join(KINDS)}")
     if kind in ("container", "cgroup", "pod", "comm") and libs:
         # A container's shell, a pod's sidecar: only the processes that map
         # a probed library are targets (ranks_of filtered already).
-        mapping = [m for m in within if _maps_any(m.pid, libs)]
+        mapping = [m for m in within if _maps_any(m.pid, libs, same)]
         if not mapping:
             raise SelectError(
                 f"--{kind} {value}: none of its {len(within)} processes "

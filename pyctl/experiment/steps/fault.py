@@ -65,6 +65,7 @@ class StepRequest:
     # step: attaching to a large library (libtorch_cpu.so, 606k symbols)
     # takes far longer than a libcuda step.
     arm_timeout: float | None = None
+    agent: str | None = None  # another node's agent ([agents.NAME]); None: here
 
 
 class FaultHost(Protocol):
@@ -255,6 +256,8 @@ class FaultKind(StepKind):
         process now: a name it does not have is one line before the
         baseline, not a failed step after it."""
         super().prepare(run, step, facts)
+        if step.agent is not None:
+            return  # resolved by that node's agent when it arms (its one line)
         pid = run.who[step.idx][0]
         check_step(step, pid)
 
@@ -308,7 +311,7 @@ class FaultKind(StepKind):
         from pyctl.experiment.target import thread_by_name
 
         pid, tid = run.who.get(step.idx, (int(facts["pid"]), None))
-        if step.thread:
+        if step.thread and step.agent is None:
             tid = thread_by_name(pid, step.thread)
         return StepRequest(
             idx=step.idx,
@@ -321,6 +324,7 @@ class FaultKind(StepKind):
             pid=pid,
             tid=tid,
             arm_timeout=step.arm_timeout,
+            agent=step.agent,
         )
 
     def launch(self, run: Run, sr: StepRun, facts: dict[str, Any]) -> Any:
