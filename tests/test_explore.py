@@ -249,6 +249,15 @@ def test_bad_input_is_one_line(tmp_path: Path) -> None:
     assert not db.exists()
     r = _gf("explore", "report", "e00000000", "--db", str(db))
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and not db.exists(), r.stderr
+    # A key the loader refuses: one line naming the user's file; no database,
+    # no folder of trial files.
+    g = tmp_path / "bad-key.toml"
+    g.write_text(FILE.format(server=SITES) + "bogus = 1\n")
+    for cmd in ("run", "discover", "plan"):
+        r = _gf("explore", cmd, str(g), "--db", str(db))
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+        assert f"{g} (explore's discovery of it): steady_state.bogus" in r.stderr, r.stderr
+        assert not db.exists() and not Path(str(db) + ".explore").exists()
     r = _gf("explore", "run", str(f), "--pid", "4242", "--db", str(db))
     assert r.returncode == 2 and "--pid and --url go together" in r.stderr, r.stderr
     assert not db.exists()

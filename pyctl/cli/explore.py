@@ -11,6 +11,7 @@ interrupted (SIGINT, SIGTERM: the trial in flight is not recorded;
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -128,6 +129,22 @@ def _indented(verbose: bool) -> Any:
     return (lambda s: click.echo("  " + s.replace("\n", "\n  "), err=True)) if verbose else None
 
 
+def _first_existing(p: Path) -> Path:
+    """The nearest of p and its parents that exists now."""
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p
+
+
+def _clean(wd: Path, had: Path) -> None:
+    """Bad input leaves nothing: the folders made for it since `had`."""
+    top = wd
+    while top.parent != had and top.parent != top:
+        top = top.parent
+    if top != had and had in top.parents:
+        shutil.rmtree(top, ignore_errors=True)
+
+
 def _echo(quiet: bool) -> Any:
     return None if quiet else (lambda s: click.echo(s, err=True))
 
@@ -180,6 +197,7 @@ def discover_cmd(
     """
     del pins, max_runs, budget_s, window_s, recover
     wd = Path(workdir) if workdir else Path(db_path + ".explore") / "discover"
+    had = _first_existing(wd)
     try:
         d = D.discover(
             file,
@@ -194,6 +212,7 @@ def discover_cmd(
             echo=_echo(as_json),
         )
     except GpufaultError as e:
+        _clean(wd, had)
         raise _fail(e) from None
     if as_json:
         click.echo(
@@ -247,6 +266,7 @@ def plan_cmd(
       gpufault explore plan svc.toml --pins pins.toml --max-runs 20
     """
     wd = Path(workdir) if workdir else Path(db_path + ".explore") / "plan"
+    had = _first_existing(wd)
     try:
         filters = P.read_filters(pins)
         d = D.discover(
@@ -262,6 +282,7 @@ def plan_cmd(
             echo=None,
         )
     except GpufaultError as e:
+        _clean(wd, had)
         raise _fail(e) from None
     trials, notes = P.make_plan(
         d.points, filters, max_runs, budget_s, window_s + recover + 1.0 + 5.0

@@ -225,11 +225,15 @@ def discover(
     workdir: str | os.PathLike[str],
     target: dict[str, Any] | None = None,
     echo: Any = None,
+    on_loaded: Any = None,
 ) -> Discovery:
     """Run the file's target under its load with sampling probes on libs
     (a library the target does not have is dropped, with why) and group
     what was sampled into points. target: a [target] table that replaces
-    the file's (`--pid PID --url URL`: a server already running)."""
+    the file's (`--pid PID --url URL`: a server already running).
+    on_loaded: called once the discovery experiment passed the loader's
+    checks, before anything starts (a progress line after them: a refusal
+    stays one line)."""
     doc = with_target(read_doc(file), target)
     libs = dict(libs or DEFAULT_LIBS)
     skipped: dict[str, str] = {}
@@ -244,7 +248,16 @@ def discover(
         path = Path(workdir) / "discover.toml"
         path.write_text(tomlout.dumps(d, f"gpufault explore: discovery of {file}"))
         try:
-            exp = load_experiment(path)
+            try:
+                exp = load_experiment(path)
+            except BadInput as e:
+                # the user's file is what to fix, not the one written from it
+                raise BadInput(
+                    str(e).replace(str(path), f"{file} (explore's discovery of it)")
+                ) from e
+            if on_loaded is not None:
+                on_loaded()
+                on_loaded = None
             v = run_experiment(exp, db=db, echo=echo, raise_on_error=False)
             # A library the target has but did not call in the window is a
             # finding of the discovery (no point there), not its failure.

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import shutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,11 +121,11 @@ def explore(
         "budget_s": budget_s,
         "filters": filters.__dict__,
     }
-    wd = _workdir(db, xid, workdir)
     say = echo or (lambda _s: None)
-    with S.ExploreStore(db) as st:
-        st.start(xid, str(file), repr(doc.get("target")), settings)
-    say(f"exploration {xid}: discovering fault points of {file} for {discover_s:g}s")
+    base = Path(workdir) if workdir else Path(db + ".explore")
+    had_base = base.exists()
+    wd = _workdir(db, xid, workdir)
+    started = time.time()
     try:
         disc = D.discover(
             file,
@@ -135,11 +137,22 @@ def explore(
             hang=hang,
             workdir=wd,
             target=target,
+            on_loaded=lambda: say(
+                f"exploration {xid}: discovering fault points of {file} for {discover_s:g}s"
+            ),
         )
+    except BadInput:
+        # Refused before anything ran (the experiment layer writes no row
+        # then): leave nothing behind, the database included.
+        shutil.rmtree(base if not had_base else wd, ignore_errors=True)
+        raise
     except BaseException:
         with S.ExploreStore(db) as st:
+            st.start(xid, str(file), repr(doc.get("target")), settings, started)
             st.finish(xid, "failed")
         raise
+    with S.ExploreStore(db) as st:
+        st.start(xid, str(file), repr(doc.get("target")), settings, started)
     # a trial: warmup and baseline (the file's), the window, recovery and hold, start-up
     per_trial = (
         _phases_s(doc)

@@ -35,7 +35,14 @@ class ExploreStore:
     def __exit__(self, *_exc: object) -> None:
         self.close()
 
-    def start(self, xid: str, file: str, target: str, settings: dict[str, Any]) -> None:
+    def start(
+        self,
+        xid: str,
+        file: str,
+        target: str,
+        settings: dict[str, Any],
+        started_at: float | None = None,
+    ) -> None:
         with self.conn:
             self.conn.execute(
                 "INSERT INTO explorations (id, file, target, started_at, status, settings, host) "
@@ -44,7 +51,7 @@ class ExploreStore:
                     xid,
                     file,
                     target,
-                    time.time(),
+                    started_at or time.time(),
                     "discovering",
                     json.dumps(settings, sort_keys=True),
                     socket.gethostname(),
