@@ -45,7 +45,7 @@ deps:
 
 TARGETS := $(OUT)/targets/gf_target $(OUT)/targets/libgftarget.so $(OUT)/targets/gf_cxx \
 	$(OUT)/targets/gf_mainexit $(OUT)/targets/gf_errno $(OUT)/targets/gf_nofp \
-	$(OUT)/targets/gf_nofp_cc
+	$(OUT)/targets/gf_nofp_cc $(OUT)/targets/gf_sites
 
 build: $(BPF_OBJS) $(DOUBLES) $(TARGETS) $(PRELOAD) $(LIBS)
 
@@ -91,6 +91,11 @@ $(OUT)/targets/gf_nofp: tests/targets/gf_nofp.c
 $(OUT)/targets/gf_nofp_cc: tests/targets/gf_nofp_cc.cc
 	@mkdir -p $(dir $@)
 	$(Q)$(CXX) $(NOFP_CFLAGS) -o $@ $< -lpthread
+
+# An HTTP server with two call sites of gf_alloc: one tolerated, one fatal
+# to its requests (`gpufault explore`, tests/test_explore*.py).
+$(OUT)/targets/gf_sites: tests/targets/gf_sites.c $(OUT)/targets/libgftarget.so
+	$(Q)$(CC) $(TARGET_CFLAGS) -o $@ $< -L$(OUT)/targets -lgftarget -Wl,-rpath,'$$ORIGIN' -lpthread
 
 # A process whose main thread has exited while its workers call the library.
 $(OUT)/targets/gf_mainexit: tests/targets/gf_mainexit.c $(OUT)/targets/libgftarget.so

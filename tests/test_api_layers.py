@@ -81,6 +81,7 @@ CLI_MAY_IMPORT = {
     # Above the API: the CLI is their front end, and the API cannot import them.
     "pyctl.experiment": "experiments, a layer above the API (run, results, corpora)",
     "pyctl.observe": "gpufault's own /metrics exporter, in the experiment layer",
+    "pyctl.explore": "fault-space exploration (`gpufault explore`), a floor above the experiments",
     "pyctl.report": "experiment reports (HTML, Markdown), in the experiment layer",
     "pyctl.service": "the reference inference service, an application beside the front ends",
     "pyctl.resident.server": "`gpufault serve`'s server, a front end that runs the CLI",

@@ -125,6 +125,7 @@ def test_datasette_serves_the_canned_queries(tmp_path: Path) -> None:
     calls = _get(ds, f"/gpufault/calls_per_function.json?run_id={ids['run']}&_shape=array")
     assert calls == []
     assert _get(ds, "/gpufault/experiments_with_verdicts.json?_shape=array") == []
+    assert _get(ds, "/gpufault/explorations.json?_shape=array") == []
     # The descriptions reach Datasette as the schema page words them.
     served = _get(ds, "/-/metadata.json")["databases"]["gpufault"]["tables"]
     assert served["faults"]["columns"]["wall"] == "Unix time the fire was recorded"

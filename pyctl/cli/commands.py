@@ -35,6 +35,7 @@ COMMANDS = (
     "pyctl.cli.tokenizer:tokenizer",
     "pyctl.cli.service:service",
     "pyctl.cli.experiment:experiment",
+    "pyctl.cli.explore:explore_group",
     "pyctl.cli.evidence:evidence",
 )
 

@@ -330,7 +330,7 @@ class Engine:
         is a warning (start_warnings, said once): a later dlopen makes it
         fire, and until then nothing does."""
         # lazy: keeps pyctl.symbols.callers (+1 module) off trace's start and `--help`
-        from pyctl.symbols.callers import CallerError, exec_range
+        from pyctl.symbols.callers import CallerError, exec_range, split_site
 
         in_target = self.pid is not None and self.resolve_in_target
         for lib in dict.fromkeys(a.lib for a in self.atts):
@@ -340,7 +340,8 @@ class Engine:
                     "once the process loads it, nothing fires until then"
                 )
         for sp in self.specs:
-            if not sp.caller or sp.caller in ("main", "exe"):
+            obj, _site = split_site(sp.caller)  # a site is checked with its object
+            if not sp.caller or obj in ("main", "exe"):
                 continue
             if in_target:
                 try:
@@ -348,9 +349,9 @@ class Engine:
                         continue
                 except CallerError as e:
                     raise EngineError(str(e)) from None
-            if not any(c in sp.caller for c in "*?["):
+            if not any(c in obj for c in "*?["):
                 try:
-                    resolve.find_library(sp.caller, self.pid if in_target else None)
+                    resolve.find_library(obj, self.pid if in_target else None)
                 except resolve.ResolveError:
                     where = f"pid {self.pid}'s maps" if in_target else "the program's maps"
                     raise EngineError(

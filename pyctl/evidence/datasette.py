@@ -87,6 +87,20 @@ SELECT part, n, what, value FROM chain ORDER BY rank, n, what""",
   FROM experiments e LEFT JOIN experiment_steps s ON s.experiment_id = e.id
  GROUP BY e.id ORDER BY e.started_at DESC""",
     },
+    "explorations": {
+        "title": "Explorations and their resilience maps",
+        "description": "Every `gpufault explore` run, newest first: points found, trials run, "
+        "and how many trials ended in each outcome (the map itself: the explore_map view).",
+        "sql": """SELECT x.id, x.file, strftime('%Y-%m-%d %H:%M:%S', x.started_at, 'unixepoch')
+       AS started_utc, x.status, x.points, count(t.idx) AS trials,
+       sum(t.outcome = 'tolerated') AS tolerated,
+       sum(t.outcome = 'degraded within SLO') AS degraded,
+       sum(t.outcome = 'SLO broken') AS slo_broken,
+       sum(t.outcome IN ('crashed', 'hung', 'did not recover')) AS crashed_hung_unrecovered,
+       sum(t.outcome IN ('not reached', 'error')) AS not_reached_or_error
+  FROM explorations x LEFT JOIN explore_trials t ON t.exploration_id = x.id
+ GROUP BY x.id ORDER BY x.started_at DESC""",
+    },
 }
 
 

@@ -41,7 +41,7 @@ from pyctl.bpf import abi
 # 5: pyframes (a CPython thread's Python stack at the fire).
 # 6: targets (who a run's target process is: host and container pids,
 #    namespaces, cgroup, container, pod, rank, the selector that chose it).
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 
 class SchemaError(Exception):
@@ -513,6 +513,66 @@ TABLES: tuple[Table, ...] = (
         ),
         fks=(_experiment(),),
     ),
+    Table(
+        "explorations",
+        (
+            "id TEXT NOT NULL",
+            "file TEXT",
+            "target TEXT",
+            "started_at REAL",
+            "ended_at REAL",
+            "status TEXT",
+            "settings TEXT",
+            "discover_experiment TEXT",
+            "points INTEGER",
+            "calls INTEGER",
+            "host TEXT",
+        ),
+        pk=("id",),
+    ),
+    Table(
+        "explore_points",
+        (
+            "exploration_id TEXT NOT NULL",
+            "point TEXT NOT NULL",
+            "library TEXT",
+            "function TEXT",
+            "site TEXT",
+            "signature TEXT",
+            "stack TEXT",
+            "calls INTEGER",
+            "rate REAL",
+            "codes TEXT",
+            "example_fault TEXT",
+        ),
+        pk=("exploration_id", "point"),
+        fks=((("exploration_id",), "explorations", ("id",)),),
+    ),
+    Table(
+        "explore_trials",
+        (
+            "exploration_id TEXT NOT NULL",
+            "idx INTEGER NOT NULL",
+            "point TEXT",
+            "action TEXT",
+            "code TEXT",
+            "status TEXT",
+            "outcome TEXT",
+            "reason TEXT",
+            "experiment_id TEXT",
+            "fires INTEGER",
+            "recover_s REAL",
+            "file TEXT",
+            "reproduce TEXT",
+            "started_at REAL",
+            "ended_at REAL",
+        ),
+        pk=("exploration_id", "idx"),
+        fks=(
+            (("exploration_id",), "explorations", ("id",)),
+            (("experiment_id",), "experiments", ("id",)),
+        ),
+    ),
 )
 
 BY_NAME: dict[str, Table] = {t.name: t for t in TABLES}
@@ -624,6 +684,13 @@ def _views() -> dict[str, str]:
             + ") ELSE l.detail END AS what FROM links l LEFT JOIN funcs fn ON fn.run_id = "
             "l.run_id AND fn.func = " + detail("func")
         ),
+        "explore_map": (
+            "SELECT t.exploration_id, t.idx, t.point, p.library, p.function, p.site, p.calls, "
+            "p.rate, t.action, t.code, t.status, t.outcome, t.recover_s, t.fires, "
+            "t.experiment_id, e.verdict, t.reason, t.reproduce FROM explore_trials t "
+            "LEFT JOIN explore_points p ON p.exploration_id = t.exploration_id AND "
+            "p.point = t.point LEFT JOIN experiments e ON e.id = t.experiment_id"
+        ),
     }
 
 
@@ -633,14 +700,15 @@ VIEW_NAMES = (
     "registers_readable",
     "args_readable",
     "links_readable",
+    "explore_map",
 )
 # Building the views' SQL imports the catalogs (~0.15 s): too slow for every
 # open_db before a trace attaches. A view carries this version in a comment
 # instead, and only a missing or older one is built. VIEWS_SHA256 is the
 # digest of views(): tests/test_datasette.py says when it changed (a
 # catalog gained codes), so that VIEWS_VERSION is bumped with it.
-VIEWS_VERSION = 2  # 2: stacks_readable shows build_id, method, stop
-VIEWS_SHA256 = "6d7e8397f78fbab0b07392a516b60cfde22ad856640b324d13ad173d7eef920a"
+VIEWS_VERSION = 3  # 2: stacks_readable shows build_id, method, stop; 3: explore_map
+VIEWS_SHA256 = "9ecc990551ef5cae2f8c5fbdd150bbae7bb6d3fe0f7f7508a8147e33cce37bb5"
 _VIEWS: dict[str, str] | None = None
 
 
@@ -831,6 +899,12 @@ def _from_5(conn: sqlite3.Connection, ref: sqlite3.Connection) -> None:
     _conform(conn, ref)
 
 
+def _from_6(conn: sqlite3.Connection, ref: sqlite3.Connection) -> None:
+    """6 -> 7: the explorations, explore_points and explore_trials tables
+    (`gpufault explore`; created with the missing tables)."""
+    _conform(conn, ref)
+
+
 MIGRATIONS: dict[int, Callable[[sqlite3.Connection, sqlite3.Connection], None]] = {
     0: _from_0,
     1: _from_1,
@@ -838,6 +912,7 @@ MIGRATIONS: dict[int, Callable[[sqlite3.Connection, sqlite3.Connection], None]] 
     3: _from_3,
     4: _from_4,
     5: _from_5,
+    6: _from_6,
 }
 assert sorted(MIGRATIONS) == list(range(SCHEMA_VERSION)), "a migration per earlier version"
 

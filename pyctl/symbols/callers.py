@@ -6,12 +6,18 @@ library's own internal ones (`read` under `fgets`, `malloc` under
 `fopen`), so `inject --fn read --every 1` once failed the target's reads
 of stdin. `--caller` limits a fault to calls whose return address lies in
 one object: the application binary (`--caller main`), libtorch, a plugin.
+
+`--caller OBJ+0xOFF` names one call site: the return address at file
+offset OFF of OBJ (a stack frame's `module` and `offset` in the evidence,
+`gpufault explore`'s points). The filter is then that one address: only
+the calls made from that instruction fire.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import os
+import re
 from dataclasses import dataclass
 
 from pyctl.procstate import proc_dir
@@ -29,7 +35,22 @@ class Range:
     hi: int
 
 
+_SITE = re.compile(r"(?P<name>.+)\+0x(?P<off>[0-9a-fA-F]+)")
+
+
+def split_site(caller: str) -> tuple[str, int | None]:
+    """`OBJ+0xOFF` -> (OBJ, OFF); any other caller -> (caller, None)."""
+    m = _SITE.fullmatch(caller)
+    if m is None:
+        return caller, None
+    return m["name"], int(m["off"], 16)
+
+
 def _exec_maps(pid: int) -> list[tuple[int, int, str]]:
+    return [(lo, hi, path) for lo, hi, _off, path in _exec_maps_off(pid)]
+
+
+def _exec_maps_off(pid: int) -> list[tuple[int, int, int, str]]:
     out = []
     try:
         # A live thread's maps when main has exited (pthread_exit).
@@ -42,10 +63,10 @@ def _exec_maps(pid: int) -> list[tuple[int, int, str]]:
         if len(parts) < 6 or "x" not in parts[1] or not parts[5].startswith("/"):
             continue
         lo, hi = (int(x, 16) for x in parts[0].split("-"))
-        out.append((lo, hi, parts[5].removesuffix(" (deleted)")))
+        out.append((lo, hi, int(parts[2], 16), parts[5].removesuffix(" (deleted)")))
     # A chroot in our mounts: its files as it names them (resolve's view).
     pre = chroot_prefix(pid)
-    return [(lo, hi, in_view(p, pre)) for lo, hi, p in out] if pre else out
+    return [(lo, hi, off, in_view(p, pre)) for lo, hi, off, p in out] if pre else out
 
 
 def _matches(name: str, path: str, exe: str) -> bool:
@@ -63,16 +84,19 @@ def _matches(name: str, path: str, exe: str) -> bool:
 def exec_range(pid: int, name: str) -> Range | None:
     """The executable mappings of the one object `name` names in pid, as
     one [lo, hi) range (an object's segments are contiguous); None when it
-    is not mapped (yet). CallerError when name matches several objects."""
+    is not mapped (yet). CallerError when name matches several objects.
+    `OBJ+0xOFF`: the one return address at file offset OFF of OBJ, as a
+    range of one byte; CallerError when no executable mapping holds OFF."""
+    name, site = split_site(name)
     try:
         exe = in_view(os.readlink(f"{proc_dir(pid)}/exe").removesuffix(" (deleted)"),
                       chroot_prefix(pid))  # fmt: skip
     except OSError:
         exe = ""
-    hits: dict[str, list[tuple[int, int]]] = {}
-    for lo, hi, path in _exec_maps(pid):
+    hits: dict[str, list[tuple[int, int, int]]] = {}
+    for lo, hi, off, path in _exec_maps_off(pid):
         if _matches(name, path, exe):
-            hits.setdefault(path, []).append((lo, hi))
+            hits.setdefault(path, []).append((lo, hi, off))
     if not hits:
         return None
     if len(hits) > 1:
@@ -80,4 +104,14 @@ def exec_range(pid: int, name: str) -> Range | None:
                           f"({', '.join(sorted(os.path.basename(p) for p in hits))}): "
                           "give a longer name or the full path")  # fmt: skip
     ((path, spans),) = hits.items()
-    return Range(path, min(lo for lo, _ in spans), max(hi for _, hi in spans))
+    if site is not None:
+        for lo, hi, off in spans:
+            if off <= site < off + (hi - lo):
+                ra = lo + site - off
+                return Range(path, ra, ra + 1)
+        raise CallerError(
+            f"--caller {name}+{site:#x}: no executable mapping of {path} in "
+            f"pid {pid} holds file offset {site:#x}: give the offset of a "
+            "return address in its code (a stack frame's offset)"
+        )
+    return Range(path, min(lo for lo, _, _ in spans), max(hi for _, hi, _ in spans))
