@@ -496,8 +496,10 @@ def test_api_target_container_by_crun_name(tmp_path: Path) -> None:
             assert [r[3] for r in c.victim(2)] == [-7, 3]
             assert s.wait_fires(1, 10)
         (row,) = _rows(db, "SELECT host_pid, ns_pid, ns_tid, ns_depth, container_id, "
-                           "container_name, runtime, selector FROM targets")  # fmt: skip
-        assert row == (c.pid, 1, None, 1, c.name, c.name, "crun", f"container={c.name}"), row
+                           "container_name, runtime, selector, root FROM targets")  # fmt: skip
+        assert row[:8] == (c.pid, 1, None, 1, c.name, c.name, "crun", f"container={c.name}"), row
+        # Where the host finds its files: crun's own record of the rootfs.
+        assert os.path.realpath(row[8]) == os.path.realpath(c.rootfs), (row, c.rootfs)
         _untouched(c)
         name = c.name
     assert leftovers(name) == []
@@ -533,6 +535,7 @@ def test_cli_container_selects_the_crun_container(tmp_path: Path) -> None:
         shown = subprocess.run([*GF, "show", "latest", "--db", str(db)], capture_output=True,
                                text=True, timeout=60).stdout  # fmt: skip
         assert f"container {c.name} (crun" in shown and f"in {LIB}" in shown, shown
+        assert "its files under " in shown and "on the host" in shown, shown
         _untouched(c)
 
 

@@ -240,6 +240,9 @@ def target_words(t: dict[str, Any] | None) -> str:
         bits.append(f"rank {t['rank']}")
     if t.get("selector"):
         bits.append(f"chosen by {t['selector']}")
+    if t.get("root"):
+        # Its module paths are its own; on the host they are under this.
+        bits.append(f"its files under {t['root']} on the host")
     return ", ".join(bits)
 
 

@@ -282,6 +282,7 @@ TABLES: tuple[Table, ...] = (
             "pod_uid TEXT",
             "rank INTEGER",
             "selector TEXT",
+            "root TEXT",
         ),
         pk=("run_id",),
         fks=(_run(),),
@@ -901,7 +902,8 @@ def _from_5(conn: sqlite3.Connection, ref: sqlite3.Connection) -> None:
 
 def _from_6(conn: sqlite3.Connection, ref: sqlite3.Connection) -> None:
     """6 -> 7: the explorations, explore_points and explore_trials tables
-    (`gpufault explore`; created with the missing tables)."""
+    (`gpufault explore`; created with the missing tables), and targets.root
+    (the host path of a container's root; NULL in older rows)."""
     _conform(conn, ref)
 
 

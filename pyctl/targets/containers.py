@@ -45,6 +45,9 @@ class Container:
     pod_uid: str = ""
     sandbox: bool = False  # a Kubernetes pod's pause container
     names: tuple[str, ...] = field(default=())  # other names it answers to
+    # Its root filesystem as the host reaches it (the runtime's own record:
+    # crun's/runc's rootfs, containerd's bundle rootfs), "" when unknown.
+    root: str = ""
 
     def describe(self) -> str:
         who = self.name or self.id[:12]
@@ -134,7 +137,15 @@ def _oci_state_dirs(root: str, runtime: str, pid_key: str) -> Iterable[dict[str,
         if not isinstance(st, dict):
             continue
         pid = st.get(pid_key)
-        yield {"id": cid, "name": cid, "runtime": runtime,
+        cfg = st.get("config")
+        rootfs = st.get("rootfs") or (cfg.get("rootfs") if isinstance(cfg, dict) else None)
+        bundle = st.get("bundle")
+        if isinstance(rootfs, str) and rootfs and not rootfs.startswith("/"):
+            # crun records config.json's root.path as written: the bundle's.
+            rootfs = f"{bundle}/{rootfs}" if isinstance(bundle, str) and bundle[:1] == "/" else ""
+        if not (isinstance(rootfs, str) and rootfs.startswith("/")):
+            rootfs = ""
+        yield {"id": cid, "name": cid, "runtime": runtime, "root": rootfs,
                "init_pid": pid if isinstance(pid, int) and pid > 0 else None}  # fmt: skip
 
 
@@ -148,6 +159,7 @@ def _containerd() -> Iterable[dict[str, Any]]:
                 "name": cid,
                 "runtime": "containerd",
                 "init_pid": _pidfile(f"{d}/init.pid"),
+                "root": f"{d}/rootfs",
             }
             yield _kube(c, _annotations(_json(f"{d}/config.json")))
 

@@ -5,6 +5,7 @@ the cgroup, the container and the pod. Written once per run (the
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from pyctl.targets import containers, procfs
@@ -22,6 +23,23 @@ def _cgroup(pid: int) -> str:
         if containers.ids_in_cgroup_path(path) or containers.pod_uid_in_cgroup_path(path):
             return path
     return cg[0][1] if cg else ""
+
+
+def _root(pid: int, c: containers.Container | None) -> str | None:
+    """Where the host finds the files the target's paths name: its
+    container's root filesystem as the runtime recorded it, or, for a
+    process chrooted in the host's mount namespace, its root's host path
+    (/proc/PID/root reads as that path then). None for a process whose
+    root is the host's."""
+    if c is not None and c.root:
+        return c.root
+    if procfs.ns_inode(pid, "mnt") != procfs.ns_inode(os.getpid(), "mnt"):
+        return None  # another mount namespace: its root's path means nothing here
+    try:
+        r = os.readlink(f"/proc/{pid}/root")
+    except OSError:
+        return None
+    return r if r != "/" and r.startswith("/") else None
 
 
 def of(pid: int, tid: int | None = None, labels: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -47,6 +65,7 @@ def of(pid: int, tid: int | None = None, labels: dict[str, Any] | None = None) -
         "pod_uid": ((c.pod_uid or containers.pod_uid_in_cgroup_path(cg)) or None) if c else None,
         "rank": None,
         "selector": None,
+        "root": _root(pid, c),
     }
     for k, v in (labels or {}).items():
         if k in row and v not in (None, ""):
