@@ -1,0 +1,151 @@
+// SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
+/*
+ * gfsig.so: gpufault's in-target helper for the "signal" mechanism
+ * (issue 26, docs/copilot.md "The signal fast path").
+ *
+ * The controller loads it into a running process once (a ptrace-driven
+ * dlopen of a sealed memfd, pyctl/fastpath/inject.py), writes the probe
+ * sites into gfsig_state through /proc/PID/mem, then calls gfsig_arm(sig).
+ * Each fire of a fail-skip spec is bpf_send_signal_thread(sig) from the
+ * entry uprobe; the kernel delivers it before the thread runs another user
+ * instruction, with the probed first instruction already emulated or
+ * single-stepped. The handler finds the site by rip (= site + that
+ * instruction's length), recomputes the entry sp (rsp + the instruction's
+ * stack delta, which the controller decoded), and edits the saved context:
+ * rip = *(u64 *)entry_sp, rsp = entry_sp + 8, rax = retval, errno if asked.
+ * One instruction cannot have clobbered a callee-saved register without
+ * saving it first, so those are the entry's already.
+ *
+ * Only signals the kernel sent (si_code SI_KERNEL) at a known site are
+ * injections; any other delivery of the signal is passed on to the action
+ * the target had (which gfsig_arm requires to be SIG_DFL or SIG_IGN, and
+ * the signal one that is ignored by default). gfsig_disarm restores that
+ * action. No dependencies beyond libc; async-signal-safe only.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <signal.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+#include <ucontext.h>
+
+#define GFSIG_MAGIC 0x3130304749534647ull /* "GFSIG001" */
+#define GFSIG_MAX_SITES 256
+
+struct gfsig_site {
+	uint64_t rip_after;	/* probe site + length of its first insn */
+	int64_t sp_delta;	/* entry sp = rsp at the signal + this */
+	int64_t retval;
+	int32_t err;		/* errno to set, 0: leave errno */
+	uint32_t pad;
+};
+
+struct gfsig_state {
+	uint64_t magic;
+	uint32_t armed;		/* 1 between gfsig_arm and gfsig_disarm */
+	uint32_t signo;
+	uint64_t deadline_ns;	/* CLOCK_MONOTONIC; 0: none. Inert after it */
+	uint32_t nsites;
+	uint32_t pad;
+	uint64_t handled;	/* injections carried out */
+	uint64_t inert;		/* kernel-sent at a site, but disarmed/expired */
+	uint64_t foreign;	/* other deliveries, passed on */
+	struct gfsig_site sites[GFSIG_MAX_SITES];
+};
+
+__attribute__((visibility("default"))) struct gfsig_state gfsig_state = {
+	.magic = GFSIG_MAGIC,
+};
+static struct sigaction old_action;
+
+static void pass_on(int sig, siginfo_t *si, void *uc)
+{
+	__atomic_add_fetch(&gfsig_state.foreign, 1, __ATOMIC_RELAXED);
+	/* gfsig_arm took only SIG_DFL/SIG_IGN of a default-ignored signal. */
+	(void)sig, (void)si, (void)uc;
+}
+
+static void handler(int sig, siginfo_t *si, void *ucv)
+{
+	ucontext_t *uc = ucv;
+	greg_t *g = uc->uc_mcontext.gregs;
+	struct gfsig_site *s = 0;
+	struct timespec ts;
+	uint64_t entry_sp;
+	uint32_t i, n;
+
+	if (si->si_code != SI_KERNEL) {
+		pass_on(sig, si, ucv);
+		return;
+	}
+	n = __atomic_load_n(&gfsig_state.nsites, __ATOMIC_ACQUIRE);
+	if (n > GFSIG_MAX_SITES)
+		n = GFSIG_MAX_SITES;
+	for (i = 0; i < n; i++) {
+		if (gfsig_state.sites[i].rip_after == (uint64_t)g[REG_RIP]) {
+			s = &gfsig_state.sites[i];
+			break;
+		}
+	}
+	if (!s) {
+		pass_on(sig, si, ucv);
+		return;
+	}
+	if (!__atomic_load_n(&gfsig_state.armed, __ATOMIC_ACQUIRE)) {
+		__atomic_add_fetch(&gfsig_state.inert, 1, __ATOMIC_RELAXED);
+		return;
+	}
+	if (gfsig_state.deadline_ns) {
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		if ((uint64_t)ts.tv_sec * 1000000000ull + ts.tv_nsec >= gfsig_state.deadline_ns) {
+			__atomic_add_fetch(&gfsig_state.inert, 1, __ATOMIC_RELAXED);
+			return;
+		}
+	}
+	entry_sp = (uint64_t)g[REG_RSP] + s->sp_delta;
+	g[REG_RIP] = *(uint64_t *)entry_sp;
+	g[REG_RSP] = entry_sp + 8;
+	g[REG_RAX] = s->retval;
+	if (s->err)
+		errno = s->err;
+	__atomic_add_fetch(&gfsig_state.handled, 1, __ATOMIC_RELAXED);
+}
+
+/* Install the handler for signo. 0, or -errno: -EBUSY when the target
+ * has its own handler there (then the controller picks the copilot). */
+__attribute__((visibility("default"))) int gfsig_arm(int signo)
+{
+	struct sigaction sa, cur;
+
+	if (signo != SIGURG && signo != SIGWINCH)
+		return -EINVAL;	/* only signals whose default is to ignore */
+	if (gfsig_state.armed)
+		return -EALREADY;
+	if (sigaction(signo, NULL, &cur))
+		return -errno;
+	if ((cur.sa_flags & SA_SIGINFO) ||
+	    (cur.sa_handler != SIG_DFL && cur.sa_handler != SIG_IGN))
+		return -EBUSY;
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_sigaction = handler;
+	sa.sa_flags = SA_SIGINFO | SA_RESTART;
+	sigemptyset(&sa.sa_mask);
+	old_action = cur;
+	gfsig_state.signo = signo;
+	if (sigaction(signo, &sa, NULL))
+		return -errno;
+	__atomic_store_n(&gfsig_state.armed, 1, __ATOMIC_RELEASE);
+	return 0;
+}
+
+/* Restore the target's own action; the handler is gone, the helper inert. */
+__attribute__((visibility("default"))) int gfsig_disarm(void)
+{
+	if (!gfsig_state.armed)
+		return 0;
+	__atomic_store_n(&gfsig_state.armed, 0, __ATOMIC_RELEASE);
+	if (sigaction(gfsig_state.signo, &old_action, NULL))
+		return -errno;
+	return 0;
+}

@@ -1,0 +1,374 @@
+"""Load gfsig.so into a running process and arm or disarm it (issue 26).
+
+A ptrace-driven call sequence in one thread of the target, the way debuggers
+and Frida inject a library: seize one thread that sits in a blocking system
+call (a safe point: it holds no libc lock), save its registers, call
+memfd_create, fill the memfd from the checked helper file and seal it,
+call dlopen("/proc/self/fd/N"), close, dlsym the three names, write the
+sites, call gfsig_arm(sig), restore the registers (an interrupted system
+call restarts as it would after any signal) and detach. Every call returns
+to address 0, whose SIGSEGV stop ends it; the SIGSEGV is never delivered.
+
+x86-64 and glibc 2.34+ (dlopen in libc.so.6) only: anything else is a
+FastpathError whose message says why, and the engine uses the copilot.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+import fcntl
+import os
+import signal
+import stat
+import struct
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pyctl.copilot import ptrace
+from pyctl.fastpath.sites import Site
+from pyctl.paths import DATA
+from pyctl.symbols import resolve
+
+GFSIG = DATA / "helper" / "gfsig.so"
+# Blocking system calls a thread can be taken from: it is waiting for
+# input or time, not inside libc's allocator or loader with a lock held.
+SAFE_SYSCALLS = {
+    0: "read", 7: "poll", 23: "select", 34: "pause", 35: "nanosleep", 43: "accept",
+    45: "recvfrom", 47: "recvmsg", 61: "wait4", 128: "rt_sigtimedwait",
+    130: "rt_sigsuspend", 202: "futex", 230: "clock_nanosleep", 232: "epoll_wait",
+    270: "pselect6", 271: "ppoll", 281: "epoll_pwait", 288: "accept4",
+    441: "epoll_pwait2",
+}  # fmt: skip
+# -ERESTARTSYS, -ERESTARTNOINTR, -ERESTARTNOHAND, -ERESTART_RESTARTBLOCK
+RESTART = {-512, -513, -514, -516}
+MFD_CLOEXEC, MFD_ALLOW_SEALING = 1, 2
+F_ADD_SEALS = 1033
+F_SEAL_SEAL, F_SEAL_SHRINK, F_SEAL_GROW, F_SEAL_WRITE = 1, 2, 4, 8
+RTLD_NOW = 2
+CALL_TIMEOUT_S = 5.0
+STATE_MAGIC = 0x3130304749534647
+# struct gfsig_state / gfsig_site (pyctl/fastpath/gfsig.c)
+STATE_FMT = struct.Struct("=QIIQII QQQ")
+SITE_FMT = struct.Struct("=QqqiI")
+MAX_SITES = 256
+OFF_ARMED, OFF_DEADLINE, OFF_NSITES = 8, 16, 24
+OFF_HANDLED = 32
+OFF_SITES = STATE_FMT.size
+
+
+class FastpathError(Exception):
+    """Why the signal fast path cannot serve this target (one line)."""
+
+
+def _u64(v: int) -> int:
+    return v & 0xFFFFFFFFFFFFFFFF
+
+
+def _s64(v: int) -> int:
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+def read_helper() -> bytes:
+    """The helper's bytes from a checked fd: a regular file owned by root,
+    writable by no one else, opened without following a symlink."""
+    try:
+        fd = os.open(GFSIG, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise FastpathError(f"{GFSIG} missing: run `make build`") from None
+    except OSError as e:
+        raise FastpathError(f"{GFSIG}: {e.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
+            raise FastpathError(
+                f"{GFSIG}: not a root-owned file writable only by root: not loading it"
+            )
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _status_mask(path: str, field: str) -> int:
+    with open(path, "rb") as f:
+        for line in f.read().decode().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1], 16)
+    return 0
+
+
+def check_signal_free(pid: int, signo: int) -> None:
+    """The target neither handles nor blocks signo (no thread of it)."""
+    bit = 1 << (signo - 1)
+    name = signal.Signals(signo).name
+    try:
+        if _status_mask(f"/proc/{pid}/status", "SigCgt") & bit:
+            raise FastpathError(f"pid {pid} has its own {name} handler")
+        for t in os.listdir(f"/proc/{pid}/task"):
+            if _status_mask(f"/proc/{pid}/task/{t}/status", "SigBlk") & bit:
+                raise FastpathError(f"thread {t} of pid {pid} blocks {name}")
+    except FileNotFoundError:
+        raise FastpathError(f"pid {pid}: no such process") from None
+
+
+def _safe_threads(pid: int) -> list[int]:
+    """Threads blocked in a safe system call now, the leader first."""
+    out = []
+    try:
+        tids = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
+    except FileNotFoundError:
+        raise FastpathError(f"pid {pid}: no such process") from None
+    for tid in sorted(tids, key=lambda t: t != pid):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/syscall", "rb") as f:
+                first = f.read().split(b" ", 1)[0]
+        except OSError:
+            continue
+        if first.lstrip(b"-").isdigit() and int(first) in SAFE_SYSCALLS:
+            out.append(tid)
+    return out
+
+
+def _wait_stop(tid: int, deadline: float) -> int:
+    """The next stop of tid (its waitpid status). Bounded: a call that does
+    not come back in time (a lock the thread cannot take) is an error."""
+    while True:
+        got, status = os.waitpid(tid, os.WNOHANG | ptrace.WALL)
+        if got == tid:
+            if os.WIFEXITED(status) or os.WIFSIGNALED(status):
+                raise FastpathError(f"thread {tid} exited during the helper's load")
+            return status
+        if time.monotonic() > deadline:
+            raise FastpathError(f"thread {tid} did not come back from a helper call in time")
+        time.sleep(0.0002)
+
+
+@dataclass
+class _Libc:
+    dlopen: int
+    dlsym: int
+    dlclose: int
+    memfd_create: int
+    close: int
+
+
+def find_runtime(pid: int, lib: resolve.Library, file_off: int) -> int:
+    """Where file offset file_off of lib is mapped in pid."""
+    with open(f"/proc/{pid}/maps") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) < 6:
+                continue
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            off, inode = int(parts[2], 16), int(parts[4])
+            if inode == lib.inode and off <= file_off < off + (hi - lo):
+                return lo + file_off - off
+    raise FastpathError(f"{lib.display} offset {file_off:#x} is not mapped in pid {pid}")
+
+
+def find_libc(pid: int) -> _Libc:
+    try:
+        lib = resolve.find_library("libc.so.6", pid)
+        if not lib.mapped:
+            raise resolve.ResolveError("not mapped")
+        addrs = {}
+        for name in ("dlopen", "dlsym", "dlclose", "memfd_create", "close"):
+            (sym,) = resolve.symbols(lib, name)
+            addrs[name] = find_runtime(pid, lib, sym.offset - (4 if sym.skipped_endbr else 0))
+    except (resolve.ResolveError, ValueError) as e:
+        raise FastpathError(
+            f"pid {pid} maps no glibc 2.34+ libc.so.6 with dlopen (static, musl?): {e}"
+        ) from None
+    return _Libc(**addrs)
+
+
+class _Session:
+    """One thread of the target held for a sequence of calls."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.tid = 0
+        self.saved: tuple[int, ...] = ()
+        self.mem = -1
+        self.pass_sig = 0
+
+    def __enter__(self) -> _Session:
+        pid = self.pid
+        for tid in _safe_threads(pid):
+            try:
+                ptrace.seize(tid, 0)
+            except PermissionError:
+                raise FastpathError(
+                    f"not permitted to ptrace pid {pid} (traced already, or no CAP_SYS_PTRACE)"
+                ) from None
+            except ProcessLookupError:
+                continue
+            self.tid = tid
+            ptrace.interrupt(tid)
+            deadline = time.monotonic() + CALL_TIMEOUT_S
+            status = _wait_stop(tid, deadline)
+            while (status >> 16) != ptrace.PTRACE_EVENT_STOP:
+                # A signal arrived first: keep it for the detach.
+                self.pass_sig = os.WSTOPSIG(status)
+                ptrace.cont(tid, 0)
+                status = _wait_stop(tid, deadline)
+            regs = ptrace.getregs(tid)
+            ax, orig = _s64(regs[ptrace.REG["ax"]]), _s64(regs[ptrace.REG["orig_ax"]])
+            if orig in SAFE_SYSCALLS and ax in RESTART:
+                self.saved = regs
+                self.mem = os.open(f"/proc/{pid}/mem", os.O_RDWR | os.O_CLOEXEC)
+                return self
+            ptrace.detach(tid, self.pass_sig)  # left its system call meanwhile
+            self.tid, self.pass_sig = 0, 0
+        raise FastpathError(
+            f"no thread of pid {pid} is waiting in a blocking system call "
+            "(a safe point to load the helper from)"
+        )
+
+    def __exit__(self, *exc: object) -> None:
+        if self.mem >= 0:
+            os.close(self.mem)
+            self.mem = -1
+        if self.tid:
+            try:
+                ptrace.setregs(self.tid, self.saved)
+                ptrace.detach(self.tid, self.pass_sig)
+            except ProcessLookupError:
+                pass
+            self.tid = 0
+
+    def write(self, addr: int, data: bytes) -> None:
+        os.pwrite(self.mem, data, addr)
+
+    def read(self, addr: int, n: int) -> bytes:
+        return os.pread(self.mem, n, addr)
+
+    def call(self, fn: int, *args: int | bytes) -> int:
+        """fn(*args) in the held thread, returning rax. A bytes argument is
+        written (NUL-terminated) below the saved stack, its address passed."""
+        regs = list(self.saved)
+        saved_sp = self.saved[ptrace.REG["sp"]]
+        sp = (saved_sp - 8192) & ~0xF
+        area = sp
+        vals = []
+        for a in args:
+            if isinstance(a, bytes):
+                b = a + b"\0"
+                self.write(area, b)
+                vals.append(area)
+                area += (len(b) + 15) & ~15
+            else:
+                vals.append(a)
+        if area > saved_sp - 256:
+            raise FastpathError("helper call arguments too long")
+        call_sp = sp - 16 - 8  # rsp % 16 == 8 at the callee's entry
+        self.write(call_sp, struct.pack("<Q", 0))
+        for name, v in zip(("di", "si", "dx", "cx", "r8", "r9"), vals, strict=False):
+            regs[ptrace.REG[name]] = _u64(v)
+        regs[ptrace.REG["ip"]] = fn
+        regs[ptrace.REG["sp"]] = call_sp
+        regs[ptrace.REG["ax"]] = 0
+        regs[ptrace.REG["orig_ax"]] = _u64(-1)  # no syscall restart around the call
+        ptrace.setregs(self.tid, regs)
+        ptrace.cont(self.tid, 0)
+        deadline = time.monotonic() + CALL_TIMEOUT_S
+        while True:
+            status = _wait_stop(self.tid, deadline)
+            sig = os.WSTOPSIG(status)
+            if (status >> 16) == 0 and sig == signal.SIGSEGV:
+                got = ptrace.getregs(self.tid)
+                if got[ptrace.REG["ip"]] == 0:
+                    return got[ptrace.REG["ax"]]
+                raise FastpathError(
+                    f"a helper call crashed in pid {self.pid} at {got[ptrace.REG['ip']]:#x}"
+                )
+            if (status >> 16) == 0 and sig != signal.SIGTRAP:
+                self.pass_sig = sig  # delivered after the detach
+            ptrace.cont(self.tid, 0)
+
+
+@dataclass
+class Helper:
+    """gfsig.so as loaded into pid: where its state and entry points are."""
+
+    pid: int
+    signo: int
+    handle: int
+    state: int
+    arm_fn: int
+    disarm_fn: int
+    dlclose: int
+
+    def counters(self) -> dict[str, int]:
+        """handled/inert/foreign as the helper counted them (read by
+        /proc/PID/mem; zeros when the target is gone)."""
+        try:
+            fd = os.open(f"/proc/{self.pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return {"handled": 0, "inert": 0, "foreign": 0}
+        try:
+            h, i, f = struct.unpack("<QQQ", os.pread(fd, 24, self.state + OFF_HANDLED))
+        except OSError:
+            return {"handled": 0, "inert": 0, "foreign": 0}
+        finally:
+            os.close(fd)
+        return {"handled": h, "inert": i, "foreign": f}
+
+    def unload(self) -> None:
+        """gfsig_disarm (the target's own action back) and dlclose."""
+        with _Session(self.pid) as s:
+            rc = _s64(s.call(self.disarm_fn))
+            if rc:
+                raise FastpathError(f"gfsig_disarm in pid {self.pid}: {os.strerror(-rc)}")
+            s.call(self.dlclose, self.handle)
+
+
+def load(pid: int, signo: int, sites: Sequence[Site], deadline_ns: int = 0) -> Helper:
+    """Load and arm the helper in pid for these sites. Raises FastpathError
+    with the reason, leaving nothing behind (no mapping, no handler)."""
+    if len(sites) > MAX_SITES:
+        raise FastpathError(f"at most {MAX_SITES} probe sites for the signal path")
+    blob = read_helper()
+    check_signal_free(pid, signo)
+    libc = find_libc(pid)
+    with _Session(pid) as s:
+        mfd = _s64(s.call(libc.memfd_create, b"gfsig", MFD_CLOEXEC | MFD_ALLOW_SEALING))
+        if mfd < 0:
+            raise FastpathError(f"memfd_create in pid {pid}: {os.strerror(-mfd)}")
+        try:
+            wfd = os.open(f"/proc/{pid}/fd/{mfd}", os.O_RDWR | os.O_CLOEXEC)
+            try:
+                os.write(wfd, blob)
+                fcntl.fcntl(wfd, F_ADD_SEALS, F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW
+                            | F_SEAL_WRITE)  # fmt: skip
+            finally:
+                os.close(wfd)
+            handle = s.call(libc.dlopen, f"/proc/self/fd/{mfd}".encode(), RTLD_NOW)
+        finally:
+            s.call(libc.close, mfd)
+        if not handle:
+            raise FastpathError(f"dlopen of the helper failed in pid {pid}")
+        syms = {}
+        for name in ("gfsig_state", "gfsig_arm", "gfsig_disarm"):
+            syms[name] = s.call(libc.dlsym, handle, name.encode())
+            if not syms[name]:
+                s.call(libc.dlclose, handle)
+                raise FastpathError(f"the helper in pid {pid} has no {name}")
+        st = syms["gfsig_state"]
+        if struct.unpack("<Q", s.read(st, 8))[0] != STATE_MAGIC:
+            s.call(libc.dlclose, handle)
+            raise FastpathError("the helper's state has the wrong magic (another gfsig?)")
+        table = b"".join(SITE_FMT.pack(x.rip_after, x.sp_delta, x.retval, x.err, 0) for x in sites)
+        s.write(st + OFF_SITES, table)
+        s.write(st + OFF_DEADLINE, struct.pack("<Q", deadline_ns))
+        s.write(st + OFF_NSITES, struct.pack("<I", len(sites)))
+        rc = _s64(s.call(syms["gfsig_arm"], signo))
+        if rc:
+            s.call(libc.dlclose, handle)
+            why = "the target handles it" if rc == -_errno.EBUSY else os.strerror(-rc)
+            raise FastpathError(f"gfsig_arm({signal.Signals(signo).name}) in pid {pid}: {why}")
+        return Helper(pid, signo, handle, st, syms["gfsig_arm"], syms["gfsig_disarm"],
+                      libc.dlclose)  # fmt: skip
