@@ -1,0 +1,273 @@
+"""The signal fast path (issue 26, pyctl/fastpath, docs/copilot.md "The
+signal fast path"): fail-skips carried out by gfsig.so inside the target,
+reached by bpf_send_signal_thread from the entry uprobe.
+
+Unit: the first-instruction decoder. Root: the mechanism chosen and its
+fallback with the reason; the failures the target saw equal the recorded
+fires and the helper's own count (engine at 1/8/64 threads, and the real
+controller loop through the CLI); detach leaves the target's SigCgt and
+maps as before and no tracer; a SIGKILLed controller leaves a target whose
+calls run normally; a helper file that is not root's is refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from gftarget import LIB, TARGET, Target, on_victim
+from procio import finish, start_controller
+
+from pyctl.fastpath.sites import SiteError, decode
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+# ---- unit: which first instructions the handler can step back over ----------
+@pytest.mark.parametrize(
+    "code,want",
+    [
+        (b"\x55\x48\x89\xe5", (1, 8)),  # push %rbp
+        (b"\x41\x57", (2, 8)),  # push %r15
+        (b"\xf3\x0f\x1e\xfa", (4, 0)),  # endbr64
+        (b"\x48\x83\xec\x28", (4, 0x28)),  # sub $0x28,%rsp
+        (b"\x48\x81\xec\x00\x01\x00\x00", (7, 0x100)),  # sub $0x100,%rsp
+        (b"\x48\x89\xf8", (3, 0)),  # mov %rdi,%rax
+        (b"\x90", (1, 0)),
+    ],
+)
+def test_decode_known_first_instructions(code: bytes, want: tuple[int, int]) -> None:
+    assert decode(code + b"\0" * 8) == want
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        b"\x48\x89\xfb",  # mov %rdi,%rbx: writes a callee-saved register
+        b"\x48\x89\xe5",  # mov %rsp,%rbp
+        b"\x48\xc7\x07\x00\x10\x00\x00",  # movq $0x1000,(%rdi): a memory write
+        b"\xe9\x00\x00\x00\x00",  # jmp
+    ],
+)
+def test_decode_refuses_the_rest(code: bytes) -> None:
+    with pytest.raises(SiteError, match="not one the signal path knows"):
+        decode(code + b"\0" * 8)
+
+
+# ---- root: real BPF, real processes ----------------------------------------
+root = pytest.mark.root
+needs_target = pytest.mark.skipif(not TARGET.exists(), reason="run make build")
+
+
+def _sig_masks(pid: int) -> dict[str, str]:
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            if k in ("SigCgt", "SigIgn", "TracerPid"):
+                out[k] = v.strip()
+    return out
+
+
+def _helper_mapped(pid: int) -> bool:
+    with open(f"/proc/{pid}/maps") as f:
+        return any("gfsig" in line for line in f)
+
+
+def _engine(t: Target, db: Path, **kw: object) -> object:
+    from pyctl.engine import Engine
+    from pyctl.spec import FaultSpec
+
+    spec = FaultSpec(
+        lib=str(LIB), fn="gf_victim", action="fail", capture_stack=False, tgid=t.pid, **kw
+    )
+    eng = Engine([spec], db_path=db, pid=t.pid, argv=["fastpath"], use_signal=True)
+    eng.start()
+    return eng
+
+
+@root
+@needs_target
+def test_skip_values_and_clean_detach(tmp_path: Path) -> None:
+    t = Target()
+    try:
+        t.victim(1, threads=2)  # glibc's thread handlers in place before the baseline
+        before = _sig_masks(t.pid)
+        eng = _engine(t, tmp_path / "gf.db", ret=-5, nth=2)
+        try:
+            assert eng.mechanism == "signal", eng.signal_refusal
+            assert int(_sig_masks(t.pid)["SigCgt"], 16) & (1 << (signal.SIGURG - 1))
+            assert _sig_masks(t.pid)["TracerPid"] == "0"  # nothing holds the target
+            rows = t.victim(4)
+            eng.drain()
+        finally:
+            eng.close()
+        assert [r[3] for r in rows] == [2, -5, 4, 5]
+        assert [r[4] for r in rows] == [2, -1, 6, 8]  # the body did not run
+        assert eng.signal_counters == {"handled": 1, "inert": 0, "foreign": 0}
+        assert eng.end_error is None
+        assert _sig_masks(t.pid) == before
+        assert not _helper_mapped(t.pid)
+        assert [r[3] for r in t.victim(3)] == [2, 3, 4]  # later calls normal
+        con = sqlite3.connect(tmp_path / "gf.db")
+        assert {m for (m,) in con.execute("SELECT mechanism FROM faults")} == {"signal"}
+        (caps,) = con.execute("SELECT capabilities FROM runs").fetchone()
+        assert json.loads(caps)["signal"] is True
+    finally:
+        t.close()
+
+
+@root
+@needs_target
+@pytest.mark.parametrize("threads", [1, 8, 64])
+def test_recorded_fires_equal_what_the_target_saw(
+    tmp_path: Path, threads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """test_fail_matrix's exactness check on the signal path: a 16 KiB fires
+    ring that fills, so some fires are skipped; the failures the target saw
+    equal the recorded fires, BPF's fire count and the helper's."""
+    from test_fail_matrix import _injected
+
+    from pyctl import engine as engine_mod
+
+    monkeypatch.setattr(engine_mod, "FIRES_RING_BYTES", 16384)
+    calls = 4096
+    t = Target()
+    try:
+        eng = _engine(t, tmp_path / "gf.db", ret=-7, every=2)
+        try:
+            assert eng.mechanism == "signal", eng.signal_refusal
+            rows = t.victim(calls // threads, threads=threads)
+            eng.drain()
+            c = eng.counters()[0]
+            lost = eng.lost()
+        finally:
+            eng.close()
+    finally:
+        t.close()
+    failed = sum(1 for r in rows if r[3] == -7)
+    ok = sum(1 for r in rows if r[3] == r[2] + 1)
+    print(f"\n{threads} threads: {failed} failed, {c.fires} fires, {eng.signal_counters}")
+    assert failed + ok == calls == c.calls
+    assert failed == _injected(tmp_path / "gf.db") == c.fires == eng.signal_counters["handled"]
+    assert c.fires + lost["fires_skipped"] == calls // 2
+
+
+def _cli(pid: int, db: Path, *extra: str) -> subprocess.Popen[str]:
+    env = dict(os.environ, GPUFAULT_SIGNAL="1")
+    argv = [sys.executable, "-m", "pyctl", *on_victim("inject", pid), "--action", "fail"]
+    argv += ["--ret", "-7", "--no-stack", "--db", str(db), *extra]
+    ctl, _ = start_controller(argv, env=env, cwd=REPO)
+    return ctl
+
+
+@root
+@needs_target
+def test_cli_records_exactly_the_failures_the_target_saw(tmp_path: Path) -> None:
+    """The real controller loop (`gpufault inject`, GPUFAULT_SIGNAL=1)."""
+    t = Target()
+    db = tmp_path / "gf.db"
+    try:
+        ctl = _cli(t.pid, db, "--every", "2")
+        rows = t.victim(1024, threads=8)
+        ctl.send_signal(signal.SIGINT)
+        _, err = finish(ctl, 60)
+        after = _sig_masks(t.pid)
+        mapped = _helper_mapped(t.pid)
+    finally:
+        t.close()
+    assert ctl.returncode == 0, err
+    failed = sum(1 for r in rows if r[3] == -7)
+    con = sqlite3.connect(db)
+    mechs = {m for (m,) in con.execute("SELECT mechanism FROM faults")}
+    (n,) = con.execute("SELECT count(*) FROM faults").fetchone()
+    (stats,) = con.execute("SELECT stats FROM runs").fetchone()
+    assert mechs == {"signal"}
+    assert failed == n == json.loads(stats)["signal"]["handled"] == 8 * 1024 // 2
+    assert not int(after["SigCgt"], 16) & (1 << (signal.SIGURG - 1))
+    assert not mapped
+
+
+@root
+@needs_target
+def test_controller_sigkilled_leaves_a_target_that_runs_normally(tmp_path: Path) -> None:
+    """SIGKILL the controller while every call fails: its BPF links go with
+    it, so no call fails after that; the helper stays mapped with its handler
+    (nothing can run in the target to remove it), and that handler passes a
+    real SIGURG on to the default action (ignore): the target lives on."""
+    t = Target()
+    try:
+        ctl = _cli(t.pid, tmp_path / "gf.db", "--every", "1")
+        assert all(r[3] == -7 for r in t.victim(20))
+        ctl.kill()
+        ctl.wait(10)
+        # A SIGKILLed controller cannot remove its control socket: ours to do.
+        for sock in Path("/run/gpufault").glob(f"{ctl.pid}-*.sock"):
+            sock.unlink()
+        rows = t.victim(50, threads=4)
+        os.kill(t.pid, signal.SIGURG)
+        os.kill(t.pid, signal.SIGURG)
+        assert [r[3] for r in t.victim(3)] == [2, 3, 4]
+        st = _sig_masks(t.pid)
+    finally:
+        t.close()
+    assert all(r[3] == r[2] + 1 for r in rows)
+    assert st["TracerPid"] == "0"
+    assert t.p.returncode == 0
+
+
+@root
+@needs_target
+def test_target_with_its_own_handler_gets_the_copilot(tmp_path: Path) -> None:
+    """A target that handles SIGURG keeps it: the run goes through the
+    copilot, and the run row says why."""
+    src = tmp_path / "urg.c"
+    src.write_text(
+        "#include <signal.h>\nstatic void h(int s){(void)s;}\n"
+        "__attribute__((constructor)) static void init(void){signal(SIGURG, h);}\n"
+    )
+    so = tmp_path / "urg.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(so), str(src)], check=True)
+    t = Target(env=dict(os.environ, LD_PRELOAD=str(so)))
+    try:
+        eng = _engine(t, tmp_path / "gf.db", ret=-5, every=1)
+        try:
+            assert eng.mechanism == "copilot"
+            assert "has its own SIGURG handler" in (eng.signal_refusal or "")
+            rows = t.victim(3)
+            eng.drain()
+        finally:
+            eng.close()
+        assert not _helper_mapped(t.pid)
+    finally:
+        t.close()
+    assert [r[3] for r in rows] == [-5, -5, -5]
+    con = sqlite3.connect(tmp_path / "gf.db")
+    (caps,) = con.execute("SELECT capabilities FROM runs").fetchone()
+    assert "SIGURG handler" in json.loads(caps)["signal_refusal"]
+
+
+@root
+def test_helper_not_owned_by_root_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pyctl.fastpath import FastpathError, inject
+
+    bad = tmp_path / "gfsig.so"
+    shutil.copy(inject.GFSIG, bad)
+    os.chown(bad, 65534, 65534)
+    monkeypatch.setattr(inject, "GFSIG", bad)
+    with pytest.raises(FastpathError, match="not a root-owned file"):
+        inject.read_helper()
+    link = tmp_path / "link.so"
+    monkeypatch.undo()
+    link.symlink_to(inject.GFSIG)  # the real, root-owned helper
+    monkeypatch.setattr(inject, "GFSIG", link)
+    with pytest.raises(FastpathError):
+        inject.read_helper()  # a symlink is not followed
