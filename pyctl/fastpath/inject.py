@@ -47,6 +47,7 @@ F_ADD_SEALS = 1033
 F_SEAL_SEAL, F_SEAL_SHRINK, F_SEAL_GROW, F_SEAL_WRITE = 1, 2, 4, 8
 RTLD_NOW = 2
 CALL_TIMEOUT_S = 5.0
+SAFE_POINT_WAIT_S = 1.0
 STATE_MAGIC = 0x3130304749534647
 # struct gfsig_state / gfsig_site (pyctl/fastpath/gfsig.c)
 STATE_FMT = struct.Struct("=QIIQII QQQ")
@@ -196,6 +197,21 @@ class _Session:
         self.pass_sig = 0
 
     def __enter__(self) -> _Session:
+        # No event says "a thread entered a blocking call": look again for a
+        # bounded while (a thread between two calls is a moment away).
+        end = time.monotonic() + SAFE_POINT_WAIT_S
+        while True:
+            if self._take():
+                return self
+            if time.monotonic() > end:
+                raise FastpathError(
+                    f"no thread of pid {self.pid} is waiting in a blocking system call "
+                    "(a safe point to load the helper from)"
+                )
+            time.sleep(0.001)
+
+    def _take(self) -> bool:
+        """Seize and interrupt a thread at a safe point; False if none is."""
         pid = self.pid
         for tid in _safe_threads(pid):
             try:
@@ -220,13 +236,10 @@ class _Session:
             if orig in SAFE_SYSCALLS and ax in RESTART:
                 self.saved = regs
                 self.mem = os.open(f"/proc/{pid}/mem", os.O_RDWR | os.O_CLOEXEC)
-                return self
+                return True
             ptrace.detach(tid, self.pass_sig)  # left its system call meanwhile
             self.tid, self.pass_sig = 0, 0
-        raise FastpathError(
-            f"no thread of pid {pid} is waiting in a blocking system call "
-            "(a safe point to load the helper from)"
-        )
+        return False
 
     def __exit__(self, *exc: object) -> None:
         if self.mem >= 0:
