@@ -271,3 +271,37 @@ def test_helper_not_owned_by_root_is_refused(
     monkeypatch.setattr(inject, "GFSIG", link)
     with pytest.raises(FastpathError):
         inject.read_helper()  # a symlink is not followed
+
+
+@root
+def test_refusals_leave_nothing_behind() -> None:
+    """A target that only computes (no thread in a blocking call) and one
+    whose thread blocks SIGURG: one-line refusals, the target not traced,
+    no helper mapped, its signal state as before."""
+    from pyctl.fastpath import FastpathError, load
+
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    blocked = subprocess.Popen(
+        [sys.executable, "-c",
+         "import signal, sys, time\n"
+         "signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGURG])\n"
+         "print('ready', flush=True)\ntime.sleep(60)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert blocked.stdout is not None and blocked.stdout.readline() == "ready\n"
+        before = _sig_masks(busy.pid)
+        with pytest.raises(FastpathError, match="waiting in a blocking system call") as e:
+            load(busy.pid, signal.SIGURG, [])
+        assert "\n" not in str(e.value)
+        assert _sig_masks(busy.pid) == before and not _helper_mapped(busy.pid)
+        with pytest.raises(FastpathError, match=f"thread {blocked.pid} .* blocks SIGURG"):
+            load(blocked.pid, signal.SIGURG, [])
+        assert _sig_masks(blocked.pid)["TracerPid"] == "0"
+        assert not _helper_mapped(blocked.pid)
+        with pytest.raises(FastpathError, match="no such process"):
+            load(2**22 + 7, signal.SIGURG, [])
+    finally:
+        for p in (busy, blocked):
+            p.kill()
+            p.wait()

@@ -223,23 +223,40 @@ class _Session:
             except ProcessLookupError:
                 continue
             self.tid = tid
-            ptrace.interrupt(tid)
-            deadline = time.monotonic() + CALL_TIMEOUT_S
-            status = _wait_stop(tid, deadline)
-            while (status >> 16) != ptrace.PTRACE_EVENT_STOP:
-                # A signal arrived first: keep it for the detach.
-                self.pass_sig = os.WSTOPSIG(status)
-                ptrace.cont(tid, 0)
-                status = _wait_stop(tid, deadline)
-            regs = ptrace.getregs(tid)
-            ax, orig = _s64(regs[ptrace.REG["ax"]]), _s64(regs[ptrace.REG["orig_ax"]])
-            if orig in SAFE_SYSCALLS and ax in RESTART:
-                self.saved = regs
-                self.mem = os.open(f"/proc/{pid}/mem", os.O_RDWR | os.O_CLOEXEC)
-                return True
-            ptrace.detach(tid, self.pass_sig)  # left its system call meanwhile
-            self.tid, self.pass_sig = 0, 0
+            try:
+                if self._at_safe_point(tid):
+                    return True
+            except BaseException:
+                self._let_go()  # never leave a thread seized behind an error
+                raise
+            self._let_go()  # it left its system call meanwhile
         return False
+
+    def _at_safe_point(self, tid: int) -> bool:
+        """Interrupt the seized tid; True when its stop is inside a safe
+        blocking system call (its registers then saved)."""
+        ptrace.interrupt(tid)
+        deadline = time.monotonic() + CALL_TIMEOUT_S
+        status = _wait_stop(tid, deadline)
+        while (status >> 16) != ptrace.PTRACE_EVENT_STOP:
+            # A signal arrived first: keep it for the detach.
+            self.pass_sig = os.WSTOPSIG(status)
+            ptrace.cont(tid, 0)
+            status = _wait_stop(tid, deadline)
+        regs = ptrace.getregs(tid)
+        ax, orig = _s64(regs[ptrace.REG["ax"]]), _s64(regs[ptrace.REG["orig_ax"]])
+        if orig in SAFE_SYSCALLS and ax in RESTART:
+            self.saved = regs
+            self.mem = os.open(f"/proc/{self.pid}/mem", os.O_RDWR | os.O_CLOEXEC)
+            return True
+        return False
+
+    def _let_go(self) -> None:
+        try:
+            ptrace.detach(self.tid, self.pass_sig)
+        except OSError:
+            pass  # gone, or not stopped: the kernel lets go at our exit
+        self.tid, self.pass_sig = 0, 0
 
     def __exit__(self, *exc: object) -> None:
         if self.mem >= 0:
