@@ -305,3 +305,34 @@ def test_refusals_leave_nothing_behind() -> None:
         for p in (busy, blocked):
             p.kill()
             p.wait()
+
+
+@root
+@needs_target
+def test_helper_is_inert_past_its_deadline(tmp_path: Path) -> None:
+    """The helper's own deadline (CLOCK_MONOTONIC, checked in the handler)
+    holds whatever BPF does: with it moved into the past while BPF still
+    fires, the calls run normally and the helper counts them inert."""
+    import struct
+
+    from pyctl.fastpath import inject
+
+    t = Target()
+    try:
+        eng = _engine(t, tmp_path / "gf.db", ret=-5, every=1)
+        try:
+            assert eng.mechanism == "signal", eng.signal_refusal
+            assert [r[3] for r in t.victim(2)] == [-5, -5]
+            fd = os.open(f"/proc/{t.pid}/mem", os.O_RDWR)
+            try:
+                os.pwrite(fd, struct.pack("<Q", 1), eng.helper.state + inject.OFF_DEADLINE)
+            finally:
+                os.close(fd)
+            rows = t.victim(3)
+            eng.drain()
+        finally:
+            eng.close()
+    finally:
+        t.close()
+    assert [r[3] for r in rows] == [2, 3, 4]
+    assert eng.signal_counters == {"handled": 2, "inert": 3, "foreign": 0}
