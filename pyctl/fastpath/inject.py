@@ -27,10 +27,9 @@ from dataclasses import dataclass
 
 from pyctl.copilot import ptrace
 from pyctl.fastpath.sites import Site
-from pyctl.paths import DATA
+from pyctl.paths import GFSIG
 from pyctl.symbols import resolve
 
-GFSIG = DATA / "helper" / "gfsig.so"
 # Blocking system calls a thread can be taken from: it is waiting for
 # input or time, not inside libc's allocator or loader with a lock held.
 SAFE_SYSCALLS = {
