@@ -336,3 +336,20 @@ def test_helper_is_inert_past_its_deadline(tmp_path: Path) -> None:
         t.close()
     assert [r[3] for r in rows] == [2, 3, 4]
     assert eng.signal_counters == {"handled": 2, "inert": 3, "foreign": 0}
+
+
+@root
+@needs_target
+@pytest.mark.parametrize("threads", [1, 8, 64])
+@pytest.mark.parametrize("ring", [None, 16384], ids=["default-ring", "16KiB-ring"])
+def test_fires_exact_through_the_cli_on_the_signal_path(
+    tmp_path: Path, threads: int, ring: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tests/test_fires_exact.py's check itself, with GPUFAULT_SIGNAL=1 in
+    the controller's environment; then every fault row says 'signal'."""
+    import test_fires_exact
+
+    monkeypatch.setenv("GPUFAULT_SIGNAL", "1")
+    test_fires_exact.test_cli_records_exactly_the_failures_the_target_saw(tmp_path, threads, ring)
+    con = sqlite3.connect(tmp_path / "gf.db")
+    assert {m for (m,) in con.execute("SELECT mechanism FROM faults")} == {"signal"}
