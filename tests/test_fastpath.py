@@ -40,6 +40,12 @@ REPO = Path(__file__).resolve().parent.parent
         (b"\x48\x81\xec\x00\x01\x00\x00", (7, 0x100)),  # sub $0x100,%rsp
         (b"\x48\x89\xf8", (3, 0)),  # mov %rdi,%rax
         (b"\x90", (1, 0)),
+        (b"\xb8\x15\x00\x00\x00", (5, 0)),  # mov $0x15,%eax (glibc's access)
+        (b"\x80\x3d\x31\x33\x0e\x00\x00", (7, 0)),  # cmpb $0,0xe3331(%rip) (read)
+        (b"\x8b\x47\x10", (3, 0)),  # mov 0x10(%rdi),%eax (pthread_mutex_lock)
+        (b"\x48\x85\xff", (3, 0)),  # test %rdi,%rdi (free)
+        (b"\x48\x8b\x44\x24\x08", (5, 0)),  # mov 0x8(%rsp),%rax: SIB + disp8
+        (b"\x31\xc0", (2, 0)),  # xor %eax,%eax
     ],
 )
 def test_decode_known_first_instructions(code: bytes, want: tuple[int, int]) -> None:
@@ -53,6 +59,9 @@ def test_decode_known_first_instructions(code: bytes, want: tuple[int, int]) -> 
         b"\x48\x89\xe5",  # mov %rsp,%rbp
         b"\x48\xc7\x07\x00\x10\x00\x00",  # movq $0x1000,(%rdi): a memory write
         b"\xe9\x00\x00\x00\x00",  # jmp
+        b"\xbb\x01\x00\x00\x00",  # mov $1,%ebx
+        b"\x48\x8b\x1f",  # mov (%rdi),%rbx
+        b"\x48\x89\x07",  # mov %rax,(%rdi): a store
     ],
 )
 def test_decode_refuses_the_rest(code: bytes) -> None:
@@ -353,3 +362,36 @@ def test_fires_exact_through_the_cli_on_the_signal_path(
     test_fires_exact.test_cli_records_exactly_the_failures_the_target_saw(tmp_path, threads, ring)
     con = sqlite3.connect(tmp_path / "gf.db")
     assert {m for (m,) in con.execute("SELECT mechanism FROM faults")} == {"signal"}
+
+
+@root
+def test_errno_set_by_the_handler(tmp_path: Path) -> None:
+    """--errno on the signal path: the handler runs in the faulted thread and
+    sets its errno; glibc's access() starts with `mov $0x15,%eax`."""
+    from test_errno import TARGET as ERRNO_TARGET
+    from test_errno import ErrnoTarget
+
+    from pyctl.engine import Engine
+    from pyctl.spec import FaultSpec
+
+    if not ERRNO_TARGET.exists():
+        pytest.skip("build/targets/gf_errno missing: run make build")
+    t = ErrnoTarget()
+    try:
+        s = FaultSpec(lib="libc", fn="access", action="fail", ret=-1, errno=5, nth=2, tgid=t.pid)
+        eng = Engine([s], db_path=tmp_path / "gf.db", pid=t.pid, argv=["t"], use_signal=True)
+        eng.start()
+        try:
+            assert eng.mechanism == "signal", eng.signal_refusal
+            rows = t.access(3)
+            eng.drain()
+        finally:
+            eng.close()
+    finally:
+        t.close()
+    assert rows == [
+        (0, 1, 0, 0, "Success"),
+        (0, 2, -1, 5, "Input/output error"),
+        (0, 3, 0, 0, "Success"),
+    ]
+    assert eng.signal_counters["handled"] == 1

@@ -31,9 +31,28 @@ class SiteError(ValueError):
     pass
 
 
+def _modrm_len(b: bytes, i: int) -> int:
+    """Bytes of the ModRM at b[i] with its SIB and displacement."""
+    modrm = b[i]
+    mod, rm = modrm >> 6, modrm & 7
+    if mod == 3:
+        return 1
+    n = 1
+    if rm == 4:  # SIB
+        n += 1
+        if mod == 0 and b[i + 1] & 7 == 5:
+            n += 4
+    elif mod == 0 and rm == 5:  # rip-relative
+        n += 4
+    return n + (1 if mod == 1 else 4 if mod == 2 else 0)
+
+
 def decode(code: bytes) -> tuple[int, int]:
     """(length, sp delta) of the first instruction in code, or SiteError.
-    sp delta: entry sp = sp after the instruction + delta."""
+    sp delta: entry sp = sp after the instruction + delta. Taken: pushes,
+    endbr64, nop, sub $imm,%rsp, and instructions that write only flags or a
+    caller-saved register (loads, compares, tests, mov $imm, xor): the
+    skip then needs no register but rsp and rip put back."""
     b = code
     if b[:4] == b"\xf3\x0f\x1e\xfa":  # endbr64
         return 4, 0
@@ -43,18 +62,35 @@ def decode(code: bytes) -> tuple[int, int]:
         return 1, 8
     if b[0] == 0x41 and 0x50 <= b[1] <= 0x57:  # push r8-r15
         return 2, 8
-    if b[0] in (0x48, 0x49, 0x4C, 0x4D) and len(b) >= 3:
-        rex, op, modrm = b[0], b[1], b[2]
-        if op == 0x83 and modrm == 0xEC and len(b) >= 4:  # sub $imm8,%rsp
-            return 4, struct.unpack("b", b[3:4])[0]
-        if op == 0x81 and modrm == 0xEC and len(b) >= 7:  # sub $imm32,%rsp
-            return 7, struct.unpack("<i", b[3:7])[0]
-        if op in (0x89, 0x8B) and modrm >> 6 == 3:  # mov reg,reg
-            reg = ((modrm >> 3) & 7) | ((rex & 4) << 1)
-            rm = (modrm & 7) | ((rex & 1) << 3)
-            dest = rm if op == 0x89 else reg
-            if dest in _SCRATCH:
-                return 3, 0
+    i, rex = 0, 0
+    if 0x40 <= b[0] <= 0x4F:
+        i, rex = 1, b[0]
+    op = b[i]
+    if op in (0x83, 0x81) and b[i + 1] == 0xEC and rex & 8:  # sub $imm,%rsp
+        if op == 0x83:
+            return i + 3, struct.unpack("b", b[i + 2 : i + 3])[0]
+        return i + 6, struct.unpack("<i", b[i + 2 : i + 6])[0]
+    if 0xB8 <= op <= 0xBF:  # mov $imm,%reg
+        if (op & 7) | ((rex & 1) << 3) in _SCRATCH:
+            return i + 1 + (8 if rex & 8 else 4), 0
+    elif op in (0x89, 0x8B, 0x31, 0x33, 0x39, 0x3B, 0x85, 0x80, 0x81, 0x83, 0xF6, 0xF7):
+        modrm = b[i + 1]
+        reg = ((modrm >> 3) & 7) | ((rex & 4) << 1)
+        rm = (modrm & 7) | ((rex & 1) << 3)
+        n = i + 1 + _modrm_len(b, i + 1)
+        if op in (0x39, 0x3B, 0x85):  # cmp, test: flags only
+            return n, 0
+        if op in (0x80, 0x81, 0x83, 0xF6, 0xF7):  # group 1 cmp, group 3 test
+            sub = (modrm >> 3) & 7
+            imm = 1 if op in (0x80, 0x83, 0xF6) else 4
+            if (op in (0x80, 0x81, 0x83) and sub == 7) or (op in (0xF6, 0xF7) and sub == 0):
+                return n + imm, 0
+        elif op == 0x8B and reg in _SCRATCH:  # load into a scratch register
+            return n, 0
+        elif op in (0x89, 0x31) and modrm >> 6 == 3 and rm in _SCRATCH:
+            return n, 0  # mov/xor reg -> scratch reg
+        elif op == 0x33 and modrm >> 6 == 3 and reg in _SCRATCH:
+            return n, 0
     raise SiteError(f"first instruction {code[:8].hex(' ')} is not one the signal path knows")
 
 
