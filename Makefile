@@ -178,6 +178,6 @@ clean:
 
 # The signal fast path's in-target helper (pyctl/fastpath/gfsig.c, issue 26):
 # libc only, loaded into targets by a ptrace-driven dlopen.
-$(GFSIG): pyctl/fastpath/gfsig.c
+$(GFSIG): pyctl/fastpath/gfsig.c pyctl/fastpath/gfsig.h
 	@mkdir -p $(dir $@)
 	$(Q)$(CC) -O2 -g -Wall -Werror -fPIC -shared -fvisibility=hidden -o $@ $<

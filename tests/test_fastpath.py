@@ -69,6 +69,32 @@ def test_decode_refuses_the_rest(code: bytes) -> None:
         decode(code + b"\0" * 8)
 
 
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+def test_state_mirror_matches_the_header(tmp_path: Path) -> None:
+    """inject.py's offsets and formats of struct gfsig_state/gfsig_site are
+    the C layout (compiled against pyctl/fastpath/gfsig.h)."""
+    from pyctl.fastpath import inject
+
+    src = tmp_path / "layout.c"
+    src.write_text(
+        '#include <stdio.h>\n#include <stddef.h>\n#include "gfsig.h"\n'
+        'int main(void){printf("%zu %zu %zu %zu %zu %zu %llu %d\\n",'
+        "offsetof(struct gfsig_state, armed), offsetof(struct gfsig_state, deadline_ns),"
+        "offsetof(struct gfsig_state, nsites), offsetof(struct gfsig_state, handled),"
+        "offsetof(struct gfsig_state, sites), sizeof(struct gfsig_site),"
+        "GFSIG_MAGIC, GFSIG_MAX_SITES);return 0;}\n"
+    )
+    exe = tmp_path / "layout"
+    hdr = REPO / "pyctl" / "fastpath"
+    subprocess.run(["cc", f"-I{hdr}", "-o", str(exe), str(src)], check=True)
+    got = [int(x) for x in subprocess.run([str(exe)], capture_output=True, text=True,
+                                          check=True).stdout.split()]  # fmt: skip
+    assert got == [
+        inject.OFF_ARMED, inject.OFF_DEADLINE, inject.OFF_NSITES, inject.OFF_HANDLED,
+        inject.OFF_SITES, inject.SITE_FMT.size, inject.STATE_MAGIC, inject.MAX_SITES,
+    ]  # fmt: skip
+
+
 # ---- root: real BPF, real processes ----------------------------------------
 root = pytest.mark.root
 needs_target = pytest.mark.skipif(not TARGET.exists(), reason="run make build")
@@ -119,7 +145,7 @@ def test_skip_values_and_clean_detach(tmp_path: Path) -> None:
             eng.close()
         assert [r[3] for r in rows] == [2, -5, 4, 5]
         assert [r[4] for r in rows] == [2, -1, 6, 8]  # the body did not run
-        assert eng.signal_counters == {"handled": 1, "inert": 0, "foreign": 0}
+        assert eng.signal_counters == {"handled": 1, "inert": 0, "foreign": 0, "stray": 0}
         assert eng.end_error is None
         assert _sig_masks(t.pid) == before
         assert not _helper_mapped(t.pid)
@@ -344,7 +370,7 @@ def test_helper_is_inert_past_its_deadline(tmp_path: Path) -> None:
     finally:
         t.close()
     assert [r[3] for r in rows] == [2, 3, 4]
-    assert eng.signal_counters == {"handled": 2, "inert": 3, "foreign": 0}
+    assert eng.signal_counters == {"handled": 2, "inert": 3, "foreign": 0, "stray": 0}
 
 
 @root

@@ -30,29 +30,7 @@
 #include <time.h>
 #include <ucontext.h>
 
-#define GFSIG_MAGIC 0x3130304749534647ull /* "GFSIG001" */
-#define GFSIG_MAX_SITES 256
-
-struct gfsig_site {
-	uint64_t rip_after;	/* probe site + length of its first insn */
-	int64_t sp_delta;	/* entry sp = rsp at the signal + this */
-	int64_t retval;
-	int32_t err;		/* errno to set, 0: leave errno */
-	uint32_t pad;
-};
-
-struct gfsig_state {
-	uint64_t magic;
-	uint32_t armed;		/* 1 between gfsig_arm and gfsig_disarm */
-	uint32_t signo;
-	uint64_t deadline_ns;	/* CLOCK_MONOTONIC; 0: none. Inert after it */
-	uint32_t nsites;
-	uint32_t pad;
-	uint64_t handled;	/* injections carried out */
-	uint64_t inert;		/* kernel-sent at a site, but disarmed/expired */
-	uint64_t foreign;	/* other deliveries, passed on */
-	struct gfsig_site sites[GFSIG_MAX_SITES];
-};
+#include "gfsig.h"
 
 __attribute__((visibility("default"))) struct gfsig_state gfsig_state = {
 	.magic = GFSIG_MAGIC,
@@ -88,8 +66,8 @@ static void handler(int sig, siginfo_t *si, void *ucv)
 			break;
 		}
 	}
-	if (!s) {
-		pass_on(sig, si, ucv);
+	if (!s) {	/* BPF's, but the thread is elsewhere: blocked till now? */
+		__atomic_add_fetch(&gfsig_state.stray, 1, __ATOMIC_RELAXED);
 		return;
 	}
 	if (!__atomic_load_n(&gfsig_state.armed, __ATOMIC_ACQUIRE)) {

@@ -48,12 +48,14 @@ RTLD_NOW = 2
 CALL_TIMEOUT_S = 5.0
 SAFE_POINT_WAIT_S = 1.0
 STATE_MAGIC = 0x3130304749534647
-# struct gfsig_state / gfsig_site (pyctl/fastpath/gfsig.c)
-STATE_FMT = struct.Struct("=QIIQII QQQ")
+# struct gfsig_state / gfsig_site (pyctl/fastpath/gfsig.h; the layout test
+# in tests/test_fastpath.py compiles against it)
+STATE_FMT = struct.Struct("=QIIQII QQQQ")
 SITE_FMT = struct.Struct("=QqqiI")
 MAX_SITES = 256
 OFF_ARMED, OFF_DEADLINE, OFF_NSITES = 8, 16, 24
 OFF_HANDLED = 32
+COUNTERS = ("handled", "inert", "foreign", "stray")
 OFF_SITES = STATE_FMT.size
 
 
@@ -332,19 +334,22 @@ class Helper:
     dlclose: int
 
     def counters(self) -> dict[str, int]:
-        """handled/inert/foreign as the helper counted them (read by
-        /proc/PID/mem; zeros when the target is gone)."""
+        """The helper's counts (read by /proc/PID/mem; zeros when the target
+        is gone): handled (injections done), inert (BPF's signal at a site
+        while disarmed or past the deadline: the call ran), foreign (someone
+        else's signal, passed on), stray (BPF's signal met the thread at no
+        site: the call ran)."""
         try:
             fd = os.open(f"/proc/{self.pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
-            return {"handled": 0, "inert": 0, "foreign": 0}
+            return dict.fromkeys(COUNTERS, 0)
         try:
-            h, i, f = struct.unpack("<QQQ", os.pread(fd, 24, self.state + OFF_HANDLED))
+            vals = struct.unpack("<4Q", os.pread(fd, 32, self.state + OFF_HANDLED))
         except OSError:
-            return {"handled": 0, "inert": 0, "foreign": 0}
+            return dict.fromkeys(COUNTERS, 0)
         finally:
             os.close(fd)
-        return {"handled": h, "inert": i, "foreign": f}
+        return dict(zip(COUNTERS, vals, strict=True))
 
     def unload(self) -> None:
         """gfsig_disarm (the target's own action back) and dlclose."""
