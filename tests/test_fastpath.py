@@ -257,24 +257,57 @@ def test_controller_sigkilled_leaves_a_target_that_runs_normally(tmp_path: Path)
     assert t.p.returncode == 0
 
 
-@root
-@needs_target
-def test_target_with_its_own_handler_gets_the_copilot(tmp_path: Path) -> None:
-    """A target that handles SIGURG keeps it: the run goes through the
-    copilot, and the run row says why."""
-    src = tmp_path / "urg.c"
+def _handler_so(tmp_path: Path, *sigs: str) -> Path:
+    """A preload whose constructor installs handlers for sigs."""
+    src = tmp_path / "own.c"
+    calls = "".join(f"signal({s}, h);" for s in sigs)
     src.write_text(
         "#include <signal.h>\nstatic void h(int s){(void)s;}\n"
-        "__attribute__((constructor)) static void init(void){signal(SIGURG, h);}\n"
+        f"__attribute__((constructor)) static void init(void){{{calls}}}\n"
     )
-    so = tmp_path / "urg.so"
+    so = tmp_path / "own.so"
     subprocess.run(["cc", "-shared", "-fPIC", "-o", str(so), str(src)], check=True)
+    return so
+
+
+@root
+@needs_target
+def test_target_that_owns_sigurg_gets_sigwinch(tmp_path: Path) -> None:
+    """The target's own SIGURG handler is left alone: the helper takes
+    SIGWINCH, BPF sends it, and detach puts SigCgt back as it was."""
+    t = Target(env=dict(os.environ, LD_PRELOAD=str(_handler_so(tmp_path, "SIGURG"))))
+    try:
+        t.victim(1, threads=2)
+        before = _sig_masks(t.pid)
+        eng = _engine(t, tmp_path / "gf.db", ret=-5, every=1)
+        try:
+            assert eng.mechanism == "signal", eng.signal_refusal
+            assert eng.copilot_signal == signal.SIGWINCH
+            rows = t.victim(3)
+            eng.drain()
+        finally:
+            eng.close()
+        assert _sig_masks(t.pid) == before and not _helper_mapped(t.pid)
+    finally:
+        t.close()
+    assert [r[3] for r in rows] == [-5, -5, -5]
+    assert eng.signal_counters["handled"] == 3
+
+
+@root
+@needs_target
+def test_target_with_its_own_handlers_gets_the_copilot(tmp_path: Path) -> None:
+    """A target that handles SIGURG and SIGWINCH keeps both: the run goes
+    through the copilot, and the run row and the warnings say why."""
+    so = _handler_so(tmp_path, "SIGURG", "SIGWINCH")
     t = Target(env=dict(os.environ, LD_PRELOAD=str(so)))
     try:
         eng = _engine(t, tmp_path / "gf.db", ret=-5, every=1)
         try:
             assert eng.mechanism == "copilot"
-            assert "has its own SIGURG handler" in (eng.signal_refusal or "")
+            why = eng.signal_refusal or ""
+            assert "own SIGURG handler" in why and "own SIGWINCH handler" in why, why
+            assert any("signal fast path not used" in w for w in eng.start_warnings)
             rows = t.victim(3)
             eng.drain()
         finally:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import ctypes as C
 import os
 import select
+import signal
 import sqlite3
 import time
 from collections.abc import Sequence
@@ -331,7 +332,7 @@ class Engine:
         it for every probe site; any refusal leaves the run on the copilot
         with the reason in signal_refusal (the run row's capabilities)."""
         # lazy: the fast path's loader (ptrace, ELF) only for a run that tries it
-        from pyctl.fastpath import FastpathError, load_for
+        from pyctl.fastpath import FastpathError, SignalTaken, load_for
 
         why = self.plan.signal_refusal()
         if why is None and (self.pid is None or not self.resolve_in_target):
@@ -341,16 +342,27 @@ class Engine:
             deadline = (
                 time.monotonic_ns() + int((max(durations) + 1.0) * 1e9) if all(durations) else 0
             )
-            try:
-                assert self.pid is not None
-                self.helper = load_for(
-                    self.pid, self.copilot_signal, self.specs, self.atts, deadline
-                )
-                self.plan.signal = True
-                return
-            except FastpathError as e:
-                why = str(e)
+            # The copilot's signal first; where the target owns the default
+            # SIGURG (a handler, a thread blocking it), SIGWINCH, the other
+            # signal that is ignored by default. BPF is loaded after this
+            # and sends whichever was armed.
+            signos = [self.copilot_signal]
+            if self.copilot_signal == DEFAULT_COPILOT_SIGNAL:
+                signos.append(int(signal.SIGWINCH))
+            for signo in signos:
+                try:
+                    assert self.pid is not None
+                    self.helper = load_for(self.pid, signo, self.specs, self.atts, deadline)
+                    self.plan.signal = True
+                    self.copilot_signal = signo
+                    return
+                except SignalTaken as e:  # the next signal may do
+                    why = str(e) if why is None else f"{why}; {e}"
+                except FastpathError as e:
+                    why = str(e)
+                    break
         self.signal_refusal = why
+        self.start_warnings.append(f"signal fast path not used ({why}): the ptrace copilot")
 
     def _unload_helper(self) -> None:
         """After the probes are gone: the helper's counts, then the target's

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pyctl.fastpath.inject import FastpathError, Helper, find_runtime, load
+from pyctl.fastpath.inject import FastpathError, Helper, SignalTaken, find_runtime, load
 from pyctl.fastpath.sites import Site, SiteError, decode, read_insn
 
 
@@ -41,4 +41,13 @@ def load_for(
     return load(pid, signo, list(sites.values()), deadline_ns)
 
 
-__all__ = ["FastpathError", "Helper", "Site", "SiteError", "decode", "load", "load_for"]
+__all__ = [
+    "FastpathError",
+    "Helper",
+    "SignalTaken",
+    "Site",
+    "SiteError",
+    "decode",
+    "load",
+    "load_for",
+]

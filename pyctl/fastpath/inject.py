@@ -63,6 +63,11 @@ class FastpathError(Exception):
     """Why the signal fast path cannot serve this target (one line)."""
 
 
+class SignalTaken(FastpathError):
+    """The target owns this signal (a handler, a thread blocking it): another
+    signal may still do."""
+
+
 def _u64(v: int) -> int:
     return v & 0xFFFFFFFFFFFFFFFF
 
@@ -108,10 +113,10 @@ def check_signal_free(pid: int, signo: int) -> None:
     name = signal.Signals(signo).name
     try:
         if _status_mask(f"/proc/{pid}/status", "SigCgt") & bit:
-            raise FastpathError(f"pid {pid} has its own {name} handler")
+            raise SignalTaken(f"pid {pid} has its own {name} handler")
         for t in os.listdir(f"/proc/{pid}/task"):
             if _status_mask(f"/proc/{pid}/task/{t}/status", "SigBlk") & bit:
-                raise FastpathError(f"thread {t} of pid {pid} blocks {name}")
+                raise SignalTaken(f"thread {t} of pid {pid} blocks {name}")
     except FileNotFoundError:
         raise FastpathError(f"pid {pid}: no such process") from None
 
@@ -402,7 +407,10 @@ def load(pid: int, signo: int, sites: Sequence[Site], deadline_ns: int = 0) -> H
         rc = _s64(s.call(syms["gfsig_arm"], signo))
         if rc:
             s.call(libc.dlclose, handle)
-            why = "the target handles it" if rc == -_errno.EBUSY else os.strerror(-rc)
-            raise FastpathError(f"gfsig_arm({signal.Signals(signo).name}) in pid {pid}: {why}")
+            if rc == -_errno.EBUSY:
+                raise SignalTaken(f"pid {pid} has its own {signal.Signals(signo).name} handler")
+            raise FastpathError(
+                f"gfsig_arm({signal.Signals(signo).name}) in pid {pid}: {os.strerror(-rc)}"
+            )
         return Helper(pid, signo, handle, st, syms["gfsig_arm"], syms["gfsig_disarm"],
                       libc.dlclose)  # fmt: skip
