@@ -111,8 +111,13 @@ def _sig_masks(pid: int) -> dict[str, str]:
 
 
 def _helper_mapped(pid: int) -> bool:
+    return _helper_inodes(pid) > 0
+
+
+def _helper_inodes(pid: int) -> int:
+    """How many distinct gfsig objects pid maps."""
     with open(f"/proc/{pid}/maps") as f:
-        return any("gfsig" in line for line in f)
+        return len({line.split()[4] for line in f if "gfsig" in line})
 
 
 def _engine(t: Target, db: Path, **kw: object) -> object:
@@ -147,9 +152,19 @@ def test_skip_values_and_clean_detach(tmp_path: Path) -> None:
         assert [r[4] for r in rows] == [2, -1, 6, 8]  # the body did not run
         assert eng.signal_counters == {"handled": 1, "inert": 0, "foreign": 0, "stray": 0}
         assert eng.end_error is None
-        assert _sig_masks(t.pid) == before
-        assert not _helper_mapped(t.pid)
+        assert _sig_masks(t.pid) == before  # no handler left
+        assert _helper_mapped(t.pid)  # inert: a late handler run must find its code
         assert [r[3] for r in t.victim(3)] == [2, 3, 4]  # later calls normal
+        # The next run re-arms the same copy: one helper in the target.
+        eng = _engine(t, tmp_path / "gf2.db", ret=-6, nth=1)
+        try:
+            assert eng.mechanism == "signal" and eng.helper.reused, eng.signal_refusal
+            assert [r[3] for r in t.victim(2)] == [-6, 3]
+        finally:
+            eng.close()
+        assert eng.signal_counters["handled"] == 1  # this run's, not the first's
+        assert _sig_masks(t.pid) == before
+        assert _helper_inodes(t.pid) == 1
         con = sqlite3.connect(tmp_path / "gf.db")
         assert {m for (m,) in con.execute("SELECT mechanism FROM faults")} == {"signal"}
         (caps,) = con.execute("SELECT capabilities FROM runs").fetchone()
@@ -226,7 +241,7 @@ def test_cli_records_exactly_the_failures_the_target_saw(tmp_path: Path) -> None
     assert mechs == {"signal"}
     assert failed == n == json.loads(stats)["signal"]["handled"] == 8 * 1024 // 2
     assert not int(after["SigCgt"], 16) & (1 << (signal.SIGURG - 1))
-    assert not mapped
+    assert mapped  # inert, for the next run
 
 
 @root
@@ -250,10 +265,19 @@ def test_controller_sigkilled_leaves_a_target_that_runs_normally(tmp_path: Path)
         os.kill(t.pid, signal.SIGURG)
         assert [r[3] for r in t.victim(3)] == [2, 3, 4]
         st = _sig_masks(t.pid)
+        # The next run takes the dead run's copy back, disarms it, re-arms.
+        eng = _engine(t, tmp_path / "gf2.db", ret=-6, every=1)
+        try:
+            assert eng.mechanism == "signal" and eng.helper.reused, eng.signal_refusal
+            assert [r[3] for r in t.victim(2)] == [-6, -6]
+        finally:
+            eng.close()
+        after = _sig_masks(t.pid)
     finally:
         t.close()
     assert all(r[3] == r[2] + 1 for r in rows)
     assert st["TracerPid"] == "0"
+    assert not int(after["SigCgt"], 16) & (1 << (signal.SIGURG - 1))
     assert t.p.returncode == 0
 
 
@@ -287,7 +311,7 @@ def test_target_that_owns_sigurg_gets_sigwinch(tmp_path: Path) -> None:
             eng.drain()
         finally:
             eng.close()
-        assert _sig_masks(t.pid) == before and not _helper_mapped(t.pid)
+        assert _sig_masks(t.pid) == before
     finally:
         t.close()
     assert [r[3] for r in rows] == [-5, -5, -5]

@@ -23,9 +23,10 @@ import stat
 import struct
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pyctl.copilot import ptrace
+from pyctl.elf import ElfFile
 from pyctl.fastpath.sites import Site
 from pyctl.paths import GFSIG
 from pyctl.symbols import resolve
@@ -328,22 +329,19 @@ class _Session:
 
 @dataclass
 class Helper:
-    """gfsig.so as loaded into pid: where its state and entry points are."""
+    """gfsig.so as loaded into pid: where its state and entry points are.
+    base: counts as they were when this run armed it (a helper stays in the
+    target after a run, inert, and the next run re-arms the same copy)."""
 
     pid: int
     signo: int
-    handle: int
     state: int
     arm_fn: int
     disarm_fn: int
-    dlclose: int
+    reused: bool = False
+    base: dict[str, int] = field(default_factory=dict)
 
-    def counters(self) -> dict[str, int]:
-        """The helper's counts (read by /proc/PID/mem; zeros when the target
-        is gone): handled (injections done), inert (BPF's signal at a site
-        while disarmed or past the deadline: the call ran), foreign (someone
-        else's signal, passed on), stray (BPF's signal met the thread at no
-        site: the call ran)."""
+    def raw_counters(self) -> dict[str, int]:
         try:
             fd = os.open(f"/proc/{self.pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
@@ -356,21 +354,104 @@ class Helper:
             os.close(fd)
         return dict(zip(COUNTERS, vals, strict=True))
 
+    def counters(self) -> dict[str, int]:
+        """This run's counts (read by /proc/PID/mem; zeros when the target is
+        gone): handled (injections done), inert (BPF's signal at a site while
+        disarmed or past the deadline: the call ran), foreign (someone else's
+        signal, passed on), stray (BPF's signal met the thread at no site:
+        the call ran)."""
+        raw = self.raw_counters()
+        if not any(raw.values()):
+            return raw
+        return {k: raw[k] - self.base.get(k, 0) for k in COUNTERS}
+
     def unload(self) -> None:
-        """gfsig_disarm (the target's own action back) and dlclose."""
+        """gfsig_disarm: the target's own action for the signal back, the
+        handler gone. The object stays mapped, inert: a thread can still be
+        inside the handler (delivered just before the disarm, not yet run),
+        and unmapping its code would crash it. The next run re-arms it."""
         with _Session(self.pid) as s:
             rc = _s64(s.call(self.disarm_fn))
             if rc:
                 raise FastpathError(f"gfsig_disarm in pid {self.pid}: {os.strerror(-rc)}")
-            s.call(self.dlclose, self.handle)
+
+
+def _dynsyms(blob: bytes) -> dict[str, int]:
+    """Offsets of the helper's three names in the object (its first PT_LOAD
+    is at 0, so a loaded copy's base + offset is the address)."""
+    want = ("gfsig_state", "gfsig_arm", "gfsig_disarm")
+    with ElfFile.from_bytes(blob, "gfsig.so") as elf:
+        got = {sym.name: sym.value for sym in elf.symbols(".dynsym") if sym.name in want}
+    if set(got) != set(want):
+        raise FastpathError(f"{GFSIG} lacks {sorted(set(want) - set(got))}: rebuild it")
+    return got
+
+
+def _loaded_copy(pid: int, blob: bytes) -> int | None:
+    """Base of a copy of this very helper that an earlier run left in pid
+    (its memfd mapping, first page equal to the file's), or None."""
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        parts = line.split(maxsplit=5)
+        if len(parts) == 6 and parts[5].startswith("/memfd:gfsig") and int(parts[2], 16) == 0:
+            base = int(parts[0].split("-")[0], 16)
+            try:
+                fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    head = os.pread(fd, 4096, base)
+                finally:
+                    os.close(fd)
+            except OSError:
+                continue
+            if head == blob[:4096]:
+                return base
+    return None
+
+
+def _arm(s: _Session, h: Helper, sites: Sequence[Site], deadline_ns: int) -> None:
+    st = h.state
+    if struct.unpack("<Q", s.read(st, 8))[0] != STATE_MAGIC:
+        raise FastpathError("the helper's state has the wrong magic (another gfsig?)")
+    table = b"".join(SITE_FMT.pack(x.rip_after, x.sp_delta, x.retval, x.err, 0) for x in sites)
+    s.write(st + OFF_NSITES, struct.pack("<I", 0))  # no stale site while rewriting
+    s.write(st + OFF_SITES, table)
+    s.write(st + OFF_DEADLINE, struct.pack("<Q", deadline_ns))
+    s.write(st + OFF_NSITES, struct.pack("<I", len(sites)))
+    h.base = h.raw_counters()
+    rc = _s64(s.call(h.arm_fn, h.signo))
+    if rc == -_errno.EBUSY:
+        raise SignalTaken(f"pid {h.pid} has its own {signal.Signals(h.signo).name} handler")
+    if rc:
+        raise FastpathError(
+            f"gfsig_arm({signal.Signals(h.signo).name}) in pid {h.pid}: {os.strerror(-rc)}"
+        )
 
 
 def load(pid: int, signo: int, sites: Sequence[Site], deadline_ns: int = 0) -> Helper:
-    """Load and arm the helper in pid for these sites. Raises FastpathError
-    with the reason, leaving nothing behind (no mapping, no handler)."""
+    """Load (or find the copy an earlier run left) and arm the helper in pid
+    for these sites. Raises FastpathError with the reason, leaving no
+    handler installed and no thread held (a copy loaded by this call and not
+    armed is dlclosed again)."""
     if len(sites) > MAX_SITES:
         raise FastpathError(f"at most {MAX_SITES} probe sites for the signal path")
     blob = read_helper()
+    offs = _dynsyms(blob)
+    base = _loaded_copy(pid, blob)
+    if base is not None:
+        h = Helper(pid, signo, base + offs["gfsig_state"], base + offs["gfsig_arm"],
+                   base + offs["gfsig_disarm"], reused=True)  # fmt: skip
+        with _Session(pid) as s:
+            if struct.unpack("<I", s.read(h.state + OFF_ARMED, 4))[0]:
+                # Armed still: a run whose controller died. Its probes went
+                # with it; its handler goes now, the target's action back.
+                s.call(h.disarm_fn)
+            check_signal_free(pid, signo)
+            _arm(s, h, sites, deadline_ns)
+        return h
     check_signal_free(pid, signo)
     libc = find_libc(pid)
     with _Session(pid) as s:
@@ -390,27 +471,15 @@ def load(pid: int, signo: int, sites: Sequence[Site], deadline_ns: int = 0) -> H
             s.call(libc.close, mfd)
         if not handle:
             raise FastpathError(f"dlopen of the helper failed in pid {pid}")
-        syms = {}
-        for name in ("gfsig_state", "gfsig_arm", "gfsig_disarm"):
-            syms[name] = s.call(libc.dlsym, handle, name.encode())
-            if not syms[name]:
-                s.call(libc.dlclose, handle)
-                raise FastpathError(f"the helper in pid {pid} has no {name}")
-        st = syms["gfsig_state"]
-        if struct.unpack("<Q", s.read(st, 8))[0] != STATE_MAGIC:
+        state = s.call(libc.dlsym, handle, b"gfsig_state")
+        if not state:
             s.call(libc.dlclose, handle)
-            raise FastpathError("the helper's state has the wrong magic (another gfsig?)")
-        table = b"".join(SITE_FMT.pack(x.rip_after, x.sp_delta, x.retval, x.err, 0) for x in sites)
-        s.write(st + OFF_SITES, table)
-        s.write(st + OFF_DEADLINE, struct.pack("<Q", deadline_ns))
-        s.write(st + OFF_NSITES, struct.pack("<I", len(sites)))
-        rc = _s64(s.call(syms["gfsig_arm"], signo))
-        if rc:
-            s.call(libc.dlclose, handle)
-            if rc == -_errno.EBUSY:
-                raise SignalTaken(f"pid {pid} has its own {signal.Signals(signo).name} handler")
-            raise FastpathError(
-                f"gfsig_arm({signal.Signals(signo).name}) in pid {pid}: {os.strerror(-rc)}"
-            )
-        return Helper(pid, signo, handle, st, syms["gfsig_arm"], syms["gfsig_disarm"],
-                      libc.dlclose)  # fmt: skip
+            raise FastpathError(f"the helper in pid {pid} has no gfsig_state")
+        lbase = state - offs["gfsig_state"]
+        h = Helper(pid, signo, state, lbase + offs["gfsig_arm"], lbase + offs["gfsig_disarm"])
+        try:
+            _arm(s, h, sites, deadline_ns)
+        except FastpathError:
+            s.call(libc.dlclose, handle)  # never armed: no handler can be running it
+            raise
+        return h
