@@ -490,7 +490,7 @@ static __always_inline void fire_at_entry(struct gf_regs *ctx, const struct gf_s
 	w->inf.fault_seq = __sync_fetch_and_add(&fault_seq_ctr, 1) + 1;
 	w->mech = GF_MECH_BPF;
 	if (s->action == GF_ACT_STALL)
-		w->mech = GF_MECH_COPILOT;
+		w->mech = (s->flags & GF_F_SIGNAL) ? GF_MECH_SIGNAL : GF_MECH_COPILOT;
 	if (s->action == GF_ACT_FAIL)
 		w->mech = regs_ok ? GF_MECH_REGS :
 			  (s->flags & GF_F_SIGNAL) ? GF_MECH_SIGNAL : GF_MECH_COPILOT;
@@ -500,6 +500,10 @@ static __always_inline void fire_at_entry(struct gf_regs *ctx, const struct gf_s
 
 	if (s->action == GF_ACT_SIGNAL) {
 		if (bpf_send_signal_thread(s->signo))
+			stat_add(GF_STAT_SIGNAL_ERR);
+	} else if (s->action == GF_ACT_STALL && (s->flags & GF_F_SIGNAL)) {
+		/* The helper's handler waits on its own clock (pyctl/fastpath). */
+		if (bpf_send_signal_thread(copilot_signo))
 			stat_add(GF_STAT_SIGNAL_ERR);
 	} else if (s->action == GF_ACT_STALL) {
 		to_copilot(ctx, s, w, 0);

@@ -54,7 +54,7 @@ enum gf_spec_flags {
 	GF_F_COPILOT = 1 << 7,	/* use the copilot mechanism */
 	GF_F_RETPROBE = 1 << 8,	/* its return probe is attached (set after) */
 	GF_F_CAP_USTACK = 1 << 9, /* copy the top of the user stack at a fire */
-	GF_F_SIGNAL = 1 << 10,	/* fail skip: the in-target helper's handler */
+	GF_F_SIGNAL = 1 << 10,	/* fail skip, stall: the in-target helper's handler */
 };
 
 enum gf_pred_op {

@@ -478,3 +478,124 @@ def test_errno_set_by_the_handler(tmp_path: Path) -> None:
         (0, 3, 0, 0, "Success"),
     ]
     assert eng.signal_counters["handled"] == 1
+
+
+# ---- stalls on the signal path: the helper waits on its own clock -----------
+def _stall_engine(t: Target, db: Path, stall_ms: float, **kw: object) -> object:
+    from pyctl.engine import Engine
+    from pyctl.spec import FaultSpec
+
+    s = FaultSpec(lib=str(LIB), fn="gf_victim", action="stall", stall_ms=stall_ms,
+                  capture_stack=False, tgid=t.pid, **kw)  # fmt: skip
+    eng = Engine([s], db_path=db, pid=t.pid, argv=["fastpath"], use_signal=True)
+    eng.start()
+    return eng
+
+
+def _timed(t: Target, n: int) -> int:
+    (line,) = [x for x in t.cmd(f"timed {n}") if x.startswith("timed")]
+    return int(line.split("p50=")[1].split()[0])
+
+
+@root
+@needs_target
+def test_stall_20ms_median_from_inside_the_target(tmp_path: Path) -> None:
+    t = Target()
+    try:
+        eng = _stall_engine(t, tmp_path / "gf.db", 20, every=1)
+        try:
+            assert eng.mechanism == "signal", eng.signal_refusal
+            p50 = _timed(t, 25)
+            eng.drain()
+        finally:
+            eng.close()
+        con = sqlite3.connect(tmp_path / "gf.db")
+        assert {m for (m,) in con.execute("SELECT mechanism FROM faults")} == {"signal"}
+        assert con.execute("SELECT count(*) FROM faults").fetchone()[0] == 25
+    finally:
+        t.close()
+    print(f"\nsignal-path stall of 20 ms: p50 {p50 / 1e6:.2f} ms inside the target")
+    assert 18e6 <= p50 <= 22e6
+    assert eng.signal_counters["handled"] == 25
+
+
+def _wait_handled(h: object, n: int, timeout: float = 10.0) -> None:
+    """Until the helper counted n injections (its stall is under way): the
+    helper's own counter, read on each wake of the controller's event wait."""
+    import time
+
+    end = time.monotonic() + timeout
+    while h.raw_counters()["handled"] - h.base.get("handled", 0) < n:  # type: ignore[attr-defined]
+        assert time.monotonic() < end, "no stall began"
+        time.sleep(0.005)
+
+
+@root
+@needs_target
+def test_detach_ends_a_stall_in_progress(tmp_path: Path) -> None:
+    """A 30 s stall ends when the run is closed (gfsig_disarm wakes it):
+    the call returns normally, and the target's signal state is as before."""
+    import threading
+    import time
+
+    t = Target()
+    try:
+        before = _sig_masks(t.pid)
+        eng = _stall_engine(t, tmp_path / "gf.db", 30_000, nth=1)
+        out: list[int] = []
+        th = threading.Thread(target=lambda: out.append(_timed(t, 1)))
+        try:
+            assert eng.mechanism == "signal", eng.signal_refusal
+            th.start()
+            _wait_handled(eng.helper, 1)
+            t0 = time.monotonic()
+        finally:
+            eng.close()
+        th.join(10)
+        took = time.monotonic() - t0
+        assert not th.is_alive() and out
+        assert _sig_masks(t.pid) == before
+        assert [r[3] for r in t.victim(2)] == [2, 3]
+    finally:
+        t.close()
+    print(f"\nstall ended {took * 1e3:.1f} ms after close() began (call {out[0] / 1e6:.0f} ms)")
+    assert took < 5 and out[0] < 10e9
+
+
+@root
+@needs_target
+def test_controller_sigkilled_mid_stall_the_stall_ends_on_time(tmp_path: Path) -> None:
+    """The stall's end is the helper's own clock: the controller SIGKILLed
+    100 ms into a 600 ms stall, the call still returns at ~600 ms, neither
+    earlier nor stuck, and the target runs on."""
+    import threading
+    import time
+
+    from pyctl.fastpath import inject
+
+    t = Target()
+    try:
+        env = dict(os.environ, GPUFAULT_SIGNAL="1")
+        argv = [sys.executable, "-m", "pyctl", *on_victim("inject", t.pid), "--action", "stall"]
+        argv += ["--stall", "600ms", "--nth", "1", "--no-stack", "--db", str(tmp_path / "g.db")]
+        ctl, _ = start_controller(argv, env=env, cwd=REPO)
+        out: list[int] = []
+        th = threading.Thread(target=lambda: out.append(_timed(t, 1)))
+        th.start()
+        blob = inject.read_helper()
+        base = inject._loaded_copy(t.pid, blob)
+        assert base is not None
+        h = inject.Helper(t.pid, signal.SIGURG, base + inject._dynsyms(blob)["gfsig_state"], 0, 0)
+        _wait_handled(h, 1)
+        time.sleep(0.1)  # the point under test: a kill mid-stall, 100 ms in
+        ctl.kill()
+        ctl.wait(10)
+        for sock in Path("/run/gpufault").glob(f"{ctl.pid}-*.sock"):
+            sock.unlink()
+        th.join(10)
+        assert not th.is_alive() and out
+        assert [r[3] for r in t.victim(2)] == [2, 3]
+    finally:
+        t.close()
+    print(f"\ncontroller killed mid-stall: the 600 ms stall took {out[0] / 1e6:.1f} ms")
+    assert 590e6 <= out[0] <= 1000e6

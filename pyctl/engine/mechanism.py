@@ -96,25 +96,26 @@ class Plan:
             return "copilot"
         if self.regs and any(s.action == "fail" for s in self.specs):
             return "regs"
-        if self.signal and any(s.action == "fail" for s in self.specs):
+        if self.signal and any(s.action in ("fail", "stall") for s in self.specs):
             return "signal"
         return "bpf"
 
     def signal_refusal(self) -> str | None:
         """Why the signal fast path cannot carry this run's faults, or None.
-        It does fail-skip alone: a stall, a fail after the body or a corrupt
-        that needs the copilot keeps the whole run on the copilot."""
+        It does fail-skip and stalls of a given length: a hang (a stall with
+        no length, until released), a fail after the body or a corrupt that
+        needs the copilot keeps the whole run on the copilot."""
         if self.regs:
             return "BPF writes the registers on this kernel"
         for s in self.specs:
-            if s.action == "stall":
-                return "a stall needs the copilot"
+            if s.action == "stall" and not s.stall_ms:
+                return "a stall with no length (a hang until released) needs the copilot"
             if s.action == "fail" and s.mode == "after":
                 return "a fail after the body needs the copilot"
             if s.action == "corrupt" and not self.user_writes:
                 return "a corrupt without BPF user writes needs the copilot"
-        if not any(s.action == "fail" for s in self.specs):
-            return "no fail to carry out"
+        if not any(s.action in ("fail", "stall") for s in self.specs):
+            return "no fail or stall to carry out"
         return None
 
     @property
@@ -130,7 +131,7 @@ class Plan:
 
     def needs_copilot(self) -> bool:
         return any(
-            s.action == "stall"
+            (s.action == "stall" and not self.signal)
             or (s.action == "fail" and not self.regs and not self.signal)
             or (s.action == "corrupt" and not self.user_writes)
             for s in self.specs
@@ -191,6 +192,8 @@ class Plan:
             cfg.flags |= abi.F_SIGNAL
         elif sp.action == "fail":
             cfg.flags |= abi.F_REGS if self.regs else abi.F_COPILOT
+        elif sp.action == "stall" and self.signal:
+            cfg.flags |= abi.F_SIGNAL
         elif sp.action == "stall" or (sp.action == "corrupt" and not self.user_writes):
             cfg.flags |= abi.F_COPILOT
         if sp.caller:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pyctl.fastpath.inject import FastpathError, Helper, SignalTaken, find_runtime, load
-from pyctl.fastpath.sites import Site, SiteError, decode, read_insn
+from pyctl.fastpath.sites import STALL, Site, SiteError, decode, read_insn
 
 
 def load_for(
@@ -27,16 +27,19 @@ def load_for(
     sites: dict[int, Site] = {}
     for a in atts:
         sp = specs[a.spec]
-        if sp.action != "fail":
+        if sp.action not in ("fail", "stall"):
             continue
         try:
             length, delta = decode(read_insn(a.lib.path, a.sym.offset))
         except (SiteError, OSError, IndexError) as e:
             raise FastpathError(f"{a.sym.name}: {e}") from None
         addr = find_runtime(pid, a.lib, a.sym.offset)
-        site = Site(addr + length, delta, int(sp.ret), int(sp.errno or 0))
+        if sp.action == "stall":
+            site = Site(addr + length, delta, 0, 0, STALL, int(sp.stall_ms * 1e6))
+        else:
+            site = Site(addr + length, delta, int(sp.ret), int(sp.errno or 0))
         if addr in sites and sites[addr] != site:
-            raise FastpathError(f"{a.sym.name}: two fail specs on one site")
+            raise FastpathError(f"{a.sym.name}: two faults of the signal path on one site")
         sites[addr] = site
     return load(pid, signo, list(sites.values()), deadline_ns)
 

@@ -24,11 +24,15 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
 #include <signal.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <ucontext.h>
+#include <unistd.h>
 
 #include "gfsig.h"
 
@@ -44,14 +48,41 @@ static void pass_on(int sig, siginfo_t *si, void *uc)
 	(void)sig, (void)si, (void)uc;
 }
 
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + ts.tv_nsec;
+}
+
+/* Hold this thread until stall_ns from now, the run's deadline, or
+ * gfsig_disarm, whichever comes first: on the clock, so the end holds
+ * whatever happens to the controller. */
+static void stall(const struct gfsig_site *s)
+{
+	uint32_t gen = __atomic_load_n(&gfsig_state.release_gen, __ATOMIC_ACQUIRE);
+	uint64_t end = mono_ns() + s->stall_ns;
+	struct timespec abs;
+
+	if (gfsig_state.deadline_ns && end > gfsig_state.deadline_ns)
+		end = gfsig_state.deadline_ns;
+	abs.tv_sec = end / 1000000000ull;
+	abs.tv_nsec = end % 1000000000ull;
+	while (mono_ns() < end &&
+	       __atomic_load_n(&gfsig_state.release_gen, __ATOMIC_ACQUIRE) == gen)
+		syscall(SYS_futex, &gfsig_state.release_gen, FUTEX_WAIT_BITSET_PRIVATE, gen,
+			&abs, NULL, FUTEX_BITSET_MATCH_ANY);
+}
+
 static void handler(int sig, siginfo_t *si, void *ucv)
 {
 	ucontext_t *uc = ucv;
 	greg_t *g = uc->uc_mcontext.gregs;
 	struct gfsig_site *s = 0;
-	struct timespec ts;
 	uint64_t entry_sp;
 	uint32_t i, n;
+	int saved_errno = errno;	/* the interrupted code's, kept unless asked */
 
 	if (si->si_code != SI_KERNEL) {
 		pass_on(sig, si, ucv);
@@ -74,19 +105,21 @@ static void handler(int sig, siginfo_t *si, void *ucv)
 		__atomic_add_fetch(&gfsig_state.inert, 1, __ATOMIC_RELAXED);
 		return;
 	}
-	if (gfsig_state.deadline_ns) {
-		clock_gettime(CLOCK_MONOTONIC, &ts);
-		if ((uint64_t)ts.tv_sec * 1000000000ull + ts.tv_nsec >= gfsig_state.deadline_ns) {
-			__atomic_add_fetch(&gfsig_state.inert, 1, __ATOMIC_RELAXED);
-			return;
-		}
+	if (gfsig_state.deadline_ns && mono_ns() >= gfsig_state.deadline_ns) {
+		__atomic_add_fetch(&gfsig_state.inert, 1, __ATOMIC_RELAXED);
+		return;
+	}
+	if (s->kind == GFSIG_STALL) {
+		__atomic_add_fetch(&gfsig_state.handled, 1, __ATOMIC_RELAXED);
+		stall(s);
+		errno = saved_errno;
+		return;	/* the call runs on, its registers untouched */
 	}
 	entry_sp = (uint64_t)g[REG_RSP] + s->sp_delta;
 	g[REG_RIP] = *(uint64_t *)entry_sp;
 	g[REG_RSP] = entry_sp + 8;
 	g[REG_RAX] = s->retval;
-	if (s->err)
-		errno = s->err;
+	errno = s->err ? s->err : saved_errno;
 	__atomic_add_fetch(&gfsig_state.handled, 1, __ATOMIC_RELAXED);
 }
 
@@ -123,6 +156,9 @@ __attribute__((visibility("default"))) int gfsig_disarm(void)
 	if (!gfsig_state.armed)
 		return 0;
 	__atomic_store_n(&gfsig_state.armed, 0, __ATOMIC_RELEASE);
+	/* Stalls in progress end now: the controller is detaching. */
+	__atomic_add_fetch(&gfsig_state.release_gen, 1, __ATOMIC_RELEASE);
+	syscall(SYS_futex, &gfsig_state.release_gen, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
 	if (sigaction(gfsig_state.signo, &old_action, NULL))
 		return -errno;
 	return 0;

@@ -52,7 +52,7 @@ STATE_MAGIC = 0x3130304749534647
 # struct gfsig_state / gfsig_site (pyctl/fastpath/gfsig.h; the layout test
 # in tests/test_fastpath.py compiles against it)
 STATE_FMT = struct.Struct("=QIIQII QQQQ")
-SITE_FMT = struct.Struct("=QqqiI")
+SITE_FMT = struct.Struct("=QqqiIQ")
 MAX_SITES = 256
 OFF_ARMED, OFF_DEADLINE, OFF_NSITES = 8, 16, 24
 OFF_HANDLED = 32
@@ -416,7 +416,9 @@ def _arm(s: _Session, h: Helper, sites: Sequence[Site], deadline_ns: int) -> Non
     st = h.state
     if struct.unpack("<Q", s.read(st, 8))[0] != STATE_MAGIC:
         raise FastpathError("the helper's state has the wrong magic (another gfsig?)")
-    table = b"".join(SITE_FMT.pack(x.rip_after, x.sp_delta, x.retval, x.err, 0) for x in sites)
+    table = b"".join(
+        SITE_FMT.pack(x.rip_after, x.sp_delta, x.retval, x.err, x.kind, x.stall_ns) for x in sites
+    )
     s.write(st + OFF_NSITES, struct.pack("<I", 0))  # no stale site while rewriting
     s.write(st + OFF_SITES, table)
     s.write(st + OFF_DEADLINE, struct.pack("<Q", deadline_ns))

@@ -19,12 +19,17 @@ from dataclasses import dataclass
 _SCRATCH = {0, 1, 2, 6, 7, 8, 9, 10, 11}
 
 
+FAIL, STALL = 0, 1  # enum gfsig_kind
+
+
 @dataclass(frozen=True)
 class Site:
     rip_after: int
     sp_delta: int
     retval: int
     err: int
+    kind: int = FAIL
+    stall_ns: int = 0
 
 
 class SiteError(ValueError):
