@@ -599,3 +599,26 @@ def test_controller_sigkilled_mid_stall_the_stall_ends_on_time(tmp_path: Path) -
         t.close()
     print(f"\ncontroller killed mid-stall: the 600 ms stall took {out[0] / 1e6:.1f} ms")
     assert 590e6 <= out[0] <= 1000e6
+
+
+@root
+@needs_target
+def test_stalls_from_8_threads_are_exact(tmp_path: Path) -> None:
+    """Every call of 8 threads stalls 1 ms: BPF's fires = the helper's
+    handled = the fault rows, and every call then ran its body."""
+    t = Target()
+    try:
+        eng = _stall_engine(t, tmp_path / "gf.db", 1, every=1)
+        try:
+            assert eng.mechanism == "signal", eng.signal_refusal
+            rows = t.victim(25, threads=8)
+            eng.drain()
+            c = eng.counters()[0]
+        finally:
+            eng.close()
+    finally:
+        t.close()
+    assert all(r[3] == r[2] + 1 for r in rows) and len(rows) == 200
+    con = sqlite3.connect(tmp_path / "gf.db")
+    (n,) = con.execute("SELECT count(*) FROM faults").fetchone()
+    assert c.fires == n == eng.signal_counters["handled"] == 200
