@@ -622,3 +622,31 @@ def test_stalls_from_8_threads_are_exact(tmp_path: Path) -> None:
     con = sqlite3.connect(tmp_path / "gf.db")
     (n,) = con.execute("SELECT count(*) FROM faults").fetchone()
     assert c.fires == n == eng.signal_counters["handled"] == 200
+
+
+@root
+def test_the_loader_writes_only_a_new_sealable_memfd(tmp_path: Path) -> None:
+    """The fd the target's memfd_create returned is checked before root
+    writes it: a file the target may only read, a device, or a memfd that
+    is not new and sealable is refused (the target's other threads could
+    have put one at that number)."""
+    from pyctl.fastpath import FastpathError
+    from pyctl.fastpath.inject import _open_memfd
+
+    ro = tmp_path / "readonly"
+    ro.write_text("keep")
+    ok = os.memfd_create("gfsig", os.MFD_ALLOW_SEALING)
+    bad = [
+        os.open(ro, os.O_RDONLY),
+        os.open("/dev/null", os.O_RDONLY),
+        os.memfd_create("gfsig"),  # not sealable
+    ]
+    try:
+        os.close(_open_memfd(os.getpid(), ok))
+        for fd in bad:
+            with pytest.raises(FastpathError, match="not writing"):
+                _open_memfd(os.getpid(), fd)
+    finally:
+        for fd in [ok, *bad]:
+            os.close(fd)
+    assert ro.read_text() == "keep"

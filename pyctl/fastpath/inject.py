@@ -370,10 +370,49 @@ class Helper:
         handler gone. The object stays mapped, inert: a thread can still be
         inside the handler (delivered just before the disarm, not yet run),
         and unmapping its code would crash it. The next run re-arms it."""
-        with _Session(self.pid) as s:
-            rc = _s64(s.call(self.disarm_fn))
-            if rc:
-                raise FastpathError(f"gfsig_disarm in pid {self.pid}: {os.strerror(-rc)}")
+        try:
+            with _Session(self.pid) as s:
+                rc = _s64(s.call(self.disarm_fn))
+        except OSError as e:
+            raise FastpathError(f"pid {self.pid}: {e.strerror or e}") from None
+        if rc:
+            raise FastpathError(f"gfsig_disarm in pid {self.pid}: {os.strerror(-rc)}")
+
+
+F_GET_SEALS = 1034
+
+
+def _open_memfd(pid: int, fd: int) -> int:
+    """fd N of pid for writing, only if it is what memfd_create just made
+    there: the target's other threads run meanwhile and could have put any
+    file of theirs at N (one they may only read, a device), which root must
+    not write or even open for writing. So: O_PATH first (no open side
+    effects), checked to be an empty, unlinked, sealable regular file (a
+    memfd), then that very inode reopened."""
+    path_fd = os.open(f"/proc/{pid}/fd/{fd}", os.O_PATH | os.O_CLOEXEC)
+    try:
+        st = os.fstat(path_fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size != 0 or st.st_nlink != 0:
+            raise FastpathError(f"pid {pid}: fd {fd} is not the new memfd: not writing to it")
+        wfd = os.open(f"/proc/self/fd/{path_fd}", os.O_RDWR | os.O_CLOEXEC)
+    finally:
+        os.close(path_fd)
+    try:
+        st2 = os.fstat(wfd)
+        if (st2.st_dev, st2.st_ino) != (st.st_dev, st.st_ino):
+            raise FastpathError(f"pid {pid}: fd {fd} changed under us: not writing to it")
+        # EINVAL unless a memfd; 0 only for a new one that allows sealing
+        if fcntl.fcntl(wfd, F_GET_SEALS) != 0:
+            raise OSError("sealed")
+    except OSError:
+        os.close(wfd)
+        raise FastpathError(
+            f"pid {pid}: fd {fd} is not a new sealable memfd: not writing it"
+        ) from None
+    except FastpathError:
+        os.close(wfd)
+        raise
+    return wfd
 
 
 def _dynsyms(blob: bytes) -> dict[str, int]:
@@ -438,6 +477,13 @@ def load(pid: int, signo: int, sites: Sequence[Site], deadline_ns: int = 0) -> H
     for these sites. Raises FastpathError with the reason, leaving no
     handler installed and no thread held (a copy loaded by this call and not
     armed is dlclosed again)."""
+    try:
+        return _load(pid, signo, sites, deadline_ns)
+    except OSError as e:  # the target gone mid-way, /proc refused, ...
+        raise FastpathError(f"pid {pid}: {e.strerror or e}") from None
+
+
+def _load(pid: int, signo: int, sites: Sequence[Site], deadline_ns: int) -> Helper:
     if len(sites) > MAX_SITES:
         raise FastpathError(f"at most {MAX_SITES} probe sites for the signal path")
     blob = read_helper()
@@ -461,7 +507,7 @@ def load(pid: int, signo: int, sites: Sequence[Site], deadline_ns: int = 0) -> H
         if mfd < 0:
             raise FastpathError(f"memfd_create in pid {pid}: {os.strerror(-mfd)}")
         try:
-            wfd = os.open(f"/proc/{pid}/fd/{mfd}", os.O_RDWR | os.O_CLOEXEC)
+            wfd = _open_memfd(pid, mfd)
             try:
                 os.write(wfd, blob)
                 fcntl.fcntl(wfd, F_ADD_SEALS, F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW
