@@ -313,9 +313,9 @@ def _signal_path_check() -> Check:
     return Check(
         "signal fast path",
         True,
-        "gfsig.so ready: with GPUFAULT_SIGNAL=1 a fail-skip run on a --pid target loads it "
-        "and fails in ~3-5 us without ptrace stops; a target it cannot serve gets the "
-        "copilot, the reason in its run row (capabilities.signal_refusal)",
+        "gfsig.so ready: with GPUFAULT_SIGNAL=1 a run of fail-skips and timed stalls on a "
+        "--pid target loads it (~3-5 us per fail, no ptrace stop); a target it cannot "
+        "serve gets the copilot, the reason in its run row (capabilities.signal_refusal)",
     )
 
 
