@@ -22,6 +22,7 @@ BPF_OBJS := $(patsubst bpf/%.bpf.c,$(DATA)/%.bpf.o,$(BPF_SRCS))
 DOUBLES := $(DATA)/doubles/gf-infer
 PRELOAD := $(DATA)/preload/gfpreload.so
 LIBS := $(DATA)/lib/libbpf.so.1
+GFSIG := $(DATA)/helper/gfsig.so
 
 help:
 	@echo "make setup        install apt + pip dependencies, then build"
@@ -47,7 +48,7 @@ TARGETS := $(OUT)/targets/gf_target $(OUT)/targets/libgftarget.so $(OUT)/targets
 	$(OUT)/targets/gf_mainexit $(OUT)/targets/gf_errno $(OUT)/targets/gf_nofp \
 	$(OUT)/targets/gf_nofp_cc $(OUT)/targets/gf_sites
 
-build: $(BPF_OBJS) $(DOUBLES) $(TARGETS) $(PRELOAD) $(LIBS)
+build: $(BPF_OBJS) $(DOUBLES) $(TARGETS) $(PRELOAD) $(LIBS) $(GFSIG)
 
 # The shim goes into the package; its own libcuda test double stays in build/.
 $(PRELOAD): $(wildcard pyctl/hooks/preload/*.c doubles/preload/*.c pyctl/hooks/preload/Makefile)
@@ -179,3 +180,9 @@ device-bundle: build
 
 clean:
 	rm -rf $(OUT) $(DATA)/*.bpf.o $(DATA)/doubles $(DATA)/preload $(DATA)/lib dist
+
+# The signal fast path's in-target helper (pyctl/fastpath/gfsig.c, issue 26):
+# libc only, loaded into targets by a ptrace-driven dlopen.
+$(GFSIG): pyctl/fastpath/gfsig.c pyctl/fastpath/gfsig.h
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) -O2 -g -Wall -Werror -fPIC -shared -fvisibility=hidden -o $@ $<

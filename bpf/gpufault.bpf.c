@@ -490,9 +490,10 @@ static __always_inline void fire_at_entry(struct gf_regs *ctx, const struct gf_s
 	w->inf.fault_seq = __sync_fetch_and_add(&fault_seq_ctr, 1) + 1;
 	w->mech = GF_MECH_BPF;
 	if (s->action == GF_ACT_STALL)
-		w->mech = GF_MECH_COPILOT;
+		w->mech = (s->flags & GF_F_SIGNAL) ? GF_MECH_SIGNAL : GF_MECH_COPILOT;
 	if (s->action == GF_ACT_FAIL)
-		w->mech = regs_ok ? GF_MECH_REGS : GF_MECH_COPILOT;
+		w->mech = regs_ok ? GF_MECH_REGS :
+			  (s->flags & GF_F_SIGNAL) ? GF_MECH_SIGNAL : GF_MECH_COPILOT;
 	if (s->action == GF_ACT_CORRUPT && (s->flags & GF_F_COPILOT))
 		w->mech = GF_MECH_COPILOT;
 	emit_fire(ctx, s, w, e);
@@ -500,9 +501,20 @@ static __always_inline void fire_at_entry(struct gf_regs *ctx, const struct gf_s
 	if (s->action == GF_ACT_SIGNAL) {
 		if (bpf_send_signal_thread(s->signo))
 			stat_add(GF_STAT_SIGNAL_ERR);
+	} else if (s->action == GF_ACT_STALL && (s->flags & GF_F_SIGNAL)) {
+		/* The helper's handler waits on its own clock (pyctl/fastpath). */
+		if (bpf_send_signal_thread(copilot_signo))
+			stat_add(GF_STAT_SIGNAL_ERR);
 	} else if (s->action == GF_ACT_STALL) {
 		to_copilot(ctx, s, w, 0);
 	} else if (s->action == GF_ACT_FAIL && !(s->flags & GF_F_AFTER)) {
+		if (!regs_ok && (s->flags & GF_F_SIGNAL)) {
+			/* The helper's handler returns at once (pyctl/fastpath):
+			 * it knows each site's entry sp from its probed insn. */
+			if (bpf_send_signal_thread(copilot_signo))
+				stat_add(GF_STAT_SIGNAL_ERR);
+			return;
+		}
 		if (!regs_ok) {
 			to_copilot(ctx, s, w, 0);
 			return;

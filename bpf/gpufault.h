@@ -40,6 +40,7 @@ enum gf_mech {
 	GF_MECH_BPF = 0,	/* done in BPF alone (observe, signal, corrupt) */
 	GF_MECH_REGS = 1,	/* BPF wrote pt_regs (kernels that allow it) */
 	GF_MECH_COPILOT = 2,	/* ptrace copilot finishes it at a signal stop */
+	GF_MECH_SIGNAL = 3,	/* the target's gfsig helper, at the signal */
 };
 
 enum gf_spec_flags {
@@ -53,6 +54,7 @@ enum gf_spec_flags {
 	GF_F_COPILOT = 1 << 7,	/* use the copilot mechanism */
 	GF_F_RETPROBE = 1 << 8,	/* its return probe is attached (set after) */
 	GF_F_CAP_USTACK = 1 << 9, /* copy the top of the user stack at a fire */
+	GF_F_SIGNAL = 1 << 10,	/* fail skip, stall: the in-target helper's handler */
 };
 
 enum gf_pred_op {

@@ -10,6 +10,7 @@ a checkout and an installed wheel look the same:
     pyctl/data/preload/gfpreload.so     LD_PRELOAD shim (pyctl/hooks/preload/)
     pyctl/data/lib/libbpf.so.1          Debian's libbpf + libelf, used only when
     pyctl/data/lib/libelf.so.1          the system has no libbpf.so.1
+    pyctl/data/helper/gfsig.so          the signal fast path's in-target helper
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ DOUBLE_INFER = DOUBLES / "gf-infer"
 PRELOAD_SHIM = PRELOAD / "gfpreload.so"
 BUNDLED_LIBBPF = LIB / "libbpf.so.1"
 BUNDLED_LIBELF = LIB / "libelf.so.1"
+GFSIG = DATA / "helper" / "gfsig.so"  # pyctl/fastpath/gfsig.c (issue 26)
 
 
 def bpf_object(name: str) -> Path:

@@ -274,6 +274,8 @@ def _kernel_checks() -> list[Check]:
             else "verifier refuses pt_regs writes in uprobes: fail uses the ptrace copilot",
         )
     )
+    if not rw:
+        out.append(_signal_path_check())
     um = kf.uprobe_multi()
     out.append(
         Check(
@@ -295,6 +297,27 @@ def _kernel_checks() -> list[Check]:
         )
     )
     return out
+
+
+def _signal_path_check() -> Check:
+    """The signal fast path (issue 26, docs/copilot.md): informational. The
+    trial itself is per target (its libc, its handlers, a thread at a safe
+    point), so this says what the host offers and where each run's answer
+    is kept."""
+    # lazy: the fast path's loader (ptrace, ELF) only where doctor asks about it
+    from pyctl.fastpath.inject import FastpathError, read_helper
+
+    try:
+        read_helper()
+    except FastpathError as e:
+        return Check("signal fast path", True, f"not available: {e}; fail uses the copilot")
+    return Check(
+        "signal fast path",
+        True,
+        "gfsig.so ready: with GPUFAULT_SIGNAL=1 a run of fail-skips and timed stalls on a "
+        "--pid target loads it (~3-5 us per fail, no ptrace stop); a target it cannot "
+        "serve gets the copilot, the reason in its run row (capabilities.signal_refusal)",
+    )
 
 
 def _serve_check() -> Check:

@@ -26,8 +26,8 @@ ACT_OBSERVE, ACT_FAIL, ACT_SIGNAL, ACT_CORRUPT, ACT_STALL = 0, 1, 2, 3, 4
 ACTIONS = {"observe": 0, "fail": 1, "signal": 2, "corrupt": 3, "stall": 4}
 ACTION_NAMES = {v: k for k, v in ACTIONS.items()}
 
-MECH_BPF, MECH_REGS, MECH_COPILOT = 0, 1, 2
-MECH_NAMES = {0: "bpf", 1: "regs", 2: "copilot"}
+MECH_BPF, MECH_REGS, MECH_COPILOT, MECH_SIGNAL = 0, 1, 2, 3
+MECH_NAMES = {0: "bpf", 1: "regs", 2: "copilot", 3: "signal"}
 
 F_ENABLED = 1 << 0
 F_STICKY = 1 << 1
@@ -38,6 +38,7 @@ F_REGS = 1 << 6
 F_COPILOT = 1 << 7
 F_RETPROBE = 1 << 8
 F_CAP_USTACK = 1 << 9  # copy the top of the user stack at a fire
+F_SIGNAL = 1 << 10  # fail skip carried out by the in-target helper (pyctl/fastpath)
 
 PRED_OPS = {"==": 1, "!=": 2, "<": 3, ">": 4, "<=": 5, ">=": 6, "&": 7}
 CORRUPT_OPS = {"zero": 0, "xor": 1, "set": 2}

@@ -24,6 +24,7 @@ from __future__ import annotations
 import ctypes as C
 import os
 import select
+import signal
 import sqlite3
 import time
 from collections.abc import Sequence
@@ -117,6 +118,7 @@ class Engine:
         options: RunOptions | None = None,
         tid: int | None = None,
         stack_copy_bytes: int | None = None,
+        use_signal: bool | None = None,
     ):
         if options is not None:
             # A run's settings in one object (pyctl/run_options.py): the CLI's,
@@ -157,6 +159,16 @@ class Engine:
         # False for a command we hold before exec: its maps are still ours.
         self.resolve_in_target = resolve_in_target
         self.copilot: Any = None
+        # The signal fast path (pyctl/fastpath, issue 26): tried for a
+        # fail-skip run with a process target when asked (use_signal, or
+        # GPUFAULT_SIGNAL=1); helper: the loaded gfsig, signal_refusal: why
+        # the copilot carries the run instead (None: not tried or taken).
+        self.use_signal = (
+            os.environ.get("GPUFAULT_SIGNAL") == "1" if use_signal is None else use_signal
+        )
+        self.helper: Any = None
+        self.signal_refusal: str | None = None
+        self.signal_counters: dict[str, int] = {}
         self.stats = RunStats()
         self.evidence = EvidenceWriter(
             self.specs, db_path=db_path, max_db_bytes=max_db_bytes, stats=self.stats
@@ -256,6 +268,8 @@ class Engine:
         self.atts = self.plan.attachments(self.pid if self.resolve_in_target else None)
         if self.pid is not None and not resolve.pid_alive(self.pid):
             raise EngineError(f"no process {self.pid}: check the pid (is it still running?)")
+        if self.use_signal and self.plan.needs_copilot():
+            self._try_signal()
         self._check_not_loaded()
         self._check_init_signals()
         # The database is opened and checked (writable, SQLite, gpufault's or
@@ -277,7 +291,12 @@ class Engine:
                     self.argv,
                     self.kind,
                     mechanism=self.mechanism,
-                    capabilities={"regs": self.regs, "copilot_signal": self.copilot_signal},
+                    capabilities={
+                        "regs": self.regs,
+                        "copilot_signal": self.copilot_signal,
+                        **({"signal": self.plan.signal} if self.use_signal else {}),
+                        **({"signal_refusal": self.signal_refusal} if self.signal_refusal else {}),
+                    },
                 )
                 self.evidence.write_plan(self.pid, self.tid, self.duration)
                 if self.pid:
@@ -308,6 +327,56 @@ class Engine:
             if self._db_created and not self.attached:
                 store.remove_db(Path(self.db_path))
             raise
+
+    def _try_signal(self) -> None:
+        """The signal mechanism by trial: load gfsig into the target and arm
+        it for every probe site; any refusal leaves the run on the copilot
+        with the reason in signal_refusal (the run row's capabilities)."""
+        # lazy: the fast path's loader (ptrace, ELF) only for a run that tries it
+        from pyctl.fastpath import FastpathError, SignalTaken, load_for
+
+        why = self.plan.signal_refusal()
+        if why is None and (self.pid is None or not self.resolve_in_target):
+            why = "the signal path loads its helper into a running process: give --pid"
+        if why is None:
+            durations = [sp.duration_s or self.duration for sp in self.specs]
+            deadline = (
+                time.monotonic_ns() + int((max(durations) + 1.0) * 1e9) if all(durations) else 0
+            )
+            # The copilot's signal first; where the target owns the default
+            # SIGURG (a handler, a thread blocking it), SIGWINCH, the other
+            # signal that is ignored by default. BPF is loaded after this
+            # and sends whichever was armed.
+            signos = [self.copilot_signal]
+            if self.copilot_signal == DEFAULT_COPILOT_SIGNAL:
+                signos.append(int(signal.SIGWINCH))
+            for signo in signos:
+                try:
+                    assert self.pid is not None
+                    self.helper = load_for(self.pid, signo, self.specs, self.atts, deadline)
+                    self.plan.signal = True
+                    self.copilot_signal = signo
+                    return
+                except SignalTaken as e:  # the next signal may do
+                    why = str(e) if why is None else f"{why}; {e}"
+                except FastpathError as e:
+                    why = str(e)
+                    break
+        self.signal_refusal = why
+        self.start_warnings.append(f"signal fast path not used ({why}): the ptrace copilot")
+
+    def _unload_helper(self) -> None:
+        """After the probes are gone: the helper's counts, then the target's
+        own signal action back and the helper unloaded."""
+        # lazy: only a run that loaded the helper unloads it
+        from pyctl.fastpath import FastpathError
+
+        helper, self.helper = self.helper, None
+        self.signal_counters = helper.counters()
+        try:
+            helper.unload()
+        except FastpathError as e:
+            self.end_error = f"signal helper left in pid {helper.pid}: {e}"
 
     def _watch_maps(self, pid: int) -> None:
         """Keep pid's executable mappings current from now on (perf's
@@ -696,6 +765,8 @@ class Engine:
                 self.copilot = None
         if self.links is not None and self.obj is not None:
             self.links.detach()
+            if self.helper is not None:
+                self._unload_helper()
             if self.db is not None and self.run_id:
                 try:
                     if self.write_error is None:
@@ -728,6 +799,8 @@ class Engine:
                 self._ep.close()
                 self._ep = None
             self.links.close()
+        if self.helper is not None:  # a start refused before the probes went in
+            self._unload_helper()
         if self.anchor_dev is not None:
             self.anchor_dev.close()  # also clears the module's fault context
             self.anchor_dev = None
@@ -745,6 +818,7 @@ class Engine:
                         "fires": self.stats.fires,
                         "events": self.stats.events,
                         "links": self.stats.links,
+                        **({"signal": self.signal_counters} if self.signal_counters else {}),
                         "calls_dropped": self.stats.dropped,
                         "calls_unfinished": self.stats.unfinished,
                         **({"write_error": self.write_error} if self.write_error else {}),

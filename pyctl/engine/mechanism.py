@@ -81,6 +81,9 @@ class Plan:
     regs: bool
     user_writes: bool
     multi: bool = False
+    # Fail-skips carried out by the gfsig helper loaded into the target
+    # (pyctl/fastpath): set by the engine once the helper is armed there.
+    signal: bool = False
 
     @property
     def mechanism(self) -> str:
@@ -93,7 +96,27 @@ class Plan:
             return "copilot"
         if self.regs and any(s.action == "fail" for s in self.specs):
             return "regs"
+        if self.signal and any(s.action in ("fail", "stall") for s in self.specs):
+            return "signal"
         return "bpf"
+
+    def signal_refusal(self) -> str | None:
+        """Why the signal fast path cannot carry this run's faults, or None.
+        It does fail-skip and stalls of a given length: a hang (a stall with
+        no length, until released), a fail after the body or a corrupt that
+        needs the copilot keeps the whole run on the copilot."""
+        if self.regs:
+            return "BPF writes the registers on this kernel"
+        for s in self.specs:
+            if s.action == "stall" and not s.stall_ms:
+                return "a stall with no length (a hang until released) needs the copilot"
+            if s.action == "fail" and s.mode == "after":
+                return "a fail after the body needs the copilot"
+            if s.action == "corrupt" and not self.user_writes:
+                return "a corrupt without BPF user writes needs the copilot"
+        if not any(s.action in ("fail", "stall") for s in self.specs):
+            return "no fail or stall to carry out"
+        return None
 
     @property
     def programs(self) -> tuple[str, str]:
@@ -108,8 +131,8 @@ class Plan:
 
     def needs_copilot(self) -> bool:
         return any(
-            s.action == "stall"
-            or (s.action == "fail" and not self.regs)
+            (s.action == "stall" and not self.signal)
+            or (s.action == "fail" and not self.regs and not self.signal)
             or (s.action == "corrupt" and not self.user_writes)
             for s in self.specs
         )
@@ -165,8 +188,12 @@ class Plan:
         cfg = sp.to_bpf(start_mono_ns=start_mono_ns, tgid=tgid, tid=tid, duration_s=duration_s)
         if has_ret:
             cfg.flags |= abi.F_RETPROBE
-        if sp.action == "fail":
+        if sp.action == "fail" and self.signal and not self.regs:
+            cfg.flags |= abi.F_SIGNAL
+        elif sp.action == "fail":
             cfg.flags |= abi.F_REGS if self.regs else abi.F_COPILOT
+        elif sp.action == "stall" and self.signal:
+            cfg.flags |= abi.F_SIGNAL
         elif sp.action == "stall" or (sp.action == "corrupt" and not self.user_writes):
             cfg.flags |= abi.F_COPILOT
         if sp.caller:

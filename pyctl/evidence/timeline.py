@@ -102,7 +102,7 @@ def resolve(db: Any, ref: str) -> tuple[list[str], float | None, str | None]:
 
 # What the BPF engine's faults are carried out by; any other mechanism is a
 # layer's (pyctl/evidence/layers.py: tokenizer, hooks, netchaos).
-PROBE_MECHANISMS = ("bpf", "regs", "copilot")
+PROBE_MECHANISMS = ("bpf", "regs", "copilot", "signal")
 
 
 def _fault_text(f: dict[str, Any]) -> str:
