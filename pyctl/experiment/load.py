@@ -41,7 +41,14 @@ from pyctl.experiment.model import (
     SteadyState,
 )
 from pyctl.experiment.probes import Probe, ProbeError, Tolerance, probe_from_toml
-from pyctl.experiment.reader import LOAD_KEYS, Reader, kind_name, load_fields, parse_bound
+from pyctl.experiment.reader import (
+    LOAD_KEYS,
+    Reader,
+    kind_name,
+    load_fields,
+    parse_bound,
+    redact_headers,
+)
 from pyctl.experiment.target import parse_target
 
 SHIPPED = Path(__file__).resolve().parent.parent / "experiments"
@@ -232,7 +239,7 @@ def load_file(
     rollbacks = _rollbacks(r, rendered)
     remediation = _remediation(r, rendered)
 
-    expanded = dict(rendered)
+    expanded = redact_headers(rendered)  # a literal token is not stored
     expanded["knobs"] = values
     return Experiment(
         name=name,

@@ -7,9 +7,11 @@ are in pyctl/experiment/evidence.py.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from pyctl import templates as T
 from pyctl.exceptions import BadInput
@@ -106,6 +108,59 @@ class Load:
     context: int = 256  # the service's --max-context (over-limit, at-limit)
     vocab_size: int = 1000  # the service's --vocab-size (its tokenizer, rebuilt here)
     max_len: int = 20000  # cap of the unicode corpus's long cases (characters)
+    # Any OpenAI-style (or other) API: the method, a full endpoint URL
+    # instead of the target's URL + path, headers (a value, or one read from
+    # the environment when the run starts: never stored), a body template
+    # ("$prompt" / "$max_tokens" filled per request; None: the completion
+    # request) and whether the answers stream (Server-Sent Events).
+    method: str = "POST"
+    url: str | None = None
+    headers: dict[str, Header] = field(default_factory=dict)
+    body: dict[str, Any] | None = None
+    stream: bool = False
+
+    def endpoint(self, target_url: str) -> str:
+        """The URL the load sends to: its own, or the target's + path (a
+        target URL with a path of its own is the endpoint already)."""
+        if self.url:
+            return self.url
+        own = urlsplit(target_url).path
+        return target_url if own not in ("", "/") else target_url.rstrip("/") + self.path
+
+    def resolved_headers(self, where: str) -> dict[str, str]:
+        """Header values as sent: a variable's value read now (a missing
+        one is one ExperimentError line); never kept anywhere else."""
+        out: dict[str, str] = {}
+        for name, h in self.headers.items():
+            if h.env is None:
+                out[name] = h.value
+                continue
+            v = os.environ.get(h.env)
+            if v is None:
+                raise ExperimentError(
+                    f"{where}: load.headers.{name}: the environment variable {h.env} is "
+                    f"not set: export {h.env}=... before the run"
+                )
+            if any(c in v for c in "\r\n\0"):
+                raise ExperimentError(
+                    f"{where}: load.headers.{name}: {h.env} holds a line break: give one line"
+                )
+            out[name] = h.prefix + v
+        return out
+
+
+@dataclass(frozen=True)
+class Header:
+    """A [load] header: a literal `value`, or `prefix` + the value of the
+    environment variable `env` when the run starts ({env = "TOKEN",
+    prefix = "Bearer "}); the secret is never written to the store."""
+
+    value: str = ""
+    env: str | None = None
+    prefix: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.prefix}${{{self.env}}}" if self.env else self.value
 
 
 @dataclass
@@ -231,6 +286,7 @@ __all__ = [
     "ADMIN_TOKEN_ENV",
     "CORPORA",
     "GPUFAULT",
+    "Header",
     "LINKABLE",
     "SERVICE_READY",
     "WINDOW_S",

@@ -222,14 +222,16 @@ class Run(Evaluation):
                 # Enough distinct bodies for a cold corpus over the whole run.
                 span = exp.warmup + exp.baseline + exp.method_window + exp.recovery + 5
                 load = OpenLoopLoad(
-                    facts["url"],
+                    L.endpoint(facts["url"]),
                     L.rate,
                     prompt=L.prompt,
                     max_tokens=L.max_tokens,
                     timeout=L.timeout,
-                    path=L.path,
                     concurrency=L.concurrency,
                     bodies=corpora.bodies(L, int(L.rate * span) + 1),
+                    method=L.method,
+                    headers=L.resolved_headers(str(exp.path)),
+                    stream=L.stream,
                 )
             xid = ev.start(exp, self.host.name)
             started = time.time()
