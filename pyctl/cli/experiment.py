@@ -137,22 +137,24 @@ def describe(e: M.Experiment) -> list[str]:
     out.append(f"\ntarget: {who}" + (f", url {t.url}" if t.url else ""))
     if e.load is not None:
         L = e.load
+        where = L.url or L.path
+        extra = "".join(
+            [
+                ", streamed" if L.stream else "",
+                ", body template" if L.body is not None else "",
+                f", headers {', '.join(f'{k}: {_shown(k, v)}' for k, v in L.headers.items())}"
+                if L.headers
+                else "",
+            ]
+        )
         out.append(
-            f"load: {L.rate:g} requests/s open loop, POST {L.path} {corpora.describe(L)} "
-            f"max_tokens {L.max_tokens}, timeout {L.timeout:g}s"
+            f"load: {L.rate:g} requests/s open loop, {L.method} {where} {corpora.describe(L)} "
+            f"max_tokens {L.max_tokens}, timeout {L.timeout:g}s{extra}"
         )
     st = e.steady
-    hyp = [
-        f"{n} {b}"
-        for n, b in (
-            ("p50", st.p50),
-            ("p95", st.p95),
-            ("p99", st.p99),
-            ("error_rate", st.error_rate),
-            ("throughput", st.min_throughput),
-        )
-        if b is not None
-    ]
+    hyp = [f"{attr} {b}" for _n, attr, b in st.terms()]
+    if st.good is not None:
+        hyp.append(f"(a good request: {st.good})")
     out.append(
         f"\nphases: warmup {e.warmup:g}s, baseline {e.baseline:g}s, method "
         f"{e.method_window:g}s, recovery {e.recovery:g}s"
@@ -655,3 +657,12 @@ def _add_report() -> None:
 
 
 _add_report()
+
+
+def _shown(name: str, h: M.Header) -> str:
+    """A [load] header as `show` prints it: a variable's name, never a
+    secret-looking literal."""
+    # lazy: pyctl.experiment.reader only for a file with headers
+    from pyctl.experiment.reader import SECRET_HEADERS
+
+    return "<redacted>" if h.env is None and SECRET_HEADERS.search(name) else str(h)

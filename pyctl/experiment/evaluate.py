@@ -78,23 +78,15 @@ class Evaluation:
         from pyctl.experiment.loadgen import windows as mkwin
 
         st = self.exp.steady
-        agg = window_stats(load.samples(start, end), start, end)
+        agg = window_stats(load.samples(start, end), start, end, st.good)
         wins = [
             w
-            for w in mkwin(load.samples(start, end), start, end, WINDOW_S)
+            for w in mkwin(load.samples(start, end), start, end, WINDOW_S, st.good)
             if w.end - w.start >= WINDOW_S / 2
         ]
         rel0 = self.phase_at["baseline"]
         ok_all = True
-        for name, b in (
-            ("p50", st.p50),
-            ("p95", st.p95),
-            ("p99", st.p99),
-            ("error_rate", st.error_rate),
-            ("throughput", st.min_throughput),
-        ):
-            if b is None:
-                continue
+        for _term, name, b in st.terms():
             vals = [getattr(w, name) for w in wins if w.count]
             good = sum(1 for v in vals if not math.isnan(v) and b.check(v))
             ok = bool(vals) and good >= st.quorum * len(vals)
@@ -107,7 +99,8 @@ class Evaluation:
                     _fmt(name, getattr(agg, name)),
                     str(b),
                     f"{good}/{len(vals)} 1 s windows within (quorum {st.quorum:.0%}); "
-                    f"{agg.count} requests due in [{start - rel0:.1f}s, {end - rel0:.1f}s)",
+                    f"{agg.count} requests due in [{start - rel0:.1f}s, {end - rel0:.1f}s)"
+                    + (f"; good = {st.good}" if name == "goodput" and st.good else ""),
                 )
             )
         return ok_all
@@ -205,7 +198,7 @@ class Evaluation:
             # lazy: pyctl.experiment.loadgen (queue, +5 modules) only when this runs
             from pyctl.experiment.loadgen import windows as mkwin
 
-            for w in mkwin(load.samples(t0, end_all), t0, end_all, WINDOW_S):
+            for w in mkwin(load.samples(t0, end_all), t0, end_all, WINDOW_S, exp.steady.good):
                 if w.end - w.start < WINDOW_S / 2:
                     continue  # the stub at the end: too few requests to say anything
                 windows.append((w, self._phase_of((w.start + w.end) / 2)))
@@ -485,7 +478,7 @@ class Evaluation:
 
 def _fmt(name: str, v: float) -> str:
     """Latencies in ms, shares and rates as numbers."""
-    return f"{v * 1000:.1f}ms" if name.split(".")[-1] in ("p50", "p95", "p99") else f"{v:.4g}"
+    return f"{v * 1000:.1f}ms" if name.endswith(("p50", "p95", "p99")) else f"{v:.4g}"
 
 
 def _v(res: Any) -> str:

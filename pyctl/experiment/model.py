@@ -181,6 +181,55 @@ class Judge:
     min_tail_effect: float = 0.05  # the tail test's share difference (pyctl/experiment/stats.py)
 
 
+# The load hypothesis's per-window terms: (name, unit, needs a streamed load).
+LOAD_TERMS: tuple[tuple[str, str, bool], ...] = (
+    ("p50", "duration", False),
+    ("p95", "duration", False),
+    ("p99", "duration", False),
+    ("error_rate", "share", False),
+    ("min_throughput", "number", False),
+    ("ttft_p50", "duration", True),
+    ("ttft_p95", "duration", True),
+    ("ttft_p99", "duration", True),
+    ("itl_p50", "duration", True),
+    ("itl_p95", "duration", True),
+    ("itl_p99", "duration", True),
+    ("output_tokens_per_s", "number", True),
+    ("goodput", "share", False),
+)
+# A term's attribute of loadgen.WindowStats (min_throughput bounds `throughput`).
+WINDOW_ATTR = {"min_throughput": "throughput"}
+
+
+@dataclass
+class GoodBounds:
+    """What one request must meet to count in the goodput (DistServe's and
+    vLLM's sense): every bound given here, and no error. ttft: its time to
+    first token; itl: its longest gap between tokens; tpot: its time per
+    output token after the first; e2e: its latency."""
+
+    ttft: Tolerance | None = None
+    itl: Tolerance | None = None
+    tpot: Tolerance | None = None
+    e2e: Tolerance | None = None
+
+    def __call__(self, s: Any) -> bool:
+        for b, v in (
+            (self.ttft, s.ttft),
+            (self.itl, max(s.itl, default=0.0)),
+            (self.tpot, s.tpot),
+            (self.e2e, s.latency),
+        ):
+            if b is not None and (v != v or not b.check(v)):  # v != v: NaN
+                return False
+        return True
+
+    def __str__(self) -> str:
+        return ", ".join(
+            f"{k} {b}" for k, b in vars(self).items() if b is not None
+        )  # fmt: skip
+
+
 @dataclass
 class SteadyState:
     p50: Tolerance | None
@@ -191,20 +240,36 @@ class SteadyState:
     judge: Judge | None
     probes: list[str]  # names of the hypothesis probes (tables in Experiment.probes)
     quorum: float = 0.8  # share of a phase's 1 s windows that must meet the bounds
+    # Streamed answers (a [load] with stream = true): per-window bounds.
+    ttft_p50: Tolerance | None = None
+    ttft_p95: Tolerance | None = None
+    ttft_p99: Tolerance | None = None
+    itl_p50: Tolerance | None = None
+    itl_p95: Tolerance | None = None
+    itl_p99: Tolerance | None = None
+    output_tokens_per_s: Tolerance | None = None
+    goodput: Tolerance | None = None  # the share of good requests per window
+    good: GoodBounds | None = None  # what a good request is (goodput's table)
+
+    def terms(self) -> list[tuple[str, str, Tolerance]]:
+        """(name, WindowStats attribute, bound) of every bound given."""
+        out = []
+        for name, _unit, _streamed in LOAD_TERMS:
+            b = getattr(self, name)
+            if b is not None:
+                out.append((name, WINDOW_ATTR.get(name, name), b))
+        return out
+
+    def any_load_bound(self) -> bool:
+        return bool(self.terms()) or self.judge is not None
 
     def window_ok(self, w: Any) -> tuple[bool, str]:
         """Does one load window meet the per-window hypothesis?"""
         if w.count == 0:
             return False, "no request due in this window"
-        for name, b in (
-            ("p50", self.p50),
-            ("p95", self.p95),
-            ("p99", self.p99),
-            ("error_rate", self.error_rate),
-            ("throughput", self.min_throughput),
-        ):
-            if b is not None and not b.check(getattr(w, name)):
-                return False, f"{name} {getattr(w, name):.4g} not {b}"
+        for _name, attr, b in self.terms():
+            if not b.check(getattr(w, attr)):
+                return False, f"{attr} {getattr(w, attr):.4g} not {b}"
         return True, ""
 
 
@@ -286,6 +351,9 @@ __all__ = [
     "ADMIN_TOKEN_ENV",
     "CORPORA",
     "GPUFAULT",
+    "LOAD_TERMS",
+    "WINDOW_ATTR",
+    "GoodBounds",
     "Header",
     "LINKABLE",
     "SERVICE_READY",
