@@ -46,6 +46,9 @@ class Evaluation:
     abort_probe: str
     interrupted: str | None
     target_died: str  # set only when the target died during the run
+    # (term, phase, value over the phase, ok) of each load hypothesis check:
+    # the per-run SLO series of --metrics-addr (run.py sets them at the end).
+    slo_values: list[tuple[str, str, float, bool]]
 
     def _before(self, probes: dict[str, ProbeState], load: Any) -> bool:
         exp = self.exp
@@ -91,6 +94,7 @@ class Evaluation:
             good = sum(1 for v in vals if not math.isnan(v) and b.check(v))
             ok = bool(vals) and good >= st.quorum * len(vals)
             ok_all &= ok
+            self.slo_values.append((f"load.{name}", phase, float(getattr(agg, name)), ok))
             self.rec.hypotheses.append(
                 E.Hypothesis(
                     phase,

@@ -85,6 +85,7 @@ class Run(Evaluation):
         self.exp = exp
         self.db_path = db_path
         self.metrics = metrics  # pyctl.observe.metrics.Metrics or None
+        self.slo_values: list[tuple[str, str, float, bool]] = []
         self.host: FaultHost = host or LocalFaultHost(db_path)
         self.echo = echo
         self.phase = "baseline"
@@ -234,6 +235,8 @@ class Run(Evaluation):
                     stream=L.stream,
                 )
             xid = ev.start(exp, self.host.name)
+            if self.metrics is not None:
+                self.metrics.set_run(xid)
             started = time.time()
             self.echo(
                 f"experiment {xid}: {exp.ident} against {facts['url']} (pid "
@@ -285,6 +288,8 @@ class Run(Evaluation):
                 raise
             ev.finish(verdict.verdict, verdict.reason, self.rec)
             if self.metrics is not None:
+                for term, phase, value, ok in self.slo_values:
+                    self.metrics.set_slo(term, phase, value, ok)
                 self.metrics.set_verdict(verdict.verdict)
             ended = time.time()
             return Outcome(
