@@ -49,6 +49,7 @@ class Evaluation:
     # (term, phase, value over the phase, ok) of each load hypothesis check:
     # the per-run SLO series of --metrics-addr (run.py sets them at the end).
     slo_values: list[tuple[str, str, float, bool]]
+    quality: Any  # a quality.QualityProbe, or None
 
     def _before(self, probes: dict[str, ProbeState], load: Any) -> bool:
         exp = self.exp
@@ -68,7 +69,75 @@ class Evaluation:
         if load is not None:
             t0 = self.phase_at["baseline"]
             ok_all &= self._load_hypothesis("before", load, t0, t0 + exp.baseline)
+        if self.quality is not None:
+            ok_all &= self._quality_before()
         return ok_all
+
+    def _quality_refs(self) -> list[str] | None:
+        # lazy: pyctl.experiment.quality (http.client) only for a file with [quality]
+        from pyctl.experiment import quality as Q
+
+        t0 = self.phase_at["baseline"]
+        q = self.exp.quality
+        assert q is not None
+        return Q.references(q, self.quality.rounds(t0, t0 + self.exp.baseline))
+
+    def _quality_before(self) -> bool:
+        """The baseline's score: it must be above 0, else no drop can be
+        measured (references that do not match the service's answers)."""
+        # lazy: pyctl.experiment.quality (http.client) only for a file with [quality]
+        from pyctl.experiment import quality as Q
+
+        q = self.exp.quality
+        assert q is not None
+        t0 = self.phase_at["baseline"]
+        rounds = self.quality.rounds(t0, t0 + self.exp.baseline)
+        refs = self._quality_refs()
+        sc = Q.score_rounds(q, rounds, refs) if refs is not None else None
+        ok = sc is not None and sc.score > 0
+        self.quality_base = sc.score if sc is not None else math.nan
+        what = "BLEU-4" if q.metric == "bleu" else "exact match %"
+        self.rec.hypotheses.append(
+            E.Hypothesis(
+                "before",
+                f"quality.{q.metric}",
+                ok,
+                f"{self.quality_base:.1f}",
+                "> 0",
+                f"{what} of {sc.answers} answers in {sc.rounds} rounds ({sc.errors} failed)"
+                if sc is not None
+                else "no round of the cases in the baseline",
+            )
+        )
+        self.slo_values.append((f"quality.{q.metric}", "before", self.quality_base, ok))
+        return ok
+
+    def _quality_hypothesis(self, phase: str, start: float, end: float) -> tuple[bool, str]:
+        """The drop from the baseline's score over the rounds that started
+        in [start, end): within the bound? (ok, what for a failure line)."""
+        # lazy: pyctl.experiment.quality (http.client) only for a file with [quality]
+        from pyctl.experiment import quality as Q
+
+        q = self.exp.quality
+        assert q is not None
+        rounds = self.quality.rounds(start, end)
+        refs = self._quality_refs() or []
+        sc = Q.score_rounds(q, rounds, refs) if refs else Q.Scored(math.nan, 0, 0, 0)
+        base = getattr(self, "quality_base", math.nan)
+        drop = Q.drop_pct(base, sc.score)
+        ok = not math.isnan(drop) and q.bound.check(drop)
+        rel0 = self.phase_at["baseline"]
+        what = "BLEU-4" if q.metric == "bleu" else "exact match"
+        detail = (
+            f"{what} {sc.score:.1f} vs {base:.1f} in the baseline; {sc.answers} answers in "
+            f"{sc.rounds} rounds started in [{start - rel0:.1f}s, {end - rel0:.1f}s)"
+            + (f", {sc.errors} failed" if sc.errors else "")
+        )
+        self.rec.hypotheses.append(
+            E.Hypothesis(phase, q.term, ok, f"{drop:.1f}", str(q.bound), detail)
+        )
+        self.slo_values.append((q.term, phase, drop, ok))
+        return ok, f"{q.term} {q.bound} breached: drop {drop:.1f}% ({detail})"
 
     def _load_hypothesis(self, phase: str, load: Any, start: float, end: float) -> bool:
         """Each bound holds in at least `quorum` of the phase's 1 s windows.
@@ -260,6 +329,12 @@ class Evaluation:
                         f.failures.append(
                             f"latency worse in the fault window than the baseline: {j.reason}"
                         )
+            if self.quality is not None and getattr(self, "quality_base", None) is not None:
+                ok, why = self._quality_hypothesis("during", fw_start, fw_end)
+                if not ok and not f.abort:
+                    f.failures.append(
+                        f"{why.replace('breached', 'breached during the fault window', 1)}"
+                    )
             # Expectations.
             if not f.abort:
                 self._expectations(probes, windows, fault_end or fw_end, f)
@@ -293,6 +368,12 @@ class Evaluation:
                         f.failures.append(
                             f"load hypothesis not met in the last {hold:g}s of recovery"
                         )
+                if self.quality is not None and getattr(self, "quality_base", None) is not None:
+                    a = self.phase_at["after"]
+                    hold = exp.expect.recovery_hold
+                    ok, why = self._quality_hypothesis("after", a - hold, a)
+                    if not ok:
+                        f.failures.append(f"{why} in the last {hold:g}s of recovery")
         return decide(f)
 
     def _pid_died(self, w: PidWatch) -> str:

@@ -43,6 +43,7 @@ from pyctl.experiment.model import (
     SteadyState,
 )
 from pyctl.experiment.probes import Probe, ProbeError, Tolerance, probe_from_toml
+from pyctl.experiment.quality import parse_quality
 from pyctl.experiment.reader import (
     LOAD_KEYS,
     Reader,
@@ -75,6 +76,7 @@ TOP_KEYS = {
     "expect",
     "rollback",
     "remediation",
+    "quality",
 }
 
 
@@ -241,6 +243,7 @@ def load_file(
         )
     rollbacks = _rollbacks(r, rendered)
     remediation = _remediation(r, rendered)
+    quality = parse_quality(r, rendered)
 
     expanded = redact_headers(rendered)  # a literal token is not stored
     expanded["knobs"] = values
@@ -268,6 +271,7 @@ def load_file(
         rollbacks=rollbacks,
         remediation=remediation,
         expanded=expanded,
+        quality=quality,
     )
 
 

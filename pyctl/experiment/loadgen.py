@@ -641,6 +641,18 @@ class _Body:
         return _choice_text(obj, stream=False) or ""
 
 
+def answer_text(content_type: str, raw: bytes) -> str:
+    """The generated text of a whole answer: Server-Sent Events (the
+    chunks' texts joined) or JSON (OpenAI completion or chat, TGI)."""
+    if content_type.split(";")[0].strip().lower() == "text/event-stream":
+        p = _SSE()
+        p.feed(raw + b"\n\n", 0.0)
+        return "".join(p.texts)
+    b = _Body()
+    b.feed(raw, 0.0)
+    return b.text()
+
+
 def _choice_text(obj: dict[str, Any], *, stream: bool) -> str | None:
     """choices[0]'s text: `text` (completions), `delta.content` (a chat
     chunk) or `message.content` (a chat answer); None if it has none."""

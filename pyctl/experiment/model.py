@@ -274,6 +274,25 @@ class SteadyState:
 
 
 @dataclass
+class Quality:
+    """[quality]: a fixed case set scored against references in every
+    phase (pyctl/experiment/quality.py); `bound` is on the drop from the
+    baseline's score, in percent."""
+
+    metric: str  # "bleu" (sacrebleu corpus BLEU-4) or "exact"
+    bound: Tolerance
+    cases: list[tuple[str, str | None]]  # (prompt, reference or None: the first baseline answer)
+    interval: float = 0.5
+    max_tokens: int = 16
+    timeout: float = 3.0
+    tokenize: str = "13a"
+
+    @property
+    def term(self) -> str:
+        return f"quality.{self.metric}_drop_pct"
+
+
+@dataclass
 class Abort:
     probe: str
     after_failures: int
@@ -341,6 +360,7 @@ class Experiment:
     rollbacks: list[Rollback]
     remediation: Remediation | None
     expanded: dict[str, Any]  # the file's content with the knobs filled in
+    quality: Quality | None = None
 
     @property
     def ident(self) -> str:
@@ -364,6 +384,7 @@ __all__ = [
     "ExperimentError",
     "Judge",
     "Load",
+    "Quality",
     "Remediation",
     "Rollback",
     "SteadyState",

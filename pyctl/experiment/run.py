@@ -86,6 +86,7 @@ class Run(Evaluation):
         self.db_path = db_path
         self.metrics = metrics  # pyctl.observe.metrics.Metrics or None
         self.slo_values: list[tuple[str, str, float, bool]] = []
+        self.quality: Any = None  # a quality.QualityProbe for a file with [quality]
         self.host: FaultHost = host or LocalFaultHost(db_path)
         self.echo = echo
         self.phase = "baseline"
@@ -234,6 +235,12 @@ class Run(Evaluation):
                     headers=L.resolved_headers(str(exp.path)),
                     stream=L.stream,
                 )
+            if exp.quality is not None:
+                # lazy: pyctl.experiment.quality (http.client) only for a file with [quality]
+                from pyctl.experiment.quality import QualityProbe
+
+                hdrs = exp.load.resolved_headers(str(exp.path)) if exp.load is not None else {}
+                self.quality = QualityProbe.build(exp.quality, facts["url"], exp.load, hdrs)
             xid = ev.start(exp, self.host.name)
             if self.metrics is not None:
                 self.metrics.set_run(xid)
@@ -331,6 +338,8 @@ class Run(Evaluation):
             )
             t.start()
             threads.append(t)
+        if self.quality is not None:
+            threads.append(self.quality.start(self.done_event))
         t0 = self.phase_at["baseline"]
         self.echo(f"  baseline {exp.baseline:g}s")
         if self._wait(t0 + exp.baseline):
