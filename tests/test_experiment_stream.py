@@ -449,3 +449,35 @@ def test_decode_stall_breaks_itl_not_e2e_and_no_secret_is_stored(tmp_path: Path)
             assert secret.encode() not in path.read_bytes(), path
     assert secret not in out
     print(f"stream-itl-stall: {took:.1f}s")
+
+
+def test_a_missing_header_variable_is_one_line_before_anything_starts(tmp_path: Path) -> None:
+    text = (
+        F.find("control")
+        .read_text()
+        .replace(
+            'timeout = "2s"\n',
+            'timeout = "2s"\nheaders = { Authorization = { env = "GF_NOPE_T" } }\n',
+            1,
+        )
+    )
+    f = tmp_path / "control.toml"
+    f.write_text(text)
+    db = tmp_path / "sub" / "gf.db"
+    db.parent.mkdir(mode=0o700)
+    env = {k: v for k, v in os.environ.items() if k != "GF_NOPE_T"}
+    t = time.monotonic()
+    p = subprocess.run(
+        [sys.executable, "-m", "pyctl", "experiment", "run", str(f), "--db", str(db)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    took = time.monotonic() - t
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert p.stdout == "" and p.stderr.count("\n") == 1, p.stderr
+    assert "load.headers.Authorization: the environment variable GF_NOPE_T is not set" in p.stderr
+    assert list(db.parent.iterdir()) == []  # no database, nothing else
+    assert took < 5, took  # refused before the service started

@@ -204,6 +204,12 @@ class Run(Evaluation):
         old: dict[int, Any] = {}
         xid = ""
         try:
+            # Header secrets read from the environment first: a missing one is
+            # one line before anything starts (and the values live only here).
+            load_headers = exp.load.resolved_headers(str(exp.path)) if exp.load else {}
+            for st in exp.steps:
+                if st.traffic is not None:
+                    st.traffic.resolved_headers(f"{exp.path}: traffic step {st.name!r}")
             proc, facts = start_target(exp)
             # A service it started: its token; one given by url: GPUFAULT_ADMIN_TOKEN.
             self.admin_token = (proc.admin_token if proc is not None else None) or os.environ.get(
@@ -232,15 +238,14 @@ class Run(Evaluation):
                     concurrency=L.concurrency,
                     bodies=corpora.bodies(L, int(L.rate * span) + 1),
                     method=L.method,
-                    headers=L.resolved_headers(str(exp.path)),
+                    headers=load_headers,
                     stream=L.stream,
                 )
             if exp.quality is not None:
                 # lazy: pyctl.experiment.quality (http.client) only for a file with [quality]
                 from pyctl.experiment.quality import QualityProbe
 
-                hdrs = exp.load.resolved_headers(str(exp.path)) if exp.load is not None else {}
-                self.quality = QualityProbe.build(exp.quality, facts["url"], exp.load, hdrs)
+                self.quality = QualityProbe.build(exp.quality, facts["url"], exp.load, load_headers)
             xid = ev.start(exp, self.host.name)
             if self.metrics is not None:
                 self.metrics.set_run(xid)
