@@ -314,16 +314,28 @@ class Evaluation:
                         f"({h.detail.split(';')[0]}; {h.name} {h.value} over the window)"
                     )
                 if exp.steady.judge is not None:
+                    jd = exp.steady.judge
                     base = [x.latency for x in load.samples(t0, t0 + exp.baseline)]
                     win = [x.latency for x in load.samples(fw_start, fw_end)]
-                    j = stats.judge(
-                        base,
-                        win,
-                        higher_is_worse=True,
-                        alpha=exp.steady.judge.alpha,
-                        min_effect=exp.steady.judge.min_effect,
-                        min_tail_effect=exp.steady.judge.min_tail_effect,
-                    )
+                    how: dict[str, Any] = {
+                        "higher_is_worse": True,
+                        "alpha": jd.alpha,
+                        "min_effect": jd.min_effect,
+                        "min_tail_effect": jd.min_tail_effect,
+                    }
+                    if jd.control:
+                        # The baseline as its 1 s windows (the A/A splits' blocks).
+                        blocks = [
+                            [x.latency for x in load.samples(a, a + WINDOW_S)]
+                            for a in (
+                                t0 + k * WINDOW_S for k in range(int(exp.baseline / WINDOW_S))
+                            )
+                        ]
+                        ctl = stats.judge_with_control(blocks, win, **how)
+                        self.rec.judgements.append(E.Judged("latency:a/a", ctl.aa))
+                        j = ctl.window
+                    else:
+                        j = stats.judge(base, win, **how)
                     self.rec.judgements.append(E.Judged("latency", j))
                     if j.worse and not f.abort:
                         f.failures.append(

@@ -343,9 +343,9 @@ def _steady(
         if j is True:
             j = {}
         if not isinstance(j, dict):
-            want = "expected true or a table {alpha, min_effect, min_tail_effect}"
+            want = "expected true or a table {alpha, min_effect, min_tail_effect, control}"
             raise r.err("steady_state.judge", want)
-        r.keys(j, "steady_state.judge", {"alpha", "min_effect", "min_tail_effect"})
+        r.keys(j, "steady_state.judge", {"alpha", "min_effect", "min_tail_effect", "control"})
         alpha = r.num(j, "steady_state.judge", "alpha", 0.01)
         if not 0 < alpha < 1:
             raise r.err("steady_state.judge.alpha", f"{alpha:g}: give 0 < alpha < 1")
@@ -353,6 +353,7 @@ def _steady(
             alpha=alpha,
             min_effect=r.num(j, "steady_state.judge", "min_effect", 0.2),
             min_tail_effect=r.num(j, "steady_state.judge", "min_tail_effect", 0.05),
+            control=r.bool_(j, "steady_state.judge", "control", False),
         )
     hyp = [n for n, w in where.items() if w.startswith("steady_state.")]
     quorum = 0.8

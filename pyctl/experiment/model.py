@@ -179,6 +179,10 @@ class Judge:
     alpha: float
     min_effect: float  # Cliff's delta of the shift test
     min_tail_effect: float = 0.05  # the tail test's share difference (pyctl/experiment/stats.py)
+    # The A/A control: the baseline's second half judged against its first;
+    # the effects seen there (machine noise, no fault) are added to the
+    # fault window's thresholds (stats.judge_with_control).
+    control: bool = False
 
 
 # The load hypothesis's per-window terms: (name, unit, needs a streamed load).
