@@ -10,8 +10,13 @@ real stall on a share of requests.
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from typing import Any
 
+import pytest
+
+from pyctl.experiment import load as F
+from pyctl.experiment.model import ExperimentError
 from pyctl.experiment.stats import judge, judge_with_control
 
 KW: dict[str, Any] = {"alpha": 0.01, "min_effect": 0.1}
@@ -69,3 +74,16 @@ def test_the_floor_is_the_baselines_own_noise_and_said_in_the_reason() -> None:
     assert many.splits == 400  # C(16, 8) = 12,870: a seeded sample
     again = judge_with_control(seconds(random.Random(5), 16, 0.1), [0.01] * 10, **KW)
     assert again.splits == 400
+
+
+def test_the_control_needs_a_baseline_of_eight_windows(tmp_path: Path) -> None:
+    text = F.find("control").read_text()
+    p = tmp_path / "c.toml"
+    p.write_text(text.replace("min_effect = 0.3 }", "min_effect = 0.3, control = true }"))
+    with pytest.raises(ExperimentError) as ei:
+        F.load_file(p)
+    assert "steady_state.judge.control: the A/A control splits" in str(ei.value)
+    assert "at least 8s (it is 4s)" in str(ei.value)
+    p.write_text(p.read_text().replace('baseline = "4s"', 'baseline = "8s"'))
+    e = F.load_file(p)
+    assert e.steady.judge is not None and e.steady.judge.control

@@ -27,7 +27,7 @@ from service_proc import ServiceProc
 from pyctl import paths
 from pyctl.experiment import corpora
 from pyctl.experiment import load as F
-from pyctl.experiment.loadgen import OpenLoopLoad, Sample, window_stats, windows
+from pyctl.experiment.loadgen import _SSE, OpenLoopLoad, Sample, window_stats, windows
 from pyctl.experiment.model import ExperimentError, GoodBounds
 from pyctl.experiment.probes import Tolerance
 
@@ -250,8 +250,6 @@ def test_ttft_itl_and_tokens_match_a_stream_of_known_timing(timed_sse: Any) -> N
 def test_a_stream_cut_before_done_or_with_an_error_event_is_an_error() -> None:
     s = Sample(due=0, done=1, latency=1, status=200, error="")
     assert s.ok and math.isnan(s.tpot)
-    from pyctl.experiment.loadgen import _SSE  # the parser the workers use
-
     p = _SSE()
     p.feed(b'data: {"choices": [{"text": "a"}]}\n\ndata: {"error": {"message": "boom"}}\n\n', 1.0)
     assert p.error and p.token_at == [1.0] and not p.done

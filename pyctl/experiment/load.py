@@ -54,6 +54,7 @@ from pyctl.experiment.reader import (
 )
 from pyctl.experiment.target import parse_target
 
+AA_MIN_BASELINE = 8.0  # judge.control: 8 windows, 70 ways to split them in halves
 SHIPPED = Path(__file__).resolve().parent.parent / "experiments"
 ENV_DIRS = "GPUFAULT_EXPERIMENTS"
 
@@ -222,6 +223,13 @@ def load_file(
     phases = r.table(rendered, "phases", {"warmup", "baseline", "method", "recovery"})
     warmup = r.duration(phases, "phases", "warmup", "1s", allow_zero=True)
     baseline = r.duration(phases, "phases", "baseline", "5s")
+    if steady.judge is not None and steady.judge.control and baseline < AA_MIN_BASELINE:
+        raise r.err(
+            "steady_state.judge.control",
+            f"the A/A control splits the baseline's 1 s windows: give a baseline of at "
+            f"least {AA_MIN_BASELINE:g}s (it is {baseline:g}s), so that its halves are "
+            "4 windows or more",
+        )
     steps_end = max((s.start + s.duration for s in steps), default=0.0)
     method_window = r.duration(phases, "phases", "method", steps_end or "5s")
     if method_window < steps_end:
