@@ -265,6 +265,10 @@ class Service:
         if not p.done.wait(max(0.0, p.deadline - time.monotonic())):
             return self._timed_out(p)
         assert p.outcome is not None
+        if p.stream is not None and p.outcome.status == 200:
+            # Answered without a token streamed (a decode path that does not
+            # emit them): still a stream, its text in one chunk.
+            return Stream(self, p, None, req, t0)
         return _chat_body(p.outcome) if chat else p.outcome
 
     def _timed_out(self, p: Pending) -> Outcome:
@@ -570,7 +574,9 @@ class Stream:
     device failed with --degrade reject) is a last {"error": ...} chunk.
     Counted in the metrics when it ends."""
 
-    def __init__(self, svc: Service, p: Pending, first: int, req: Request, t0: float) -> None:
+    def __init__(
+        self, svc: Service, p: Pending, first: int | None, req: Request, t0: float
+    ) -> None:
         self.svc, self.p, self.first, self.req, self.t0 = svc, p, first, req, t0
         self.created = int(time.time())
 
@@ -625,7 +631,7 @@ class Stream:
                 return
             degraded = bool(out.body.get("degraded", False))
             usage = out.body["usage"]
-            text = svc.tok.decode(ids)
+            text = svc.tok.decode(ids) if ids else str(out.body["choices"][0]["text"])
             tail = text[len(shown) :] if len(text) > len(shown) else None
             model = out.body.get("model", svc.primary_name)
             last = self._chunk(tail if tail or not self.req.chat else None, "length")
