@@ -414,6 +414,13 @@ def test_decode_stall_breaks_itl_not_e2e_and_no_secret_is_stored(tmp_path: Path)
         'headers = { Authorization = { env = "GF_STREAM_TOKEN", prefix = "Bearer " } }\n',
         1,
     )
+    # Goodput: a request with a stalled gap is not good.
+    assert 'quorum = "60%"\n' in text
+    text = text.replace(
+        'quorum = "60%"\n',
+        'quorum = "60%"\ngoodput = { share = ">= 90%", ttft = "<= 2s", itl = "<= 30ms" }\n',
+        1,
+    )
     f = tmp_path / "stream-itl-stall.toml"
     f.write_text(text)
     db = tmp_path / "gf.db"
@@ -443,6 +450,7 @@ def test_decode_stall_breaks_itl_not_e2e_and_no_secret_is_stored(tmp_path: Path)
     assert rows[("before", "load.itl_p99")] and not rows[("during", "load.itl_p99")], rows
     assert rows[("during", "load.p99")] and rows[("during", "load.error_rate")], rows
     assert rows[("after", "load.itl_p99")], rows
+    assert rows[("before", "load.goodput")] and not rows[("during", "load.goodput")], rows
     for path in tmp_path.rglob("*"):
         if path.is_file():
             assert secret.encode() not in path.read_bytes(), path
