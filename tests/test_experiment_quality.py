@@ -165,6 +165,9 @@ def test_bitflips_fail_the_quality_half_where_latency_passes(tmp_path: Path) -> 
 
     doc, rows = run()
     assert doc["verdict"] == "fail" and "quality.bleu_drop_pct" in doc["reason"], doc
+    slo = {(x["term"], x["phase"]): x for x in doc["slo"]}
+    assert slo[("quality.bleu", "before")]["value"] > 0
+    assert not slo[("quality.bleu_drop_pct", "during")]["ok"]
     assert rows[("before", "quality.bleu")][0]
     assert not rows[("during", "quality.bleu_drop_pct")][0]
     assert float(rows[("during", "quality.bleu_drop_pct")][1]) > 50

@@ -439,6 +439,9 @@ def test_decode_stall_breaks_itl_not_e2e_and_no_secret_is_stored(tmp_path: Path)
     assert p.returncode == 0, out  # the file expects its fail
     doc = json.loads(p.stdout)
     assert doc["verdict"] == "fail" and "load.itl_p99" in doc["reason"], doc["reason"]
+    slo = {(x["term"], x["phase"]): x for x in doc["slo"]}
+    assert not slo[("load.itl_p99", "during")]["ok"] and slo[("load.p99", "during")]["ok"]
+    assert slo[("load.itl_p99", "during")]["value"] > 0.030
     c = sqlite3.connect(db)
     try:
         rows = {

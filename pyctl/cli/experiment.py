@@ -454,6 +454,17 @@ def run(
                         }
                         for s in out.steps
                     ],
+                    # The SLO terms as judged: load.p99, load.itl_p99, load.goodput,
+                    # quality.bleu_drop_pct ... per phase (NaN: null).
+                    "slo": [
+                        {
+                            "term": term,
+                            "phase": phase,
+                            "value": value if value == value else None,
+                            "ok": ok,
+                        }
+                        for term, phase, value, ok in out.slo
+                    ],
                 }
             )
         )

@@ -23,7 +23,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,8 @@ class Outcome:
     expected: str = "pass"  # the file's [expect] verdict
     interrupted: str | None = None  # the signal that ended the run, if one did
     died: bool = False  # the target died, and the file does not say it may
+    # Each load/quality hypothesis term checked: (term, phase, value, ok).
+    slo: list[tuple[str, str, float, bool]] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:
@@ -309,6 +311,7 @@ class Run(Evaluation):
                 expected=self.exp.expect.verdict, interrupted=self.interrupted,
                 died=bool(getattr(self, "target_died", None))
                 and not self.exp.expect.target_may_die,
+                slo=list(self.slo_values),
             )  # fmt: skip
         finally:
             if self.pid_watch is not None:
