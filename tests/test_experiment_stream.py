@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -134,6 +135,34 @@ def test_bad_stream_and_chat_bodies_are_one_line_400s(
     st, _h, raw = post(service, path, body)
     assert st == 400 and raw.count(b"\n") == 1, raw
     assert words in json.loads(raw)["error"]["message"]
+
+
+def test_a_client_gone_mid_stream_costs_the_service_nothing_and_streams_are_counted(
+    service: ServiceProc,
+) -> None:
+    def ok_requests() -> float:
+        return sum(
+            v
+            for (n, lab), v in service.metric_samples().items()
+            if n == "gf_service_requests_total" and dict(lab).get("status") == "200"
+        )
+
+    before = ok_requests()
+    body = json.dumps({"prompt": "hello world", "max_tokens": 64, "stream": True}).encode()
+    with socket.create_connection((service.host, service.port), timeout=10) as c:
+        c.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        assert c.recv(4096).startswith(b"HTTP/1.1 200 OK")  # then it goes away
+    # The service goes on answering, streamed or not, and counted each.
+    st, _h, raw = post(service, "/v1/completions", {"prompt": "x", "max_tokens": 2, "stream": True})
+    assert st == 200 and sse(raw)[-1] == "[DONE]"
+    assert service.complete("x", 2)[0] == 200
+    h = service.health()[1]
+    assert h["status"] == "ok" and h["worker"]["alive"], h
+    after = ok_requests()
+    assert after >= before + 2, (before, after)
 
 
 def test_loadgen_streams_the_service_completions_and_chat(service: ServiceProc) -> None:
