@@ -28,7 +28,14 @@ from service_proc import ServiceProc
 from pyctl import paths
 from pyctl.experiment import corpora
 from pyctl.experiment import load as F
-from pyctl.experiment.loadgen import _SSE, OpenLoopLoad, Sample, window_stats, windows
+from pyctl.experiment.loadgen import (
+    _SSE,
+    OpenLoopLoad,
+    Sample,
+    answer_text,
+    window_stats,
+    windows,
+)
 from pyctl.experiment.model import ExperimentError, GoodBounds
 from pyctl.experiment.probes import Tolerance
 
@@ -520,3 +527,18 @@ def test_a_missing_header_variable_is_one_line_before_anything_starts(tmp_path: 
     assert "load.headers.Authorization: the environment variable GF_NOPE_T is not set" in p.stderr
     assert list(db.parent.iterdir()) == []  # no database, nothing else
     assert took < 5, took  # refused before the service started
+
+
+def test_tgi_and_chat_answers_are_read_too() -> None:
+    p = _SSE()
+    p.feed(b'data:{"token": {"id": 1, "text": "He", "special": false}}\n\n', 1.0)
+    p.feed(b'data:{"token": {"id": 2, "text": "llo", "special": false}}\n\n', 1.5)
+    p.feed(b'data:{"token": {"id": 0, "text": "</s>", "special": true}, ', 2.0)
+    p.feed(b'"generated_text": "Hello"}\n\n', 2.0)
+    assert p.token_at == [1.0, 1.5] and "".join(p.texts) == "Hello" and p.done
+    assert answer_text("application/json", b'[{"generated_text": "hi"}]') == "hi"
+    chat = b'{"choices": [{"message": {"role": "assistant", "content": "yo"}}]}'
+    assert answer_text("application/json; charset=utf-8", chat) == "yo"
+    evs = b'data: {"choices": [{"delta": {"content": "a"}}]}\n\ndata: [DONE]\n\n'
+    assert answer_text("text/event-stream", evs) == "a"
+    assert answer_text("application/json", b"not json") == ""
