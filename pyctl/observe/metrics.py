@@ -299,9 +299,7 @@ class Metrics:
         lab = self._labels(experiment, slo_id)
         for v in {*VERDICTS, verdict}:
             self._verdict_g.labels(**lab, verdict=v).set(1 if v == verdict else 0)
-            self._run_verdict_g.labels(**lab, run=self.run, verdict=v).set(
-                1 if v == verdict else 0
-            )
+            self._run_verdict_g.labels(**lab, run=self.run, verdict=v).set(1 if v == verdict else 0)
         for p in PHASES:
             self._phase_g.labels(**lab, phase=p).set(0)
         self._phase = None
