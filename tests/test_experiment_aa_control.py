@@ -52,7 +52,7 @@ def rates(noise: float, runs: int, stall: bool) -> tuple[int, int]:
 
 def test_do_nothing_windows_on_a_bursty_machine_are_judged_worse_less_often() -> None:
     plain, ctl = rates(0.15, 60, stall=False)
-    # Measured: 18 of 60 plain (30 %), 7 with the control; the bounds leave room.
+    # Measured: 16 of 60 plain (27 %), 6 with the control; the bounds leave room.
     assert plain >= 12, plain
     assert ctl <= plain // 2, (plain, ctl)
 
