@@ -542,3 +542,32 @@ def test_tgi_and_chat_answers_are_read_too() -> None:
     evs = b'data: {"choices": [{"delta": {"content": "a"}}]}\n\ndata: [DONE]\n\n'
     assert answer_text("text/event-stream", evs) == "a"
     assert answer_text("application/json", b"not json") == ""
+
+
+def test_the_official_openai_client_reads_the_services_streams(service: ServiceProc) -> None:
+    """The peer: OpenAI's own Python client parses the completion and chat
+    streams and answers (its SSE decoder, its models)."""
+    openai = pytest.importorskip("openai", reason="pip install openai (the peer client)")
+    client = openai.OpenAI(base_url=service.url + "/v1", api_key="unused", max_retries=0)
+    plain = client.completions.create(model="gf", prompt="hello world", max_tokens=5)
+    chunks = list(
+        client.completions.create(
+            model="gf",
+            prompt="hello world",
+            max_tokens=5,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == plain.choices[0].text
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 5
+    msgs = [{"role": "user", "content": "hi"}]
+    chat = client.chat.completions.create(model="gf", messages=msgs, max_tokens=4)
+    assert chat.choices[0].message.role == "assistant"
+    deltas = list(
+        client.chat.completions.create(model="gf", messages=msgs, max_tokens=4, stream=True)
+    )
+    assert deltas[0].choices[0].delta.role == "assistant"
+    assert deltas[-1].choices[0].finish_reason == "length"
+    text = "".join(d.choices[0].delta.content or "" for d in deltas)
+    assert text == chat.choices[0].message.content
