@@ -22,6 +22,7 @@ RUNS = [
     ("detach-host.json", ["bench_detach.py"]),
     ("fires-host.json", ["bench_fires.py"]),
     ("loadgen-host.json", ["bench_loadgen.py"]),
+    ("loadgen-stream-host.json", ["bench_loadgen_stream.py"]),
     ("aggregate-host.json", ["bench_aggregate.py"]),
     ("attach-host.json", ["bench_attach.py"]),
     ("select-host.json", ["bench_select.py"]),

@@ -171,3 +171,28 @@ def test_short_function_names() -> None:
             if n == "gpufault_faults_fired_total"
         }
         assert names == {"TokenizerImpl::encode_char_offsets"}
+
+
+def test_slo_terms_and_verdicts_per_run_are_series_of_their_own() -> None:
+    """Two runs of one file: their SLO values and verdicts are two series
+    (the `run` label, the experiment's id), not one overwritten."""
+    with Metrics.start("127.0.0.1:0", experiment="stream-itl-stall", slo_id="itl") as m:
+        m.set_run("x1")
+        m.set_slo("load.itl_p99", "during", 0.0648, False)
+        m.set_verdict("fail")
+        m.set_run("x2")
+        m.set_slo("load.itl_p99", "during", 0.0017, True)
+        m.set_verdict("pass")
+        s = scrape(m)
+    lab = (("experiment", "stream-itl-stall"),)
+
+    def get(name: str, **kw: str) -> float:
+        want = tuple(sorted({**dict(lab), "slo_id": "itl", **kw}.items()))
+        return s[(name, want)]
+
+    for run, value, ok, verdict in (("x1", 0.0648, 0, "fail"), ("x2", 0.0017, 1, "pass")):
+        t = {"run": run, "term": "load.itl_p99", "phase": "during"}
+        assert get("gpufault_experiment_slo_value", **t) == value
+        assert get("gpufault_experiment_slo_ok", **t) == ok
+        assert get("gpufault_experiment_run_verdict", run=run, verdict=verdict) == 1
+    assert get("gpufault_experiment_run_verdict", run="x1", verdict="pass") == 0

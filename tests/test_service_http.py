@@ -80,7 +80,7 @@ def test_concurrent_requests_are_batched(svc: ServiceProc) -> None:
         (b'{"prompt": "x", "max_tokens": "4"}', "'max_tokens'"),
         (b'{"prompt": "x", "max_tokens": true}', "'max_tokens'"),
         (b'{"prompt": "x", "temperature": 9}', "'temperature'"),
-        (b'{"prompt": "x", "stream": true}', "'stream' is not supported"),
+        (b'{"prompt": "x", "stream": "yes"}', "'stream' must be true or false"),
     ],
 )
 def test_bad_requests_get_400_with_one_line_json(svc: ServiceProc, body: bytes, needle: str):

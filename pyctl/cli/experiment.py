@@ -138,22 +138,24 @@ def describe(e: M.Experiment) -> list[str]:
     out.append(f"\ntarget: {who}" + (f", url {t.url}" if t.url else ""))
     if e.load is not None:
         L = e.load
+        where = L.url or L.path
+        extra = "".join(
+            [
+                ", streamed" if L.stream else "",
+                ", body template" if L.body is not None else "",
+                f", headers {', '.join(f'{k}: {_shown(k, v)}' for k, v in L.headers.items())}"
+                if L.headers
+                else "",
+            ]
+        )
         out.append(
-            f"load: {L.rate:g} requests/s open loop, POST {L.path} {corpora.describe(L)} "
-            f"max_tokens {L.max_tokens}, timeout {L.timeout:g}s"
+            f"load: {L.rate:g} requests/s open loop, {L.method} {where} {corpora.describe(L)} "
+            f"max_tokens {L.max_tokens}, timeout {L.timeout:g}s{extra}"
         )
     st = e.steady
-    hyp = [
-        f"{n} {b}"
-        for n, b in (
-            ("p50", st.p50),
-            ("p95", st.p95),
-            ("p99", st.p99),
-            ("error_rate", st.error_rate),
-            ("throughput", st.min_throughput),
-        )
-        if b is not None
-    ]
+    hyp = [f"{attr} {b}" for _n, attr, b in st.terms()]
+    if st.good is not None:
+        hyp.append(f"(a good request: {st.good})")
     out.append(
         f"\nphases: warmup {e.warmup:g}s, baseline {e.baseline:g}s, method "
         f"{e.method_window:g}s, recovery {e.recovery:g}s"
@@ -169,6 +171,15 @@ def describe(e: M.Experiment) -> list[str]:
             f"(Mann-Whitney U, alpha {st.judge.alpha:g}, min effect "
             f"{st.judge.min_effect:g} Cliff's delta)"
         )
+    if e.quality is not None:
+        q = e.quality
+        what = "BLEU-4 (sacrebleu)" if q.metric == "bleu" else "exact match"
+        out.append(
+            f"  quality: {len(q.cases)} cases every {q.interval:g}s scored with {what}, "
+            f"{q.metric}_drop_pct {q.bound} from the baseline's score"
+        )
+    if st.judge is not None and st.judge.control:
+        out.append("  judge: A/A control, the baseline's halves set the noise floor")
     for n in st.probes:
         out.append(f"  probe {n}: {_probe_words(e.probes[n].table)}")
     others = [n for n in e.probes if n not in st.probes]
@@ -553,6 +564,17 @@ def run(
                         }
                         for s in out.steps
                     ],
+                    # The SLO terms as judged: load.p99, load.itl_p99, load.goodput,
+                    # quality.bleu_drop_pct ... per phase (NaN: null).
+                    "slo": [
+                        {
+                            "term": term,
+                            "phase": phase,
+                            "value": value if value == value else None,
+                            "ok": ok,
+                        }
+                        for term, phase, value, ok in out.slo
+                    ],
                 }
             )
         )
@@ -765,3 +787,12 @@ def _add_report() -> None:
 
 
 _add_report()
+
+
+def _shown(name: str, h: M.Header) -> str:
+    """A [load] header as `show` prints it: a variable's name, never a
+    secret-looking literal."""
+    # lazy: pyctl.experiment.reader only for a file with headers
+    from pyctl.experiment.reader import SECRET_HEADERS
+
+    return "<redacted>" if h.env is None and SECRET_HEADERS.search(name) else str(h)

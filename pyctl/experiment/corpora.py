@@ -27,15 +27,42 @@ from pyctl.experiment.model import Load
 OVER_BY = (1, 2, 8, 64)
 
 
-def _body(prompt: str, max_tokens: int) -> bytes:
+_MARK = "\x00gf-prompt\x00"  # where a raw prompt goes in a template's JSON
+
+
+def _fill(v: Any, prompt: str, max_tokens: int) -> Any:
+    """A body template with "$prompt" / "$max_tokens" filled in ("$max_tokens"
+    alone is the number; inside a longer string, its digits)."""
+    if isinstance(v, str):
+        if v == "$max_tokens":
+            return max_tokens
+        return v.replace("$max_tokens", str(max_tokens)).replace("$prompt", prompt)
+    if isinstance(v, dict):
+        return {k: _fill(x, prompt, max_tokens) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_fill(x, prompt, max_tokens) for x in v]
+    return v
+
+
+def request_body(load: Load, prompt: str, max_tokens: int | None = None) -> bytes:
+    """One request's body: the file's template filled, else the completion
+    request (with "stream": true for a streaming load)."""
+    mt = load.max_tokens if max_tokens is None else max_tokens
+    if load.body is not None:
+        obj = _fill(load.body, prompt, mt)
+    else:
+        obj = {"prompt": prompt, "max_tokens": mt, "temperature": 0}
+        if load.stream:
+            obj["stream"] = True
     # ensure_ascii: a lone surrogate goes out as the JSON escape \\ud800 (what
     # a client in any language can send), not as bytes no encoder writes.
-    return json.dumps({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0}).encode()
+    return json.dumps(obj).encode()
 
 
-def _raw_body(raw: bytes, max_tokens: int) -> bytes:
+def _raw_body(load: Load, raw: bytes, max_tokens: int) -> bytes:
     """Invalid UTF-8 bytes inside the JSON string, as a broken client sends them."""
-    return b'{"prompt": "' + raw + b'", "max_tokens": %d, "temperature": 0}' % max_tokens
+    mark = json.dumps(_MARK)[1:-1].encode()
+    return request_body(load, _MARK, max_tokens).replace(mark, raw)
 
 
 class _Counter:
@@ -95,8 +122,14 @@ def cases(load: Load, n_requests: int) -> list[tuple[str, bytes]] | None:
     """(name, body) of each body in turn: the name says which case a bad
     answer belongs to (lone_surrogate/high, over-limit/+1)."""
     c, mt = load.corpus, load.max_tokens
+
+    def _body(prompt: str, max_tokens: int) -> bytes:
+        return request_body(load, prompt, max_tokens)
+
     if c == "prompt":
-        return None
+        if load.body is None and not load.stream:
+            return None  # the load generator's own {"prompt", "max_tokens"}
+        return [("prompt", _body(load.prompt, mt))]
     if c == "prompts":
         return [(f"prompt {i}", _body(p, mt)) for i, p in enumerate(load.prompts)]
     if c == "unicode":
@@ -106,7 +139,7 @@ def cases(load: Load, n_requests: int) -> list[tuple[str, bytes]] | None:
         return [
             (
                 f"{case.category}/{case.name}",
-                _raw_body(case.raw, mt) if case.raw is not None else _body(case.text, mt),
+                _raw_body(load, case.raw, mt) if case.raw is not None else _body(case.text, mt),
             )
             for case in generate_cases(("[PAD]", "[BOS]", "[EOS]"), max_len=load.max_len)
         ]
@@ -143,4 +176,4 @@ def describe(load: Load) -> str:
     return f"corpus {load.corpus}"
 
 
-__all__ = ["bodies", "cases", "describe", "OVER_BY"]
+__all__ = ["bodies", "cases", "describe", "request_body", "OVER_BY"]

@@ -46,6 +46,10 @@ class Evaluation:
     abort_probe: str
     interrupted: str | None
     target_died: str  # set only when the target died during the run
+    # (term, phase, value over the phase, ok) of each load hypothesis check:
+    # the per-run SLO series of --metrics-addr (run.py sets them at the end).
+    slo_values: list[tuple[str, str, float, bool]]
+    quality: Any  # a quality.QualityProbe, or None
 
     def _before(self, probes: dict[str, ProbeState], load: Any) -> bool:
         exp = self.exp
@@ -65,7 +69,75 @@ class Evaluation:
         if load is not None:
             t0 = self.phase_at["baseline"]
             ok_all &= self._load_hypothesis("before", load, t0, t0 + exp.baseline)
+        if self.quality is not None:
+            ok_all &= self._quality_before()
         return ok_all
+
+    def _quality_refs(self) -> list[str] | None:
+        # lazy: pyctl.experiment.quality (http.client) only for a file with [quality]
+        from pyctl.experiment import quality as Q
+
+        t0 = self.phase_at["baseline"]
+        q = self.exp.quality
+        assert q is not None
+        return Q.references(q, self.quality.rounds(t0, t0 + self.exp.baseline))
+
+    def _quality_before(self) -> bool:
+        """The baseline's score: it must be above 0, else no drop can be
+        measured (references that do not match the service's answers)."""
+        # lazy: pyctl.experiment.quality (http.client) only for a file with [quality]
+        from pyctl.experiment import quality as Q
+
+        q = self.exp.quality
+        assert q is not None
+        t0 = self.phase_at["baseline"]
+        rounds = self.quality.rounds(t0, t0 + self.exp.baseline)
+        refs = self._quality_refs()
+        sc = Q.score_rounds(q, rounds, refs) if refs is not None else None
+        ok = sc is not None and sc.score > 0
+        self.quality_base = sc.score if sc is not None else math.nan
+        what = "BLEU-4" if q.metric == "bleu" else "exact match %"
+        self.rec.hypotheses.append(
+            E.Hypothesis(
+                "before",
+                f"quality.{q.metric}",
+                ok,
+                f"{self.quality_base:.1f}",
+                "> 0",
+                f"{what} of {sc.answers} answers in {sc.rounds} rounds ({sc.errors} failed)"
+                if sc is not None
+                else "no round of the cases in the baseline",
+            )
+        )
+        self.slo_values.append((f"quality.{q.metric}", "before", self.quality_base, ok))
+        return ok
+
+    def _quality_hypothesis(self, phase: str, start: float, end: float) -> tuple[bool, str]:
+        """The drop from the baseline's score over the rounds that started
+        in [start, end): within the bound? (ok, what for a failure line)."""
+        # lazy: pyctl.experiment.quality (http.client) only for a file with [quality]
+        from pyctl.experiment import quality as Q
+
+        q = self.exp.quality
+        assert q is not None
+        rounds = self.quality.rounds(start, end)
+        refs = self._quality_refs() or []
+        sc = Q.score_rounds(q, rounds, refs) if refs else Q.Scored(math.nan, 0, 0, 0)
+        base = getattr(self, "quality_base", math.nan)
+        drop = Q.drop_pct(base, sc.score)
+        ok = not math.isnan(drop) and q.bound.check(drop)
+        rel0 = self.phase_at["baseline"]
+        what = "BLEU-4" if q.metric == "bleu" else "exact match"
+        detail = (
+            f"{what} {sc.score:.1f} vs {base:.1f} in the baseline; {sc.answers} answers in "
+            f"{sc.rounds} rounds started in [{start - rel0:.1f}s, {end - rel0:.1f}s)"
+            + (f", {sc.errors} failed" if sc.errors else "")
+        )
+        self.rec.hypotheses.append(
+            E.Hypothesis(phase, q.term, ok, f"{drop:.1f}", str(q.bound), detail)
+        )
+        self.slo_values.append((q.term, phase, drop, ok))
+        return ok, f"{q.term} {q.bound} breached: drop {drop:.1f}% ({detail})"
 
     def _load_hypothesis(self, phase: str, load: Any, start: float, end: float) -> bool:
         """Each bound holds in at least `quorum` of the phase's 1 s windows.
@@ -78,27 +150,20 @@ class Evaluation:
         from pyctl.experiment.loadgen import windows as mkwin
 
         st = self.exp.steady
-        agg = window_stats(load.samples(start, end), start, end)
+        agg = window_stats(load.samples(start, end), start, end, st.good)
         wins = [
             w
-            for w in mkwin(load.samples(start, end), start, end, WINDOW_S)
+            for w in mkwin(load.samples(start, end), start, end, WINDOW_S, st.good)
             if w.end - w.start >= WINDOW_S / 2
         ]
         rel0 = self.phase_at["baseline"]
         ok_all = True
-        for name, b in (
-            ("p50", st.p50),
-            ("p95", st.p95),
-            ("p99", st.p99),
-            ("error_rate", st.error_rate),
-            ("throughput", st.min_throughput),
-        ):
-            if b is None:
-                continue
+        for _term, name, b in st.terms():
             vals = [getattr(w, name) for w in wins if w.count]
             good = sum(1 for v in vals if not math.isnan(v) and b.check(v))
             ok = bool(vals) and good >= st.quorum * len(vals)
             ok_all &= ok
+            self.slo_values.append((f"load.{name}", phase, float(getattr(agg, name)), ok))
             self.rec.hypotheses.append(
                 E.Hypothesis(
                     phase,
@@ -107,7 +172,8 @@ class Evaluation:
                     _fmt(name, getattr(agg, name)),
                     str(b),
                     f"{good}/{len(vals)} 1 s windows within (quorum {st.quorum:.0%}); "
-                    f"{agg.count} requests due in [{start - rel0:.1f}s, {end - rel0:.1f}s)",
+                    f"{agg.count} requests due in [{start - rel0:.1f}s, {end - rel0:.1f}s)"
+                    + (f"; good = {st.good}" if name == "goodput" and st.good else ""),
                 )
             )
         return ok_all
@@ -205,7 +271,7 @@ class Evaluation:
             # lazy: pyctl.experiment.loadgen (queue, +5 modules) only when this runs
             from pyctl.experiment.loadgen import windows as mkwin
 
-            for w in mkwin(load.samples(t0, end_all), t0, end_all, WINDOW_S):
+            for w in mkwin(load.samples(t0, end_all), t0, end_all, WINDOW_S, exp.steady.good):
                 if w.end - w.start < WINDOW_S / 2:
                     continue  # the stub at the end: too few requests to say anything
                 windows.append((w, self._phase_of((w.start + w.end) / 2)))
@@ -248,21 +314,39 @@ class Evaluation:
                         f"({h.detail.split(';')[0]}; {h.name} {h.value} over the window)"
                     )
                 if exp.steady.judge is not None:
+                    jd = exp.steady.judge
                     base = [x.latency for x in load.samples(t0, t0 + exp.baseline)]
                     win = [x.latency for x in load.samples(fw_start, fw_end)]
-                    j = stats.judge(
-                        base,
-                        win,
-                        higher_is_worse=True,
-                        alpha=exp.steady.judge.alpha,
-                        min_effect=exp.steady.judge.min_effect,
-                        min_tail_effect=exp.steady.judge.min_tail_effect,
-                    )
+                    how: dict[str, Any] = {
+                        "higher_is_worse": True,
+                        "alpha": jd.alpha,
+                        "min_effect": jd.min_effect,
+                        "min_tail_effect": jd.min_tail_effect,
+                    }
+                    if jd.control:
+                        # The baseline as its 1 s windows (the A/A splits' blocks).
+                        blocks = [
+                            [x.latency for x in load.samples(a, a + WINDOW_S)]
+                            for a in (
+                                t0 + k * WINDOW_S for k in range(int(exp.baseline / WINDOW_S))
+                            )
+                        ]
+                        ctl = stats.judge_with_control(blocks, win, **how)
+                        self.rec.judgements.append(E.Judged("latency:a/a", ctl.aa))
+                        j = ctl.window
+                    else:
+                        j = stats.judge(base, win, **how)
                     self.rec.judgements.append(E.Judged("latency", j))
                     if j.worse and not f.abort:
                         f.failures.append(
                             f"latency worse in the fault window than the baseline: {j.reason}"
                         )
+            if self.quality is not None and getattr(self, "quality_base", None) is not None:
+                ok, why = self._quality_hypothesis("during", fw_start, fw_end)
+                if not ok and not f.abort:
+                    f.failures.append(
+                        f"{why.replace('breached', 'breached during the fault window', 1)}"
+                    )
             # Expectations.
             if not f.abort:
                 self._expectations(probes, windows, fault_end or fw_end, f)
@@ -296,6 +380,12 @@ class Evaluation:
                         f.failures.append(
                             f"load hypothesis not met in the last {hold:g}s of recovery"
                         )
+                if self.quality is not None and getattr(self, "quality_base", None) is not None:
+                    a = self.phase_at["after"]
+                    hold = exp.expect.recovery_hold
+                    ok, why = self._quality_hypothesis("after", a - hold, a)
+                    if not ok:
+                        f.failures.append(f"{why} in the last {hold:g}s of recovery")
         return decide(f)
 
     def _pid_died(self, w: PidWatch) -> str:
@@ -485,7 +575,7 @@ class Evaluation:
 
 def _fmt(name: str, v: float) -> str:
     """Latencies in ms, shares and rates as numbers."""
-    return f"{v * 1000:.1f}ms" if name.split(".")[-1] in ("p50", "p95", "p99") else f"{v:.4g}"
+    return f"{v * 1000:.1f}ms" if name.endswith(("p50", "p95", "p99")) else f"{v:.4g}"
 
 
 def _v(res: Any) -> str:

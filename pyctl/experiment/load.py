@@ -31,10 +31,12 @@ from pyctl.experiment.facts import TARGET_FACTS, is_fact, placeholders, render
 from pyctl.experiment.method import parse_method
 from pyctl.experiment.model import (
     LINKABLE,
+    LOAD_TERMS,
     Abort,
     Expect,
     Experiment,
     ExperimentError,
+    GoodBounds,
     Judge,
     Load,
     Remediation,
@@ -42,9 +44,18 @@ from pyctl.experiment.model import (
     SteadyState,
 )
 from pyctl.experiment.probes import Probe, ProbeError, Tolerance, probe_from_toml
-from pyctl.experiment.reader import LOAD_KEYS, Reader, kind_name, load_fields, parse_bound
+from pyctl.experiment.quality import parse_quality
+from pyctl.experiment.reader import (
+    LOAD_KEYS,
+    Reader,
+    kind_name,
+    load_fields,
+    parse_bound,
+    redact_headers,
+)
 from pyctl.experiment.target import parse_target
 
+AA_MIN_BASELINE = 8.0  # judge.control: 8 windows, 70 ways to split them in halves
 SHIPPED = Path(__file__).resolve().parent.parent / "experiments"
 ENV_DIRS = "GPUFAULT_EXPERIMENTS"
 
@@ -68,6 +79,7 @@ TOP_KEYS = {
     "rollback",
     "remediation",
     "agents",
+    "quality",
 }
 
 
@@ -198,22 +210,30 @@ def load_file(
     load_ = _load(r, rendered)
     probes, probe_where = _probes(r, rendered)
     steady = _steady(r, rendered, probes, probe_where)
-    if (
-        load_ is None
-        and any(
-            b is not None
-            for b in (steady.p50, steady.p95, steady.p99, steady.error_rate, steady.min_throughput)
-        )
-        or load_ is None
-        and steady.judge is not None
-    ):
+    if load_ is None and steady.any_load_bound():
         raise r.err("steady_state", "latency or error hypotheses need a [load] table: add one")
+    streamed = {n for n, _u, st in LOAD_TERMS if st}
+    needs_stream = [n for n, _a, _b in steady.terms() if n in streamed]
+    if steady.good is not None and (steady.good.ttft or steady.good.itl or steady.good.tpot):
+        needs_stream.append("goodput")
+    if load_ is not None and not load_.stream and needs_stream:
+        raise r.err(
+            f"steady_state.{needs_stream[0]}",
+            "token timings need a streamed load: add stream = true to [load]",
+        )
     steps = parse_method(r, rendered)
     agents = parse_agents(r, rendered, path.parent)
     _check_agent_steps(r, steps, agents)
     phases = r.table(rendered, "phases", {"warmup", "baseline", "method", "recovery"})
     warmup = r.duration(phases, "phases", "warmup", "1s", allow_zero=True)
     baseline = r.duration(phases, "phases", "baseline", "5s")
+    if steady.judge is not None and steady.judge.control and baseline < AA_MIN_BASELINE:
+        raise r.err(
+            "steady_state.judge.control",
+            f"the A/A control splits the baseline's 1 s windows: give a baseline of at "
+            f"least {AA_MIN_BASELINE:g}s (it is {baseline:g}s), so that its halves are "
+            "4 windows or more",
+        )
     steps_end = max((s.start + s.duration for s in steps), default=0.0)
     method_window = r.duration(phases, "phases", "method", steps_end or "5s")
     if method_window < steps_end:
@@ -235,8 +255,9 @@ def load_file(
         )
     rollbacks = _rollbacks(r, rendered)
     remediation = _remediation(r, rendered)
+    quality = parse_quality(r, rendered)
 
-    expanded = dict(rendered)
+    expanded = redact_headers(rendered)  # a literal token is not stored
     expanded["knobs"] = values
     return Experiment(
         name=name,
@@ -263,6 +284,7 @@ def load_file(
         remediation=remediation,
         expanded=expanded,
         agents=agents,
+        quality=quality,
     )
 
 
@@ -331,26 +353,30 @@ def _steady(
     t = r.table(
         doc,
         "steady_state",
-        {"p50", "p95", "p99", "error_rate", "min_throughput", "judge", "probes", "quorum"},
+        {n for n, _u, _s in LOAD_TERMS} | {"judge", "probes", "quorum"},
     )
     b: dict[str, Tolerance | None] = {}
-    for k, unit in (
-        ("p50", "duration"),
-        ("p95", "duration"),
-        ("p99", "duration"),
-        ("error_rate", "share"),
-        ("min_throughput", "number"),
-    ):
-        b[k] = parse_bound(t[k], r, f"steady_state.{k}", unit) if k in t else None
+    good = None
+    for k, unit, _streamed in LOAD_TERMS:
+        v = t.get(k)
+        if k == "goodput" and isinstance(v, dict):
+            v, good = _goodput(r, v)
+        elif k == "goodput" and v is not None:
+            raise r.err(
+                "steady_state.goodput",
+                'expected a table { share = ">= 90%", ttft = "<= 200ms", itl = "<= 50ms", '
+                'tpot = "<= 20ms", e2e = "<= 1s" } (the share of requests meeting every bound)',
+            )
+        b[k] = parse_bound(v, r, f"steady_state.{k}", unit) if v is not None else None
     judge = None
     if "judge" in t:
         j = t["judge"]
         if j is True:
             j = {}
         if not isinstance(j, dict):
-            want = "expected true or a table {alpha, min_effect, min_tail_effect}"
+            want = "expected true or a table {alpha, min_effect, min_tail_effect, control}"
             raise r.err("steady_state.judge", want)
-        r.keys(j, "steady_state.judge", {"alpha", "min_effect", "min_tail_effect"})
+        r.keys(j, "steady_state.judge", {"alpha", "min_effect", "min_tail_effect", "control"})
         alpha = r.num(j, "steady_state.judge", "alpha", 0.01)
         if not 0 < alpha < 1:
             raise r.err("steady_state.judge.alpha", f"{alpha:g}: give 0 < alpha < 1")
@@ -358,6 +384,7 @@ def _steady(
             alpha=alpha,
             min_effect=r.num(j, "steady_state.judge", "min_effect", 0.2),
             min_tail_effect=r.num(j, "steady_state.judge", "min_tail_effect", 0.05),
+            control=r.bool_(j, "steady_state.judge", "control", False),
         )
     hyp = [n for n, w in where.items() if w.startswith("steady_state.")]
     quorum = 0.8
@@ -375,15 +402,30 @@ def _steady(
             )
         quorum = float(q)
     return SteadyState(
-        p50=b["p50"],
-        p95=b["p95"],
-        p99=b["p99"],
-        error_rate=b["error_rate"],
-        min_throughput=b["min_throughput"],
         judge=judge,
         probes=hyp,
         quorum=quorum,
+        good=good,
+        **b,  # type: ignore[arg-type]
     )
+
+
+GOOD_KEYS = {"share", "ttft", "itl", "tpot", "e2e"}
+
+
+def _goodput(r: Reader, t: dict[str, Any]) -> tuple[Any, GoodBounds]:
+    """steady_state.goodput: the share bound and what a good request is."""
+    k = "steady_state.goodput"
+    r.keys(t, k, GOOD_KEYS)
+    if "share" not in t:
+        raise r.err(f"{k}.share", 'missing: give the share of good requests, e.g. ">= 90%"')
+    per = {
+        n: parse_bound(t[n], r, f"{k}.{n}", "duration") if n in t else None
+        for n in ("ttft", "itl", "tpot", "e2e")
+    }
+    if not any(per.values()):
+        raise r.err(k, "give at least one per-request bound: ttft, itl, tpot or e2e")
+    return t["share"], GoodBounds(**per)
 
 
 def _known_probe(

@@ -33,7 +33,7 @@ import threading
 import time
 from bisect import bisect_left
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -54,6 +54,22 @@ class Sample:
     error: str  # "" or a short kind: "timeout", "conn", "http-503"
     sent: float = 0.0  # when it was handed to the socket; 0.0 if never sent
     index: int = 0  # request i of the run (with `bodies`: it sent bodies[i % len])
+    # A streamed answer (stream=True): the first token's arrival - due
+    # (NaN when no token came), the gaps between token chunks (seconds),
+    # the output tokens (the usage chunk's completion_tokens, else the
+    # token chunks counted); the text, when the load keeps it (keep_text).
+    ttft: float = math.nan
+    itl: tuple[float, ...] = ()
+    tokens: int = 0
+    text: str = ""
+
+    @property
+    def tpot(self) -> float:
+        """Time per output token after the first ((latency - ttft) / (tokens
+        - 1), vLLM's TPOT); NaN with fewer than two tokens."""
+        if self.tokens < 2 or math.isnan(self.ttft):
+            return math.nan
+        return (self.latency - self.ttft) / (self.tokens - 1)
 
     @property
     def lag(self) -> float:
@@ -76,8 +92,12 @@ class OpenLoopLoad:
     `url` is the service's base URL (`path` is appended) or, when it has a
     path of its own, the full endpoint (then `path` is ignored). The body
     is the OpenAI completion request {"prompt", "max_tokens"} for POST, or
-    `body` when given. `timeout` bounds each request from its due time:
-    one not answered by due + timeout is an error "timeout" (also one that
+    `body` when given. stream: the answers are Server-Sent Events (OpenAI's
+    `data: {chunk}` ... `data: [DONE]`); each Sample then has the time to
+    its first token, the gaps between tokens and the output tokens, read
+    as the chunks arrive (keep_text: and the text, for a quality check).
+    `timeout` bounds each request from its due time: one not answered by
+    due + timeout is an error "timeout" (also one that
     waited that long for a free connection: a real client gives up too, and
     it keeps a dead server from building an endless backlog).
     """
@@ -97,6 +117,8 @@ class OpenLoopLoad:
         headers: dict[str, str] | None = None,
         duration: float | None = None,
         bodies: Sequence[bytes] | None = None,
+        stream: bool = False,
+        keep_text: bool = False,
     ) -> None:
         if not (isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0):
             raise LoadError(f"load rate {rate!r} must be a positive number of requests/s")
@@ -126,8 +148,13 @@ class OpenLoopLoad:
         if bodies is not None and (not bodies or body is not None):
             raise LoadError("give either body or a non-empty list of bodies, not both")
         if body is None and bodies is None and self.method == "POST":
-            body = json.dumps({"prompt": prompt, "max_tokens": max_tokens}).encode()
+            default: dict[str, Any] = {"prompt": prompt, "max_tokens": max_tokens}
+            if stream:
+                default["stream"] = True
+            body = json.dumps(default).encode()
         self._body = body
+        self.stream = stream
+        self.keep_text = keep_text
         # Every request's bytes built once, sent with one sendall(); request
         # i sends the (i % n)th of them (a prompt mix: `bodies`).
         self._requests = [
@@ -135,6 +162,7 @@ class OpenLoopLoad:
         ]
         self._request = self._requests[0]
         self._q: queue.SimpleQueue[tuple[float, int] | None] = queue.SimpleQueue()
+        self._headers = dict(headers or {})
         self._samples: list[Sample] = []
         self._lock = threading.Lock()
         self._counts: Counter[str] = Counter()
@@ -271,8 +299,31 @@ class OpenLoopLoad:
             i += 1
 
     def _record(
-        self, due: float, done: float, status: int, error: str, sent: float, index: int = 0
+        self,
+        due: float,
+        done: float,
+        status: int,
+        error: str,
+        sent: float,
+        index: int = 0,
+        sink: _SSE | _Body | None = None,
     ) -> None:
+        extra: dict[str, Any] = {}
+        if isinstance(sink, _Body):
+            extra = {"text": sink.text()}
+        elif sink is not None:
+            sse = sink
+            if sse.error and not error:
+                error = "stream-error"  # an error event inside a 200 stream
+            elif status == 200 and not error and not sse.done:
+                error = "stream-cut"  # the stream ended without [DONE]
+            at = sse.token_at
+            extra = {
+                "ttft": at[0] - due if at else math.nan,
+                "itl": tuple(b - a for a, b in zip(at, at[1:], strict=False)),
+                "tokens": sse.usage if sse.usage is not None else len(at),
+                "text": "".join(sse.texts) if self.keep_text else "",
+            }
         s = Sample(
             due=self._wall(due),
             done=self._wall(done),
@@ -281,6 +332,7 @@ class OpenLoopLoad:
             error=error,
             sent=self._wall(sent) if sent else 0.0,
             index=index,
+            **extra,
         )
         with self._lock:
             self._samples.append(s)
@@ -306,7 +358,9 @@ class OpenLoopLoad:
     def _one(self, due: float, conn: _Conn | None, index: int = 0) -> _Conn | None:
         deadline = due + self.timeout
         status, error, sent, done = 0, "", 0.0, 0.0
+        sink: _SSE | _Body | None = None
         for attempt in (0, 1):
+            sink = _SSE() if self.stream else _Body() if self.keep_text else None
             left = deadline - _clock()
             if left <= 0:
                 error = "timeout"
@@ -321,7 +375,7 @@ class OpenLoopLoad:
                         self._counts["sent"] += 1
                         self._in_flight += 1
                 request = self._requests[index % len(self._requests)]
-                status, close, done = conn.exchange(request, deadline)
+                status, close, done = conn.exchange(request, deadline, sink)
                 error = "" if 200 <= status < 300 else f"http-{status}"
                 if close:
                     conn.close()
@@ -348,7 +402,9 @@ class OpenLoopLoad:
         if sent:
             with self._lock:
                 self._in_flight -= 1
-        self._record(due, done, status, error, sent, index)
+        if sink is not None and not 200 <= status < 300:
+            sink = None  # an error answer's body is no stream and no text
+        self._record(due, done, status, error, sent, index, sink)
         return conn
 
 
@@ -426,8 +482,11 @@ class _Conn:
             raise ConnectionError("the server closed the connection inside an answer")
         self.buf += data
 
-    def exchange(self, request: bytes, deadline: float) -> tuple[int, bool, float]:
-        """(status, whether the server closes the connection, arrival time)."""
+    def exchange(
+        self, request: bytes, deadline: float, sink: _SSE | _Body | None = None
+    ) -> tuple[int, bool, float]:
+        """(status, whether the server closes the connection, arrival time);
+        sink gets the body's bytes as they arrive, with their arrival time."""
         if self.buf:
             raise ValueError("bytes the server sent unasked")
         try:
@@ -453,22 +512,159 @@ class _Conn:
         close = hdr.get("connection", "").lower() == "close" or parts[0] == "HTTP/1.0"
         if "content-length" in hdr:
             n = int(hdr["content-length"])
-            while len(self.buf) < n:
-                self._more(deadline)
+            if sink is None:
+                while len(self.buf) < n:
+                    self._more(deadline)
+            else:
+                got = 0
+                while True:
+                    part = self.buf[: n - got]
+                    self.buf = self.buf[len(part) :]
+                    got += len(part)
+                    if part:
+                        sink.feed(part, self.at)
+                    if got >= n:
+                        break
+                    self._more(deadline)
+                n = 0
             self.buf = self.buf[n:]
         elif "chunked" in hdr.get("transfer-encoding", "").lower():
             while size := int(self._line(deadline).split(b";")[0], 16):
                 while len(self.buf) < size + 2:  # the chunk and its CRLF
                     self._more(deadline)
+                if sink is not None:
+                    sink.feed(self.buf[:size], self.at)
                 self.buf = self.buf[size + 2 :]
             while self._line(deadline):  # trailers end with an empty line
                 pass
         else:  # the body runs to the end of the connection
             close = True
-            while self._recv(deadline):
-                pass
+            if self.buf and sink is not None:
+                sink.feed(self.buf, self.at)
+            while data := self._recv(deadline):
+                if sink is not None:
+                    sink.feed(data, self.at)
             self.buf = b""
         return status, close, self.at
+
+
+class _SSE:
+    """Server-Sent Events of an OpenAI-style stream, parsed as they arrive:
+    every `data: {chunk}` whose choices[0] has text (`text`, or chat's
+    `delta.content`) is a token chunk, stamped with the arrival time of the
+    bytes that completed it; a `usage` (the last chunk's, or
+    include_usage's own) gives the output tokens; `data: [DONE]` ends it;
+    an `error` object is an error inside the stream."""
+
+    __slots__ = ("buf", "token_at", "texts", "usage", "done", "error")
+
+    def __init__(self) -> None:
+        self.buf = b""
+        self.token_at: list[float] = []
+        self.texts: list[str] = []
+        self.usage: int | None = None
+        self.done = False
+        self.error = ""
+
+    def feed(self, data: bytes, at: float) -> None:
+        self.buf += data
+        while True:
+            # Events end with a blank line (LF LF, or CR LF CR LF).
+            i, j = self.buf.find(b"\n\n"), self.buf.find(b"\r\n\r\n")
+            if i < 0 and j < 0:
+                return
+            if j >= 0 and (i < 0 or j < i):
+                ev, self.buf = self.buf[:j], self.buf[j + 4 :]
+            else:
+                ev, self.buf = self.buf[:i], self.buf[i + 2 :]
+            self._event(ev, at)
+
+    def _event(self, ev: bytes, at: float) -> None:
+        data = b"\n".join(
+            ln[5:].lstrip(b" ") for ln in ev.replace(b"\r\n", b"\n").split(b"\n")
+            if ln.startswith(b"data:")
+        )  # fmt: skip
+        if not data:
+            return  # a comment, an id or a retry line
+        if data.strip() == b"[DONE]":
+            self.done = True
+            return
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            self.error = self.error or "not JSON"
+            return
+        if not isinstance(obj, dict):
+            return
+        if "error" in obj:
+            self.error = self.error or str(obj["error"])[:200]
+            return
+        text = _choice_text(obj, stream=True)
+        if text:
+            self.token_at.append(at)
+            self.texts.append(text)
+        u = obj.get("usage")
+        if isinstance(u, dict) and isinstance(u.get("completion_tokens"), int):
+            self.usage = u["completion_tokens"]
+        # TGI's stream: {"token": {"text"}}, its last event has generated_text.
+        tok = obj.get("token")
+        if text is None and isinstance(tok, dict) and isinstance(tok.get("text"), str):
+            if tok["text"] and not tok.get("special"):
+                self.token_at.append(at)
+                self.texts.append(tok["text"])
+            if obj.get("generated_text") is not None:
+                self.done = True
+
+
+class _Body:
+    """A non-streamed answer's body, kept for its text (keep_text)."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+
+    def feed(self, data: bytes, at: float) -> None:
+        self.parts.append(data)
+
+    def text(self) -> str:
+        try:
+            obj = json.loads(b"".join(self.parts))
+        except ValueError:
+            return ""
+        if isinstance(obj, list) and obj and isinstance(obj[0], dict):  # TGI: [{generated_text}]
+            obj = obj[0]
+        if not isinstance(obj, dict):
+            return ""
+        if isinstance(obj.get("generated_text"), str):
+            return str(obj["generated_text"])
+        return _choice_text(obj, stream=False) or ""
+
+
+def answer_text(content_type: str, raw: bytes) -> str:
+    """The generated text of a whole answer: Server-Sent Events (the
+    chunks' texts joined) or JSON (OpenAI completion or chat, TGI)."""
+    if content_type.split(";")[0].strip().lower() == "text/event-stream":
+        p = _SSE()
+        p.feed(raw + b"\n\n", 0.0)
+        return "".join(p.texts)
+    b = _Body()
+    b.feed(raw, 0.0)
+    return b.text()
+
+
+def _choice_text(obj: dict[str, Any], *, stream: bool) -> str | None:
+    """choices[0]'s text: `text` (completions), `delta.content` (a chat
+    chunk) or `message.content` (a chat answer); None if it has none."""
+    ch = obj.get("choices")
+    if not isinstance(ch, list) or not ch or not isinstance(ch[0], dict):
+        return None
+    c = ch[0]
+    part = c.get("delta" if stream else "message")
+    if isinstance(part, dict) and isinstance(part.get("content"), str):
+        return str(part["content"])
+    t = c.get("text")
+    return t if isinstance(t, str) else None
 
 
 # ---- windows -------------------------------------------------------------------
@@ -480,7 +676,15 @@ class WindowStats:
     request, errors included (the time each caller waited for an answer of
     any kind, as vegeta reports it; a timeout counts with its full wait), NaN
     for an empty window. error_rate: errors / count (NaN when empty).
-    throughput: successful (2xx) answers per second of the window."""
+    throughput: successful (2xx) answers per second of the window.
+
+    Streamed answers (NaN without any): ttft_* over the requests whose
+    first token came (a timeout before any token: its full wait, like the
+    latency), itl_* over every gap between token chunks of the window's
+    requests (vLLM's ITL), output_tokens_per_s the successful requests'
+    output tokens per second of the window, goodput the share of requests
+    that are good (`good`: no error and every per-request bound met, the
+    DistServe / vLLM sense; NaN when no `good` was given)."""
 
     start: float
     end: float
@@ -490,6 +694,14 @@ class WindowStats:
     p99: float
     error_rate: float
     throughput: float
+    ttft_p50: float = math.nan
+    ttft_p95: float = math.nan
+    ttft_p99: float = math.nan
+    itl_p50: float = math.nan
+    itl_p95: float = math.nan
+    itl_p99: float = math.nan
+    output_tokens_per_s: float = math.nan
+    goodput: float = math.nan
 
 
 def _q(xs: Sequence[float], q: float) -> float:
@@ -503,15 +715,45 @@ def _q(xs: Sequence[float], q: float) -> float:
     return xs[lo] + (h - lo) * (xs[hi] - xs[lo])
 
 
-def window_stats(samples: Sequence[Sample], start: float, end: float) -> WindowStats:
-    return _stats([s for s in samples if start <= s.due < end], start, end)
+Good = Callable[[Sample], bool]
 
 
-def _stats(sel: Sequence[Sample], start: float, end: float) -> WindowStats:
+def window_stats(
+    samples: Sequence[Sample], start: float, end: float, good: Good | None = None
+) -> WindowStats:
+    return _stats([s for s in samples if start <= s.due < end], start, end, good)
+
+
+def _ttft(s: Sample) -> float:
+    if not math.isnan(s.ttft):
+        return s.ttft
+    return s.latency if s.error == "timeout" else math.nan
+
+
+def _stats(
+    sel: Sequence[Sample], start: float, end: float, good: Good | None = None
+) -> WindowStats:
     lat = sorted(s.latency for s in sel)
     n = len(sel)
     errs = sum(1 for s in sel if s.error)
     width = end - start
+    streamed = any(s.tokens or not math.isnan(s.ttft) for s in sel)
+    extra: dict[str, float] = {}
+    if streamed:
+        tt = sorted(x for x in map(_ttft, sel) if not math.isnan(x))
+        gaps = sorted(g for s in sel for g in s.itl)
+        toks = sum(s.tokens for s in sel if not s.error)
+        extra = {
+            "ttft_p50": _q(tt, 0.50),
+            "ttft_p95": _q(tt, 0.95),
+            "ttft_p99": _q(tt, 0.99),
+            "itl_p50": _q(gaps, 0.50),
+            "itl_p95": _q(gaps, 0.95),
+            "itl_p99": _q(gaps, 0.99),
+            "output_tokens_per_s": toks / width if width > 0 else math.nan,
+        }
+    if good is not None and n:
+        extra["goodput"] = sum(1 for s in sel if not s.error and good(s)) / n
     return WindowStats(
         start=start,
         end=end,
@@ -521,10 +763,13 @@ def _stats(sel: Sequence[Sample], start: float, end: float) -> WindowStats:
         p99=_q(lat, 0.99),
         error_rate=errs / n if n else math.nan,
         throughput=(n - errs) / width if width > 0 else math.nan,
+        **extra,
     )
 
 
-def windows(samples: Sequence[Sample], start: float, end: float, width: float) -> list[WindowStats]:
+def windows(
+    samples: Sequence[Sample], start: float, end: float, width: float, good: Good | None = None
+) -> list[WindowStats]:
     """Consecutive windows of `width` seconds from start; the last one ends
     at `end` (shorter if the span is not a multiple of width)."""
     if not width > 0:
@@ -538,6 +783,6 @@ def windows(samples: Sequence[Sample], start: float, end: float, width: float) -
         if a >= end - 1e-9:
             break
         b = min(start + (k + 1) * width, end)
-        out.append(_stats(srt[bisect_left(dues, a) : bisect_left(dues, b)], a, b))
+        out.append(_stats(srt[bisect_left(dues, a) : bisect_left(dues, b)], a, b, good))
         k += 1
     return out

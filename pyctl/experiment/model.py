@@ -7,9 +7,11 @@ are in pyctl/experiment/evidence.py.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from pyctl import templates as T
 from pyctl.exceptions import BadInput
@@ -109,6 +111,59 @@ class Load:
     context: int = 256  # the service's --max-context (over-limit, at-limit)
     vocab_size: int = 1000  # the service's --vocab-size (its tokenizer, rebuilt here)
     max_len: int = 20000  # cap of the unicode corpus's long cases (characters)
+    # Any OpenAI-style (or other) API: the method, a full endpoint URL
+    # instead of the target's URL + path, headers (a value, or one read from
+    # the environment when the run starts: never stored), a body template
+    # ("$prompt" / "$max_tokens" filled per request; None: the completion
+    # request) and whether the answers stream (Server-Sent Events).
+    method: str = "POST"
+    url: str | None = None
+    headers: dict[str, Header] = field(default_factory=dict)
+    body: dict[str, Any] | None = None
+    stream: bool = False
+
+    def endpoint(self, target_url: str) -> str:
+        """The URL the load sends to: its own, or the target's + path (a
+        target URL with a path of its own is the endpoint already)."""
+        if self.url:
+            return self.url
+        own = urlsplit(target_url).path
+        return target_url if own not in ("", "/") else target_url.rstrip("/") + self.path
+
+    def resolved_headers(self, where: str) -> dict[str, str]:
+        """Header values as sent: a variable's value read now (a missing
+        one is one ExperimentError line); never kept anywhere else."""
+        out: dict[str, str] = {}
+        for name, h in self.headers.items():
+            if h.env is None:
+                out[name] = h.value
+                continue
+            v = os.environ.get(h.env)
+            if v is None:
+                raise ExperimentError(
+                    f"{where}: load.headers.{name}: the environment variable {h.env} is "
+                    f"not set: export {h.env}=... before the run"
+                )
+            if any(c in v for c in "\r\n\0"):
+                raise ExperimentError(
+                    f"{where}: load.headers.{name}: {h.env} holds a line break: give one line"
+                )
+            out[name] = h.prefix + v
+        return out
+
+
+@dataclass(frozen=True)
+class Header:
+    """A [load] header: a literal `value`, or `prefix` + the value of the
+    environment variable `env` when the run starts ({env = "TOKEN",
+    prefix = "Bearer "}); the secret is never written to the store."""
+
+    value: str = ""
+    env: str | None = None
+    prefix: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.prefix}${{{self.env}}}" if self.env else self.value
 
 
 @dataclass
@@ -127,6 +182,59 @@ class Judge:
     alpha: float
     min_effect: float  # Cliff's delta of the shift test
     min_tail_effect: float = 0.05  # the tail test's share difference (pyctl/experiment/stats.py)
+    # The A/A control: the baseline's second half judged against its first;
+    # the effects seen there (machine noise, no fault) are added to the
+    # fault window's thresholds (stats.judge_with_control).
+    control: bool = False
+
+
+# The load hypothesis's per-window terms: (name, unit, needs a streamed load).
+LOAD_TERMS: tuple[tuple[str, str, bool], ...] = (
+    ("p50", "duration", False),
+    ("p95", "duration", False),
+    ("p99", "duration", False),
+    ("error_rate", "share", False),
+    ("min_throughput", "number", False),
+    ("ttft_p50", "duration", True),
+    ("ttft_p95", "duration", True),
+    ("ttft_p99", "duration", True),
+    ("itl_p50", "duration", True),
+    ("itl_p95", "duration", True),
+    ("itl_p99", "duration", True),
+    ("output_tokens_per_s", "number", True),
+    ("goodput", "share", False),
+)
+# A term's attribute of loadgen.WindowStats (min_throughput bounds `throughput`).
+WINDOW_ATTR = {"min_throughput": "throughput"}
+
+
+@dataclass
+class GoodBounds:
+    """What one request must meet to count in the goodput (DistServe's and
+    vLLM's sense): every bound given here, and no error. ttft: its time to
+    first token; itl: its longest gap between tokens; tpot: its time per
+    output token after the first; e2e: its latency."""
+
+    ttft: Tolerance | None = None
+    itl: Tolerance | None = None
+    tpot: Tolerance | None = None
+    e2e: Tolerance | None = None
+
+    def __call__(self, s: Any) -> bool:
+        for b, v in (
+            (self.ttft, s.ttft),
+            (self.itl, max(s.itl, default=0.0)),
+            (self.tpot, s.tpot),
+            (self.e2e, s.latency),
+        ):
+            if b is not None and (v != v or not b.check(v)):  # v != v: NaN
+                return False
+        return True
+
+    def __str__(self) -> str:
+        return ", ".join(
+            f"{k} {b}" for k, b in vars(self).items() if b is not None
+        )  # fmt: skip
 
 
 @dataclass
@@ -139,21 +247,56 @@ class SteadyState:
     judge: Judge | None
     probes: list[str]  # names of the hypothesis probes (tables in Experiment.probes)
     quorum: float = 0.8  # share of a phase's 1 s windows that must meet the bounds
+    # Streamed answers (a [load] with stream = true): per-window bounds.
+    ttft_p50: Tolerance | None = None
+    ttft_p95: Tolerance | None = None
+    ttft_p99: Tolerance | None = None
+    itl_p50: Tolerance | None = None
+    itl_p95: Tolerance | None = None
+    itl_p99: Tolerance | None = None
+    output_tokens_per_s: Tolerance | None = None
+    goodput: Tolerance | None = None  # the share of good requests per window
+    good: GoodBounds | None = None  # what a good request is (goodput's table)
+
+    def terms(self) -> list[tuple[str, str, Tolerance]]:
+        """(name, WindowStats attribute, bound) of every bound given."""
+        out = []
+        for name, _unit, _streamed in LOAD_TERMS:
+            b = getattr(self, name)
+            if b is not None:
+                out.append((name, WINDOW_ATTR.get(name, name), b))
+        return out
+
+    def any_load_bound(self) -> bool:
+        return bool(self.terms()) or self.judge is not None
 
     def window_ok(self, w: Any) -> tuple[bool, str]:
         """Does one load window meet the per-window hypothesis?"""
         if w.count == 0:
             return False, "no request due in this window"
-        for name, b in (
-            ("p50", self.p50),
-            ("p95", self.p95),
-            ("p99", self.p99),
-            ("error_rate", self.error_rate),
-            ("throughput", self.min_throughput),
-        ):
-            if b is not None and not b.check(getattr(w, name)):
-                return False, f"{name} {getattr(w, name):.4g} not {b}"
+        for _name, attr, b in self.terms():
+            if not b.check(getattr(w, attr)):
+                return False, f"{attr} {getattr(w, attr):.4g} not {b}"
         return True, ""
+
+
+@dataclass
+class Quality:
+    """[quality]: a fixed case set scored against references in every
+    phase (pyctl/experiment/quality.py); `bound` is on the drop from the
+    baseline's score, in percent."""
+
+    metric: str  # "bleu" (sacrebleu corpus BLEU-4) or "exact"
+    bound: Tolerance
+    cases: list[tuple[str, str | None]]  # (prompt, reference or None: the first baseline answer)
+    interval: float = 0.5
+    max_tokens: int = 16
+    timeout: float = 3.0
+    tokenize: str = "13a"
+
+    @property
+    def term(self) -> str:
+        return f"quality.{self.metric}_drop_pct"
 
 
 @dataclass
@@ -224,6 +367,7 @@ class Experiment:
     rollbacks: list[Rollback]
     remediation: Remediation | None
     expanded: dict[str, Any]  # the file's content with the knobs filled in
+    quality: Quality | None = None
     # [agents.NAME]: the nodes whose agents arm the steps naming them
     # (pyctl.experiment.agents.AgentRef by name); empty: all steps here.
     agents: dict[str, Any] = field(default_factory=dict)
@@ -237,6 +381,10 @@ __all__ = [
     "ADMIN_TOKEN_ENV",
     "CORPORA",
     "GPUFAULT",
+    "LOAD_TERMS",
+    "WINDOW_ATTR",
+    "GoodBounds",
+    "Header",
     "LINKABLE",
     "SERVICE_READY",
     "WINDOW_S",
@@ -246,6 +394,7 @@ __all__ = [
     "ExperimentError",
     "Judge",
     "Load",
+    "Quality",
     "Remediation",
     "Rollback",
     "SteadyState",

@@ -5,10 +5,12 @@ line). Shared by load.py, method.py, target.py and the step kinds.
 
 from __future__ import annotations
 
+import re
 import shlex
 from typing import Any
+from urllib.parse import urlsplit
 
-from pyctl.experiment.model import CORPORA, ExperimentError
+from pyctl.experiment.model import CORPORA, ExperimentError, Header
 from pyctl.experiment.probes import ProbeError, Tolerance
 from pyctl.spec import SpecError, parse_duration
 
@@ -170,7 +172,18 @@ LOAD_KEYS = {
     "context",
     "vocab_size",
     "max_len",
+    "method",
+    "url",
+    "headers",
+    "body",
+    "stream",
 }
+METHODS = ("POST", "GET", "PUT", "PATCH")
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 token
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Header names whose literal values are secrets: shown as <redacted> in the
+# stored file (give them as {env = "VAR"} instead).
+SECRET_HEADERS = re.compile(r"authorization|cookie|api[-_]?key|token|secret|password", re.I)
 
 
 def load_fields(r: Reader, t: dict[str, Any], key: str) -> dict[str, Any]:
@@ -191,7 +204,37 @@ def load_fields(r: Reader, t: dict[str, Any], key: str) -> dict[str, Any]:
         raise r.err(f"{key}.prompts", 'corpus "prompts" needs prompts = ["...", ...]')
     if prompts and corpus != "prompts":
         raise r.err(f"{key}.prompts", f'prompts are for corpus = "prompts", not {corpus!r}')
+    method = r.str_(t, key, "method", "POST").upper()
+    if method not in METHODS:
+        raise r.err(f"{key}.method", f"{method!r}: use one of {', '.join(METHODS)}")
+    url = t.get("url")
+    if url is not None:
+        u = urlsplit(url) if isinstance(url, str) else None
+        if u is None or u.scheme not in ("http", "https") or not u.hostname:
+            raise r.err(
+                f"{key}.url",
+                f"{url!r}: give a full http(s) URL (http://host:port/v1/chat/completions)",
+            )
+        if "path" in t:
+            raise r.err(f"{key}.path", "give either url (a full endpoint) or path, not both")
+    body = t.get("body")
+    if body is not None:
+        if not isinstance(body, dict):
+            raise r.err(
+                f"{key}.body",
+                'expected a table, e.g. { messages = [{ role = "user", content = "$prompt" }] }',
+            )
+        if method == "GET":
+            raise r.err(f"{key}.body", "a GET sends no body: remove it or use POST")
+        if not _mentions(body, "$prompt"):
+            raise r.err(f"{key}.body", 'no "$prompt" in it: put "$prompt" where the prompt goes')
+    stream = r.bool_(t, key, "stream", False)
     return {
+        "method": method,
+        "url": url,
+        "headers": _headers(r, t, key),
+        "body": body,
+        "stream": stream,
         "rate": rate,
         "prompt": r.str_(t, key, "prompt", "hello world"),
         "max_tokens": r.int_(t, key, "max_tokens", 4, lo=1),
@@ -206,4 +249,76 @@ def load_fields(r: Reader, t: dict[str, Any], key: str) -> dict[str, Any]:
     }
 
 
-__all__ = ["LOAD_KEYS", "Reader", "kind_name", "load_fields", "parse_bound"]
+def _mentions(v: Any, word: str) -> bool:
+    if isinstance(v, str):
+        return word in v
+    if isinstance(v, dict):
+        return any(_mentions(x, word) for x in v.values())
+    if isinstance(v, list):
+        return any(_mentions(x, word) for x in v)
+    return False
+
+
+def _headers(r: Reader, t: dict[str, Any], key: str) -> dict[str, Header]:
+    raw = t.get("headers", {})
+    k = f"{key}.headers"
+    if not isinstance(raw, dict):
+        raise r.err(k, 'expected a table, e.g. { Authorization = { env = "API_TOKEN" } }')
+    out: dict[str, Header] = {}
+    for name, v in raw.items():
+        hk = f"{k}.{name}"
+        if not _HEADER_NAME.fullmatch(name):
+            raise r.err(hk, "not a header name: letters, digits and -")
+        if name.lower() in ("host", "content-length", "transfer-encoding", "connection"):
+            raise r.err(hk, "the load generator sets this header itself: remove it")
+        if isinstance(v, str):
+            if any(c in v for c in "\r\n\0"):
+                raise r.err(hk, "a header value is one line")
+            out[name] = Header(value=v)
+            continue
+        if not isinstance(v, dict):
+            raise r.err(hk, 'expected a string or { env = "VAR", prefix = "Bearer " }')
+        r.keys(v, hk, {"env", "prefix"})
+        env = r.str_(v, hk, "env")
+        if not _ENV_NAME.fullmatch(env):
+            raise r.err(f"{hk}.env", f"{env!r} is not an environment variable name")
+        prefix = r.str_(v, hk, "prefix", "")
+        if any(c in prefix for c in "\r\n\0"):
+            raise r.err(f"{hk}.prefix", "a header value is one line")
+        out[name] = Header(env=env, prefix=prefix)
+    return out
+
+
+def redact_headers(doc: dict[str, Any]) -> dict[str, Any]:
+    """The file's content as stored: literal values of secret-looking
+    headers ([load] and traffic steps) replaced by "<redacted>"."""
+
+    def fix(t: Any) -> Any:
+        if not isinstance(t, dict) or not isinstance(t.get("headers"), dict):
+            return t
+        hs = {
+            n: "<redacted>" if isinstance(v, str) and SECRET_HEADERS.search(n) else v
+            for n, v in t["headers"].items()
+        }
+        return {**t, "headers": hs}
+
+    out = dict(doc)
+    if "load" in out:
+        out["load"] = fix(out["load"])
+    if isinstance(out.get("method"), list):
+        out["method"] = [
+            {**m, "traffic": fix(m["traffic"])} if isinstance(m, dict) and "traffic" in m else m
+            for m in out["method"]
+        ]
+    return out
+
+
+__all__ = [
+    "LOAD_KEYS",
+    "METHODS",
+    "Reader",
+    "kind_name",
+    "load_fields",
+    "parse_bound",
+    "redact_headers",
+]

@@ -23,7 +23,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,8 @@ class Outcome:
     expected: str = "pass"  # the file's [expect] verdict
     interrupted: str | None = None  # the signal that ended the run, if one did
     died: bool = False  # the target died, and the file does not say it may
+    # Each load/quality hypothesis term checked: (term, phase, value, ok).
+    slo: list[tuple[str, str, float, bool]] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:
@@ -85,6 +87,8 @@ class Run(Evaluation):
         self.exp = exp
         self.db_path = db_path
         self.metrics = metrics  # pyctl.observe.metrics.Metrics or None
+        self.slo_values: list[tuple[str, str, float, bool]] = []
+        self.quality: Any = None  # a quality.QualityProbe for a file with [quality]
         self.host: FaultHost = host or LocalFaultHost(db_path)
         if exp.agents and host is None:
             # lazy: pyctl.experiment.agents only for a file that names agents
@@ -209,6 +213,12 @@ class Run(Evaluation):
         old: dict[int, Any] = {}
         xid = ""
         try:
+            # Header secrets read from the environment first: a missing one is
+            # one line before anything starts (and the values live only here).
+            load_headers = exp.load.resolved_headers(str(exp.path)) if exp.load else {}
+            for st in exp.steps:
+                if st.traffic is not None:
+                    st.traffic.resolved_headers(f"{exp.path}: traffic step {st.name!r}")
             proc, facts = start_target(exp)
             # A service it started: its token; one given by url: GPUFAULT_ADMIN_TOKEN.
             self.admin_token = (proc.admin_token if proc is not None else None) or os.environ.get(
@@ -229,16 +239,25 @@ class Run(Evaluation):
                 # Enough distinct bodies for a cold corpus over the whole run.
                 span = exp.warmup + exp.baseline + exp.method_window + exp.recovery + 5
                 load = OpenLoopLoad(
-                    facts["url"],
+                    L.endpoint(facts["url"]),
                     L.rate,
                     prompt=L.prompt,
                     max_tokens=L.max_tokens,
                     timeout=L.timeout,
-                    path=L.path,
                     concurrency=L.concurrency,
                     bodies=corpora.bodies(L, int(L.rate * span) + 1),
+                    method=L.method,
+                    headers=load_headers,
+                    stream=L.stream,
                 )
+            if exp.quality is not None:
+                # lazy: pyctl.experiment.quality (http.client) only for a file with [quality]
+                from pyctl.experiment.quality import QualityProbe
+
+                self.quality = QualityProbe.build(exp.quality, facts["url"], exp.load, load_headers)
             xid = ev.start(exp, self.host.name)
+            if self.metrics is not None:
+                self.metrics.set_run(xid)
             started = time.time()
             self.echo(
                 f"experiment {xid}: {exp.ident} against {facts['url']} (pid "
@@ -293,6 +312,8 @@ class Run(Evaluation):
                 raise
             ev.finish(verdict.verdict, verdict.reason, self.rec)
             if self.metrics is not None:
+                for term, phase, value, ok in self.slo_values:
+                    self.metrics.set_slo(term, phase, value, ok)
                 self.metrics.set_verdict(verdict.verdict)
             ended = time.time()
             return Outcome(
@@ -300,6 +321,7 @@ class Run(Evaluation):
                 expected=self.exp.expect.verdict, interrupted=self.interrupted,
                 died=bool(getattr(self, "target_died", None))
                 and not self.exp.expect.target_may_die,
+                slo=list(self.slo_values),
             )  # fmt: skip
         finally:
             if self.pid_watch is not None:
@@ -334,6 +356,8 @@ class Run(Evaluation):
             )
             t.start()
             threads.append(t)
+        if self.quality is not None:
+            threads.append(self.quality.start(self.done_event))
         t0 = self.phase_at["baseline"]
         self.echo(f"  baseline {exp.baseline:g}s")
         if self._wait(t0 + exp.baseline):

@@ -42,9 +42,12 @@ outliers.
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
 
 EXACT_MAX_N = 20  # exact p-values when the smaller sample is at most this and no ties
 EXACT_MAX_CELLS = 20_000  # ... and n1 * n2 at most this (the count is O(min(n) * n1 * n2))
@@ -221,6 +224,96 @@ def judge(
         why = "not worse: significant but small (effect < "
         why += f"{min_effect:g}, tail < +{min_tail_effect * 100:g} points)"
     return Judgement(shifted or tailed, p, effect, len(b), len(w), f"{why}: {facts}", tp, te)
+
+
+AA_QUANTILE = 0.9  # the noise floor: this quantile of the A/A splits' effects
+AA_MAX_SPLITS = 400  # more possible splits than this: a seeded sample of them
+
+
+@dataclass(frozen=True)
+class Controlled:
+    """judge_with_control's answer: the A/A judgement of the baseline's
+    halves, the noise floor its block splits set, and the fault window's
+    judgement at the raised thresholds (and at the usual ones: plain)."""
+
+    aa: Judgement
+    floor_effect: float  # AA_QUANTILE of Cliff's delta over the splits
+    floor_tail: float  # ... and of the tail effect
+    splits: int
+    window: Judgement
+    plain: Judgement
+
+
+def _aa_floor(blocks: Sequence[Sequence[float]], higher_is_worse: bool) -> tuple[float, float, int]:
+    """Split the baseline's blocks (its 1 s windows) into two halves every
+    way (or AA_MAX_SPLITS seeded ways): the effects between the halves are
+    what the machine does with no fault at the time scale that matters (a
+    burst lasts seconds, so requests of one second are not independent).
+    Their AA_QUANTILE is the floor."""
+    bs = [[float(x) for x in b if not math.isnan(x)] for b in blocks]
+    bs = [b for b in bs if b]
+    n = len(bs)
+    if n < 2:
+        return 0.0, 0.0, 0
+    k = n // 2
+    total = math.comb(n, k)
+    if total <= AA_MAX_SPLITS:
+        splits: Iterable[tuple[int, ...]] = itertools.combinations(range(n), k)
+    else:
+        rng = random.Random(n * 7919 + k)  # the same baseline, the same floor
+        splits = [tuple(sorted(rng.sample(range(n), k))) for _ in range(AA_MAX_SPLITS)]
+    effects, tails = [], []
+    for idx in splits:
+        chosen = set(idx)
+        a = [x for i in idx for x in bs[i]]
+        b = [x for i in range(n) if i not in chosen for x in bs[i]]
+        u1, _p, _m = mann_whitney_u(a, b, greater=higher_is_worse)
+        d = 2 * u1 / (len(a) * len(b)) - 1
+        effects.append(d if higher_is_worse else -d)
+        tails.append(tail_test(b, a, higher_is_worse=higher_is_worse)[1])
+    effects.sort()
+    tails.sort()
+    at = min(len(effects) - 1, int(AA_QUANTILE * len(effects)))
+    return max(0.0, effects[at]), max(0.0, tails[at]), len(effects)
+
+
+def judge_with_control(
+    baseline_blocks: Sequence[Sequence[float]],
+    window: Sequence[float],
+    *,
+    higher_is_worse: bool = True,
+    alpha: float = 0.01,
+    min_effect: float = 0.2,
+    min_tail_effect: float = 0.05,
+) -> Controlled:
+    """judge() with an A/A control. The baseline, as its blocks in time
+    order (its 1 s windows), is split in halves (_aa_floor): nothing was
+    injected between them, so the effects found are the machine's own
+    noise over seconds (another process's burst). The fault window is
+    worse than the whole baseline only with an effect above that floor
+    (min_effect and min_tail_effect raised to it where it is higher): a
+    do-nothing fault on a machine as noisy as its baseline was is not
+    worse; a fault whose effect is larger than the noise still is. `aa`
+    is the plain A/A judgement (second half of the baseline against the
+    first), kept as evidence."""
+    flat = [x for b in baseline_blocks for x in b]
+    half = len(baseline_blocks) // 2
+    first = [x for b in baseline_blocks[:half] for x in b]
+    second = [x for b in baseline_blocks[half:] for x in b]
+    kw: dict[str, Any] = {"higher_is_worse": higher_is_worse, "alpha": alpha}
+    aa = judge(first, second, min_effect=min_effect, min_tail_effect=min_tail_effect, **kw)
+    fe, ft, n = _aa_floor(baseline_blocks, higher_is_worse)
+    me, mt = max(min_effect, fe), max(min_tail_effect, ft)
+    j = judge(flat, window, min_effect=me, min_tail_effect=mt, **kw)
+    plain = judge(flat, window, min_effect=min_effect, min_tail_effect=min_tail_effect, **kw)
+    note = (
+        f"; A/A control over {n} splits of the baseline's {len(baseline_blocks)} 1 s windows: "
+        f"noise floor Cliff's delta {fe:.2f}, tail +{ft * 100:.1f} points "
+        f"(p{AA_QUANTILE * 100:.0f}), so the thresholds were effect >= {me:.2f}, "
+        f"tail >= +{mt * 100:.1f} points (without the control: "
+        f"{'worse' if plain.worse else 'not worse'})"
+    )
+    return Controlled(aa, fe, ft, n, replace(j, reason=j.reason + note), plain)
 
 
 def recovery_time(

@@ -21,6 +21,11 @@ Series (docs/observability.md):
     gpufault_lost_events_total                                    counter
     gpufault_experiment_phase{experiment,slo_id,phase}            gauge, 1 = current
     gpufault_experiment_verdict{experiment,slo_id,verdict}        gauge, 1 at the end
+    gpufault_experiment_run_verdict{experiment,slo_id,run,verdict} gauge, 1 at the end
+    gpufault_experiment_slo_value{experiment,slo_id,run,term,phase} gauge (seconds, share, rate)
+    gpufault_experiment_slo_ok{experiment,slo_id,run,term,phase}  gauge, 1 met, 0 breached
+The `run` label is the experiment's id (x1a2b3c4d): two runs of one file
+are two series, not one overwritten.
 """
 
 from __future__ import annotations
@@ -88,6 +93,7 @@ class Metrics:
         self._scraped = threading.Condition()
         self._scrapes = 0
         self._phase: tuple[str, str, str] | None = None
+        self.run = ""  # the experiment's id once it has one (set_run)
         self._hits = 0.0
         self._lost = 0.0
 
@@ -130,6 +136,24 @@ class Metrics:
             "gpufault_experiment_verdict",
             "1 for a finished experiment's verdict",
             [*lab, "verdict"],
+            registry=reg,
+        )
+        self._run_verdict_g = Gauge(
+            "gpufault_experiment_run_verdict",
+            "1 for a finished experiment run's verdict (run: the experiment's id)",
+            [*lab, "run", "verdict"],
+            registry=reg,
+        )
+        self._slo_value_g = Gauge(
+            "gpufault_experiment_slo_value",
+            "a load hypothesis term's value over a phase (latencies in seconds)",
+            [*lab, "run", "term", "phase"],
+            registry=reg,
+        )
+        self._slo_ok_g = Gauge(
+            "gpufault_experiment_slo_ok",
+            "1 when the term's bound held in the phase (its quorum of 1 s windows), else 0",
+            [*lab, "run", "term", "phase"],
             registry=reg,
         )
         app = make_wsgi_app(reg)
@@ -203,6 +227,18 @@ class Metrics:
         them once it has read its file)."""
         self.experiment, self.slo_id = experiment, slo_id
 
+    def set_run(self, run: str) -> None:
+        """The experiment's id: the `run` label of the per-run series."""
+        self.run = run
+
+    def set_slo(self, term: str, phase: str, value: float, ok: bool) -> None:
+        """One load hypothesis term of a phase (before, during, after)."""
+        if not self.enabled:
+            return
+        lab = {**self._labels(None, None), "run": self.run, "term": term, "phase": phase}
+        self._slo_value_g.labels(**lab).set(value)
+        self._slo_ok_g.labels(**lab).set(1 if ok else 0)
+
     def fault_fired(
         self,
         function: str,
@@ -263,6 +299,7 @@ class Metrics:
         lab = self._labels(experiment, slo_id)
         for v in {*VERDICTS, verdict}:
             self._verdict_g.labels(**lab, verdict=v).set(1 if v == verdict else 0)
+            self._run_verdict_g.labels(**lab, run=self.run, verdict=v).set(1 if v == verdict else 0)
         for p in PHASES:
             self._phase_g.labels(**lab, phase=p).set(0)
         self._phase = None

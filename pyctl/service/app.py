@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import itertools
 import os
+import queue
 import sys
 import time
 import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -98,6 +101,7 @@ class Service:
             on_expired=lambda p: None,
         )
         self._ids = itertools.count(1)
+        self._batch: list[Pending] | None = None  # the worker's batch, if it streams
         self._seed_base = cfg.seed * 1_000_003
         self.started_at = time.monotonic()
         m.info.info(
@@ -157,16 +161,34 @@ class Service:
             log(f"{what} ({code}; counted in /metrics)")
 
     # ---- the request path (HTTP threads) -------------------------------------
-    def complete(self, body: Any, t0: float | None = None) -> Outcome:
-        """Answer one /v1/completions body (already JSON-decoded, or a
-        BadRequest's message string). Records latency and counters."""
+    def complete(self, body: Any, t0: float | None = None, *, chat: bool = False) -> Outcome:
+        """Answer one /v1/completions body (or a /v1/chat/completions one:
+        chat), already JSON-decoded, or a BadRequest's message string, as
+        one JSON answer (a `stream` request is refused here: open() streams
+        it). Records latency and counters."""
         t0 = time.monotonic() if t0 is None else t0
-        out = self._complete(body, t0)
+        out = self._opened(body, t0, chat, streaming=False)
+        assert isinstance(out, Outcome)
+        return self._count(out, t0)
+
+    def open(self, body: Any, t0: float | None = None, *, chat: bool = False) -> Outcome | Stream:
+        """Like complete(), but a request with "stream": true whose first
+        token arrives is answered by a Stream (its chunks, token by token;
+        counted when it ends); a refusal or an error before the first token
+        is an Outcome, counted here."""
+        t0 = time.monotonic() if t0 is None else t0
+        out = self._opened(body, t0, chat, streaming=True)
+        return self._count(out, t0) if isinstance(out, Outcome) else out
+
+    def _count(self, out: Outcome, t0: float) -> Outcome:
         degraded = bool(out.body.get("degraded", False))
-        outcome = _outcome_label(out, degraded)
-        self.metrics.request_latency.labels(outcome=outcome).observe(time.monotonic() - t0)
-        self.metrics.requests.labels(status=str(out.status), degraded=str(degraded).lower()).inc()
+        self._observe(out.status, degraded, t0)
         return out
+
+    def _observe(self, status: int, degraded: bool, t0: float) -> None:
+        label = _outcome_label(Outcome(status, {}), degraded)
+        self.metrics.request_latency.labels(outcome=label).observe(time.monotonic() - t0)
+        self.metrics.requests.labels(status=str(status), degraded=str(degraded).lower()).inc()
 
     def bad_request(self, message: str, t0: float) -> Outcome:
         """For the transport's own 400s (invalid JSON, no body): counted the same way."""
@@ -184,13 +206,15 @@ class Service:
         self.metrics.requests.labels(status=str(status), degraded="false").inc()
         return out
 
-    def _complete(self, body: Any, t0: float) -> Outcome:
+    def _opened(self, body: Any, t0: float, chat: bool, *, streaming: bool) -> Outcome | Stream:
         try:
             if isinstance(body, BadRequest):
                 raise body
-            prompt, max_tokens, temperature = self._validate(body)
+            req = self._validate(body, chat)
+            if req.stream and not streaming:
+                raise BadRequest("'stream' is not supported here: leave it out or set it false")
             try:
-                ids = self.tok.encode(prompt)
+                ids = self.tok.encode(req.prompt)
             except (TypeError, ValueError) as e:
                 # HF tokenizers refuses a str holding lone surrogates (JSON
                 # "\ud800" decodes to one) with TypeError; unanswered, the
@@ -200,10 +224,10 @@ class Service:
                     f"the prompt cannot be tokenized ({str(e).splitlines()[0]}): "
                     "send valid Unicode (no lone surrogates)"
                 ) from None
-            room = self.cfg.max_context - max_tokens
+            room = self.cfg.max_context - req.max_tokens
             if len(ids) > room:
                 raise BadRequest(
-                    f"prompt is {len(ids)} tokens; with max_tokens {max_tokens} that exceeds "
+                    f"prompt is {len(ids)} tokens; with max_tokens {req.max_tokens} that exceeds "
                     f"the context length {self.cfg.max_context}: shorten the prompt"
                 )
         except BadRequest as e:
@@ -211,12 +235,13 @@ class Service:
             return Outcome(400, error_body("invalid_request_error", str(e)))
         n = next(self._ids)
         p = Pending(
-            id=f"cmpl-{uuid.uuid4().hex[:24]}",
+            id=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}",
             ids=ids,
-            max_tokens=max_tokens,
-            temperature=temperature,
+            max_tokens=req.max_tokens,
+            temperature=req.temperature,
             seed=self._seed_base + n,
             deadline=t0 + self.cfg.request_timeout_s,
+            stream=queue.SimpleQueue() if req.stream else None,
         )
         try:
             self.worker.submit(p)
@@ -230,33 +255,58 @@ class Service:
                 ),
                 {"Retry-After": "1"},
             )
+        if p.stream is not None:
+            try:
+                first = p.stream.get(timeout=max(0.0, p.deadline - time.monotonic()))
+            except queue.Empty:
+                first = None
+            if first is not None:
+                return Stream(self, p, first, req, t0)
         if not p.done.wait(max(0.0, p.deadline - time.monotonic())):
-            self.metrics.errors.labels(kind="timeout", code="").inc()
-            p.finish(Outcome(504, {}))  # the worker skips it if it has not started it
-            return Outcome(
-                504,
-                error_body(
-                    "timeout",
-                    f"no answer within the request timeout of {self.cfg.request_timeout_s:g} s",
-                ),
-            )
+            return self._timed_out(p)
         assert p.outcome is not None
-        return p.outcome
+        if p.stream is not None and p.outcome.status == 200:
+            # Answered without a token streamed (a decode path that does not
+            # emit them): still a stream, its text in one chunk.
+            return Stream(self, p, None, req, t0)
+        return _chat_body(p.outcome) if chat else p.outcome
 
-    def _validate(self, body: Any) -> tuple[str, int, float]:
+    def _timed_out(self, p: Pending) -> Outcome:
+        self.metrics.errors.labels(kind="timeout", code="").inc()
+        p.finish(Outcome(504, {}))  # the worker skips it if it has not started it
+        return Outcome(
+            504,
+            error_body(
+                "timeout",
+                f"no answer within the request timeout of {self.cfg.request_timeout_s:g} s",
+            ),
+        )
+
+    def _validate(self, body: Any, chat: bool = False) -> Request:
         if not isinstance(body, dict):
             raise BadRequest("the body must be a JSON object")
-        prompt = body.get("prompt")
-        if prompt is None:
-            raise BadRequest("missing 'prompt': give a string")
-        if not isinstance(prompt, str):
-            raise BadRequest("'prompt' must be a string (lists of prompts are not supported)")
-        if body.get("stream"):
-            raise BadRequest("'stream' is not supported: leave it out or set it to false")
+        prompt: Any
+        if chat:
+            prompt = chat_prompt(body.get("messages"))
+        else:
+            prompt = body.get("prompt")
+            if prompt is None:
+                raise BadRequest("missing 'prompt': give a string")
+            if not isinstance(prompt, str):
+                raise BadRequest("'prompt' must be a string (lists of prompts are not supported)")
+        stream = body.get("stream", False)
+        if not isinstance(stream, bool):
+            raise BadRequest("'stream' must be true or false")
+        opts = body.get("stream_options")
+        if opts is not None and (not isinstance(opts, dict) or not stream):
+            raise BadRequest("'stream_options' must be an object, and only with 'stream': true")
+        usage = bool((opts or {}).get("include_usage", False))
         if body.get("n", 1) != 1:
             raise BadRequest("'n' must be 1")
         lim = self.cfg.max_tokens_limit
         mt = body.get("max_tokens", self.cfg.default_max_tokens)
+        if chat and "max_completion_tokens" in body:
+            mt = body["max_completion_tokens"]
         if isinstance(mt, bool) or not isinstance(mt, int) or not 1 <= mt <= lim:
             raise BadRequest(f"'max_tokens' must be a whole number from 1 to {lim}")
         temp = body.get("temperature", 0.0)
@@ -268,10 +318,12 @@ class Service:
             or not (0.0 <= temp <= MAX_TEMPERATURE)
         ):
             raise BadRequest(f"'temperature' must be a number from 0 to {MAX_TEMPERATURE:g}")
-        return prompt, mt, float(temp)
+        return Request(prompt, mt, float(temp), stream, usage, chat)
 
     # ---- the batch path (the worker thread) ------------------------------------
     def _run_batch(self, batch: list[Pending]) -> None:
+        # Streamed requests of this batch get each step's tokens (_emit).
+        self._batch = batch if any(p.stream is not None for p in batch) else None
         m = self.metrics
         m.batch_size.observe(len(batch))
         reqs = [GenRequest(p.ids, p.max_tokens, p.temperature, p.seed) for p in batch]
@@ -344,7 +396,13 @@ class Service:
             device=device,
             on_step=on_step,
             forward=graph,
+            on_tokens=self._emit if self._batch is not None else None,
         )
+
+    def _emit(self, step: int, chosen: list[int]) -> None:
+        """generate()'s per-step tokens to the batch's streamed requests."""
+        for p, tok in zip(self._batch or (), chosen, strict=False):
+            p.emit(step, tok)
 
     def _answer(self, batch: list[Pending], outs: list[list[int]], *, degraded: bool) -> None:
         model = self.fallback_name if degraded else self.primary_name
@@ -443,3 +501,146 @@ def _outcome_label(out: Outcome, degraded: bool) -> str:
     return {400: "bad_request", 429: "shed", 503: "rejected", 504: "timeout"}.get(
         out.status, "error"
     )
+
+
+@dataclass(frozen=True)
+class Request:
+    """A validated completion or chat request."""
+
+    prompt: str
+    max_tokens: int
+    temperature: float
+    stream: bool = False
+    include_usage: bool = False  # stream_options.include_usage: a last usage chunk
+    chat: bool = False
+
+
+def chat_prompt(messages: Any) -> str:
+    """A chat's messages as the model's prompt: one "role: content" line
+    per message, then "assistant:" (a plain template: the tiny model was
+    never trained on chat, any fixed template serves)."""
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("missing 'messages': give a list of {role, content} objects")
+    lines = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
+            raise BadRequest(
+                f"messages[{i}] must be an object with a role of {', '.join(ROLES)} and content"
+            )
+        c = m.get("content")
+        if isinstance(c, list):  # content parts: the text ones
+            if not all(isinstance(x, dict) and isinstance(x.get("text"), str) for x in c):
+                raise BadRequest(f"messages[{i}].content parts must be {{type: text, text}}")
+            c = "".join(x["text"] for x in c)
+        if not isinstance(c, str):
+            raise BadRequest(f"messages[{i}].content must be a string")
+        lines.append(f"{m['role']}: {c}")
+    return "\n".join([*lines, "assistant:"])
+
+
+ROLES = ("system", "user", "assistant", "developer", "tool")
+
+
+def _chat_body(out: Outcome) -> Outcome:
+    """A completion's 200 body in chat.completion's shape (errors as they are)."""
+    if out.status != 200:
+        return out
+    b = out.body
+    ch = b["choices"][0]
+    return Outcome(
+        200,
+        {
+            **b,
+            "object": "chat.completion",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": ch["text"]},
+                    "finish_reason": ch["finish_reason"],
+                    "logprobs": None,
+                }
+            ],
+        },
+        out.headers,
+    )
+
+
+class Stream:
+    """A streamed answer after its first token: chunks() yields the
+    OpenAI chunk objects (text_completion, or chat.completion.chunk with
+    delta.content), one per token as the worker makes it, then the last
+    one with finish_reason (and, with stream_options.include_usage, a usage
+    chunk); an error after the first token (the request timed out, the
+    device failed with --degrade reject) is a last {"error": ...} chunk.
+    Counted in the metrics when it ends."""
+
+    def __init__(
+        self, svc: Service, p: Pending, first: int | None, req: Request, t0: float
+    ) -> None:
+        self.svc, self.p, self.first, self.req, self.t0 = svc, p, first, req, t0
+        self.created = int(time.time())
+
+    def _chunk(self, text: str | None, finish: str | None = None, **extra: Any) -> dict[str, Any]:
+        if self.req.chat:
+            delta: dict[str, Any] = {} if text is None else {"content": text}
+            choice: dict[str, Any] = {"index": 0, "delta": delta}
+        else:
+            choice = {"index": 0, "text": text or ""}
+        choice.update({"logprobs": None, "finish_reason": finish})
+        return {
+            "id": self.p.id,
+            "object": "chat.completion.chunk" if self.req.chat else "text_completion",
+            "created": self.created,
+            "model": self.svc.primary_name,
+            "choices": [choice],
+            **extra,
+        }
+
+    def chunks(self) -> Iterator[dict[str, Any]]:
+        p, svc = self.p, self.svc
+        assert p.stream is not None
+        ids: list[int] = []
+        shown = ""
+        tok: int | None = self.first
+        if self.req.chat:  # the role comes first, as OpenAI sends it
+            first = self._chunk("")
+            first["choices"][0]["delta"] = {"role": "assistant", "content": ""}
+            yield first
+        status = 200
+        try:
+            while tok is not None:
+                ids.append(tok)
+                text = svc.tok.decode(ids)
+                # A byte-level BPE token can end inside a character: hold it back.
+                if not text.endswith("\ufffd") and len(text) > len(shown):
+                    yield self._chunk(text[len(shown) :])
+                    shown = text
+                left = p.deadline - time.monotonic()
+                try:
+                    tok = p.stream.get(timeout=max(0.0, left))
+                except queue.Empty:
+                    late = svc._timed_out(p)
+                    status = late.status
+                    yield late.body
+                    return
+            out = p.outcome
+            assert out is not None
+            if out.status != 200:
+                status = out.status
+                yield out.body
+                return
+            degraded = bool(out.body.get("degraded", False))
+            usage = out.body["usage"]
+            text = svc.tok.decode(ids) if ids else str(out.body["choices"][0]["text"])
+            tail = text[len(shown) :] if len(text) > len(shown) else None
+            model = out.body.get("model", svc.primary_name)
+            last = self._chunk(tail if tail or not self.req.chat else None, "length")
+            last.update({"model": model, "degraded": degraded})
+            yield last
+            if self.req.include_usage:
+                u = self._chunk(None)
+                u.update({"choices": [], "usage": usage, "model": model})
+                yield u
+        finally:
+            d = bool(p.outcome is not None and p.outcome.body.get("degraded", False))
+            svc._observe(status, d, self.t0)

@@ -53,6 +53,17 @@ class Pending:
     enqueued: float = field(default_factory=time.monotonic)
     done: threading.Event = field(default_factory=threading.Event)
     outcome: Outcome | None = None
+    # A streamed request: the worker puts each generated token id here as
+    # its step ends, and None once the request is finished (finish()).
+    stream: queue.SimpleQueue[int | None] | None = None
+    sent: int = 0  # tokens already put on the stream (a fallback continues after them)
+
+    def emit(self, step: int, tok: int) -> None:
+        """The worker's token of `step` for a streamed request (a step
+        already streamed, by a primary that then failed, is not repeated)."""
+        if self.stream is not None and self.outcome is None and self.sent <= step < self.max_tokens:
+            self.stream.put(tok)
+            self.sent = step + 1
 
     def finish(self, outcome: Outcome) -> None:
         """First answer wins: the worker's, or the HTTP thread's timeout."""
@@ -61,6 +72,8 @@ class Pending:
                 return
             self.outcome = outcome
         self.done.set()
+        if self.stream is not None:
+            self.stream.put(None)
 
     def expired(self, now: float | None = None) -> bool:
         return (now if now is not None else time.monotonic()) >= self.deadline

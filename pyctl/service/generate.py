@@ -35,8 +35,13 @@ def generate(
     on_step: Callable[[int], None] | None = None,
     sync_next: Callable[[torch.Tensor], torch.Tensor] | None = None,
     forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    on_tokens: Callable[[int, list[int]], None] | None = None,
 ) -> list[list[int]]:
     """The generated ids of each request (exactly max_tokens each).
+
+    on_tokens (streaming): called after each step with the step number and
+    the token each row chose (a row whose max_tokens is reached has one
+    too: the caller ignores it), so an answer can leave token by token.
 
     sync_next (two ranks): called with each step's chosen tokens (B,), it
     returns the tokens every rank continues with: rank 0 broadcasts its
@@ -71,9 +76,12 @@ def generate(
                     nxt[i] = int(torch.multinomial(p, 1, generator=gens[i]).item())
             if sync_next is not None:
                 nxt = sync_next(nxt)
-            for i, tok in enumerate(nxt.tolist()):
+            chosen = nxt.tolist()
+            for i, tok in enumerate(chosen):
                 if step < reqs[i].max_tokens:
                     out[i].append(tok)
+            if on_tokens is not None:
+                on_tokens(step, chosen)
             ids = torch.cat([ids, nxt[:, None]], dim=1)
             valid = torch.cat([valid, torch.ones_like(nxt[:, None], dtype=torch.bool)], dim=1)
     return out

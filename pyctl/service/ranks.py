@@ -263,6 +263,7 @@ class RankZeroService(Service):
             device=self.dev,
             on_step=on_step,
             sync_next=lambda nxt: self.group.broadcast(nxt.contiguous(), 0),
+            on_tokens=self._emit if self._batch is not None else None,
         )
 
     # ---- health and the ready file ----------------------------------------------------

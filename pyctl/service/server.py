@@ -1,7 +1,10 @@
 """The HTTP front end: stdlib ThreadingHTTPServer, one thread per connection.
 
-Routes: POST /v1/completions, GET /health, GET /metrics (and with
---perturb-control GET/POST/DELETE /admin/perturb). HTTP/1.1 with
+Routes: POST /v1/completions, POST /v1/chat/completions, GET /health,
+GET /metrics (and with --perturb-control GET/POST/DELETE /admin/perturb).
+A completion or chat request with "stream": true is answered with
+Server-Sent Events (text/event-stream, chunked): `data: {chunk}` per token
+as the worker makes it, then `data: [DONE]`. HTTP/1.1 with
 keep-alive (a load generator at hundreds of requests/s should not pay a
 TCP handshake per request); every answer has a Content-Length, and every
 error body is one line of JSON: {"error": {"type": ..., "message": ...}}.
@@ -25,13 +28,21 @@ import json
 import time
 from typing import Any
 
-from pyctl.service.app import Service, log
+from pyctl.service.app import Service, Stream, log
 from pyctl.service.batcher import error_body
-from pyctl.service.httpbase import LENGTH, MAX_BODY, BoundedHandler, BoundedHTTPServer
+from pyctl.service.httpbase import (
+    LENGTH,
+    MAX_BODY,
+    WRITE_TIMEOUT,
+    BoundedHandler,
+    BoundedHTTPServer,
+)
 from pyctl.service.metrics import CONTENT_TYPE
 from pyctl.service.perturb import PerturbError
 
 PERTURB = "/admin/perturb"  # --perturb-control (pyctl/service/perturb.py)
+COMPLETIONS = "/v1/completions"
+CHAT = "/v1/chat/completions"
 
 
 class ServiceHTTPServer(BoundedHTTPServer):
@@ -58,10 +69,8 @@ class Handler(BoundedHandler):
             self._json(status, body)
         elif path == "/metrics":
             self._send(200, svc.metrics.render(), CONTENT_TYPE)
-        elif path == "/v1/completions":
-            self._json(
-                405, error_body("method_not_allowed", "use POST /v1/completions"), {"Allow": "POST"}
-            )
+        elif path in (COMPLETIONS, CHAT):
+            self._json(405, error_body("method_not_allowed", f"use POST {path}"), {"Allow": "POST"})
         elif path == PERTURB:
             self._perturb("GET")
         else:
@@ -110,7 +119,7 @@ class Handler(BoundedHandler):
         if path == PERTURB:
             self._perturb_post()
             return
-        if path != "/v1/completions":
+        if path not in (COMPLETIONS, CHAT):
             self._drain()
             self._not_found()
             return
@@ -119,8 +128,35 @@ class Handler(BoundedHandler):
         if raw is None:
             return  # answered: 400, 408 or 413
         body, bad = _loads(raw)
-        out = svc.bad_request(bad, t0) if bad is not None else svc.complete(body, t0)
-        self._json(out.status, out.body, out.headers)
+        out = svc.bad_request(bad, t0) if bad is not None else svc.open(body, t0, chat=path == CHAT)
+        if isinstance(out, Stream):
+            self._events(out)
+        else:
+            self._json(out.status, out.body, out.headers)
+
+    def _events(self, st: Stream) -> None:
+        """Server-Sent Events in HTTP/1.1 chunks: one `data:` event per
+        chunk object, flushed as it is made (the client's time to first
+        token and gaps between tokens are the worker's), then [DONE]. A
+        client that stops reading is dropped after WRITE_TIMEOUT."""
+        self.phase = "nothing"
+        self.connection.settimeout(WRITE_TIMEOUT)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        w = self.wfile
+        try:
+            for obj in st.chunks():
+                ev = b"data: " + json.dumps(obj).encode() + b"\n\n"
+                w.write(b"%x\r\n%s\r\n" % (len(ev), ev))
+                w.flush()
+            done = b"data: [DONE]\n\n"
+            w.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
+            w.flush()
+        except (ConnectionError, TimeoutError):
+            self.close_connection = True
 
     def _perturb_post(self) -> None:
         raw = self._body(None)
@@ -178,7 +214,7 @@ class Handler(BoundedHandler):
             404,
             error_body(
                 "not_found",
-                f"no route {self.path}: POST /v1/completions, GET /health, GET /metrics"
+                f"no route {self.path}: POST {COMPLETIONS}, POST {CHAT}, GET /health, GET /metrics"
                 + (f", {PERTURB}" if self.server.service.perturb is not None else ""),
             ),
         )

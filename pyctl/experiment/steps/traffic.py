@@ -37,15 +37,17 @@ class TrafficRun(EndsOnItsOwn):
         self.names = [n for n, _b in cases] if cases else ["prompt"]
         bodies = [b for _n, b in cases] if cases else None
         self.load = OpenLoopLoad(
-            url,
+            t.endpoint(url),
             t.rate,
             prompt=t.prompt,
             max_tokens=t.max_tokens,
             timeout=t.timeout,
-            path=t.path,
             concurrency=t.concurrency,
             duration=step.duration,
             bodies=bodies,
+            method=t.method,
+            headers=t.resolved_headers(f"traffic step {step.name!r}"),
+            stream=t.stream,
         )
         n = len(bodies) if bodies else 1
         self.what = f"sending ({corpora.describe(t)}, {n} bodies at {t.rate:g}/s"
