@@ -31,6 +31,7 @@ from typing import Any
 
 from pyctl.api.errors import EvidenceWriteError, GpufaultError, translate
 from pyctl.sigmask import block_sigchld
+from pyctl.stopsignals import on_stop_signals
 
 PR_SET_PDEATHSIG = 1
 
@@ -116,11 +117,9 @@ def main() -> int:
         action=f.action,
     )  # fmt: skip
 
-    def stop(*_: Any) -> None:
-        session.disarm(timeout=0)
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    # SIGTERM and SIGINT disarm, from a thread: a handler that took the
+    # session's locks deadlocked on a second SIGTERM (pyctl/stopsignals.py).
+    on_stop_signals(lambda: session.disarm(timeout=0), name="gf-child-signal")
 
     def parent_gone() -> None:
         # The parent holds our stdin open for as long as it lives. Raw

@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import signal
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -15,6 +14,7 @@ import click
 
 from pyctl.cli.base import UserError, user_errors
 from pyctl.cli.options import DURATION, db_option
+from pyctl.stopsignals import on_stop_signals
 
 _DEFAULT_URL = "unix:/run/gpufault/agent.sock"
 
@@ -119,11 +119,8 @@ def serve(listen: tuple[str, ...], cert: str | None, key: str | None, client_ca:
     )  # fmt: skip
     server.bind()
 
-    def stop(signo: int, _frame: object) -> None:
-        server.stop()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    # Off the handler: Event.set in a handler can deadlock on a second signal.
+    on_stop_signals(server.stop, name="gf-agent-signal")
     try:
 
         def ready() -> None:

@@ -19,11 +19,15 @@ import hashlib
 import json
 import os
 import sqlite3
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import tomllib
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser as a package (as pyctl/experiment/load.py)
+    import tomli as tomllib
 
 from pyctl.api.errors import BadInput, ExperimentFailed
 from pyctl.evidence import store
