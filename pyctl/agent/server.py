@@ -35,6 +35,7 @@ from pyctl.agent import auth, protocol
 from pyctl.agent.lease import MAX_LEASE_S, MIN_LEASE_S, Lease, Leases
 from pyctl.agent.protocol import Message, ProtocolError
 from pyctl.api.errors import BadInput, GpufaultError
+from pyctl.stopsignals import on_stop_signals
 
 DEFAULT_SOCKET = "/run/gpufault/agent.sock"
 DEFAULT_LEASE_S = 10.0
@@ -295,6 +296,12 @@ class AgentServer:
 
     def stop(self) -> None:
         self._stop.set()
+
+    def stop_on_signals(self) -> None:
+        """SIGTERM and SIGINT stop serve_forever (main thread only), from a
+        thread: Event.set in a handler can deadlock on a second signal
+        (pyctl/stopsignals.py)."""
+        on_stop_signals(self.stop, name="gf-agent-signal")
 
     def close(self) -> None:
         """Stop listening, disarm every session (recorded as agent-stopped),

@@ -14,7 +14,6 @@ import click
 
 from pyctl.cli.base import UserError, user_errors
 from pyctl.cli.options import DURATION, db_option
-from pyctl.stopsignals import on_stop_signals
 
 _DEFAULT_URL = "unix:/run/gpufault/agent.sock"
 
@@ -119,8 +118,7 @@ def serve(listen: tuple[str, ...], cert: str | None, key: str | None, client_ca:
     )  # fmt: skip
     server.bind()
 
-    # Off the handler: Event.set in a handler can deadlock on a second signal.
-    on_stop_signals(server.stop, name="gf-agent-signal")
+    server.stop_on_signals()
     try:
 
         def ready() -> None:
