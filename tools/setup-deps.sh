@@ -9,7 +9,7 @@ export DEBIAN_FRONTEND=noninteractive
 APT_PKGS=(clang llvm libbpf-dev libbpf1 bpftool libelf-dev zlib1g-dev make gcc gcc-12 g++ libc6-dbg gdb
 	binutils qemu-system-x86 busybox-static cpio xz-utils zstd kmod sqlite3 strace
 	util-linux iproute2 dwarves sparse bpftrace linux-perf
-	prometheus chromium crun)
+	prometheus chromium crun libfiu-dev)
 missing=()
 for p in "${APT_PKGS[@]}"; do
 	dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
