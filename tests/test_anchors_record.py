@@ -74,9 +74,14 @@ def test_fault_id_text(run_id: int, seq: int, text: str) -> None:
         assert parse_fault_id(text) == (run_id, seq)
 
 
+def test_parse_fault_id_with_host_part() -> None:
+    assert parse_fault_id("5e6f7a8b1a2b3c4d-7") == (0x5E6F7A8B1A2B3C4D, 7)
+
+
 @pytest.mark.parametrize(
     "bad", ["", "kmod-3", "1a2b3c4d", "1a2b3c4d-0", "00000000-5", "1A2B3C4D-1", "1a2b3c4-1",
-            "1a2b3c4d-x", f"1a2b3c4d-{1 << 64}"],
+            "1a2b3c4d-x", f"1a2b3c4d-{1 << 64}", "5e6f7a8b00000000-1", "5e6f7a8b1a2b-1",
+            "5e6f7a8b1a2b3c4d5-1"],
 )  # fmt: skip
 def test_parse_fault_id_refuses(bad: str) -> None:
     with pytest.raises(ValueError, match="fault ID"):

@@ -39,7 +39,7 @@ def test_the_daemonset_validates_and_has_what_the_agent_needs() -> None:
     assert spec["hostPID"] is True and c["securityContext"]["privileged"] is True
     mounts = {m["mountPath"] for m in c["volumeMounts"]}
     assert {"/sys/kernel/btf", "/sys/fs/bpf", "/sys/kernel/tracing", "/sys/kernel/debug",
-            "/run/gpufault", "/etc/gpufault"} <= mounts  # fmt: skip
+            "/run/gpufault", "/etc/gpufault", "/etc/machine-id"} <= mounts  # fmt: skip
     assert "agent" in c["readinessProbe"]["exec"]["command"]
     assert c["resources"]["limits"]["memory"] and c["resources"]["requests"]["cpu"]
     assert spec["nodeSelector"] and spec["tolerations"]

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from evidence_rows import fill, gf
 
+from pyctl.api import reading
 from pyctl.bpf import abi
 from pyctl.evidence import query, store, words
 
@@ -92,7 +93,19 @@ def test_faults_columns_and_filters(evidence: dict) -> None:
     rc, out = gf("faults", "--db", evidence["db"])
     lines = out.splitlines()
     assert rc == 0 and lines[0].split()[:4] == ["FAULT", "TIME", "LIBRARY", "FUNCTION"]
-    assert all(len(ln) <= 80 for ln in lines), lines
+    # into a pipe: the full ids (host part and random half), 8 columns more
+    assert {ln.split()[0] for ln in lines[1:]} == set(evidence["faults"])
+    assert all(len(ln) <= 88 for ln in lines), lines
+    # on a terminal: 80 columns, one node's faults by their short ids, which
+    # `show` takes back
+    rows, _ = reading.fault_list(store.open_db(evidence["db"]))
+    term = reading.render_faults(rows, cut=True).splitlines()
+    assert all(len(ln) <= 80 for ln in term), term
+    short = {ln.split()[0] for ln in term[1:]}
+    assert short == {f[8:] for f in evidence["faults"]}
+    for sid in short:
+        rc, out = gf("show", sid, "--db", evidence["db"], "--json")
+        assert rc == 0 and json.loads(out)["fault"]["fault_id"] == evidence["run"] + sid[8:]
     assert "libcuda.so.1" in out and re.search(r"\d\d:\d\d:\d\d", lines[1])
     _, out = gf("faults", "--function", "cuMem*", "--db", evidence["db"])
     assert [ln.split()[0] for ln in out.splitlines()[1:]] == [evidence["faults"][0]]

@@ -70,7 +70,10 @@ class AnchorDevice:
 
     def set_context(self, fault_id: str, pid: int = 0) -> None:
         run_id, seq = parse_fault_id(fault_id)
-        fcntl.ioctl(self.fd, uapi.IOC_SET_CTX, uapi.Ctx(seq, run_id, pid))
+        # the module's uapi carries the run id's random half (a u32); its
+        # records come back with that half and are stored under the full id
+        # again (pyctl/evidence/anchors.py)
+        fcntl.ioctl(self.fd, uapi.IOC_SET_CTX, uapi.Ctx(seq, run_id & 0xFFFFFFFF, pid))
 
     def clear_context(self) -> None:
         fcntl.ioctl(self.fd, uapi.IOC_CLEAR_CTX)

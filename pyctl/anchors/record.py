@@ -7,7 +7,10 @@ from dataclasses import dataclass, field
 
 from pyctl.anchors import uapi
 
-_FAULT_ID = re.compile(r"^([0-9a-f]{8})-([0-9]+)$")
+# 16 hex digits since 2026-12 (a host part, then the random half that the
+# module carries: pyctl/evidence/hostid.py), 8 before it and in the
+# module's own records.
+_FAULT_ID = re.compile(r"^([0-9a-f]{16}|[0-9a-f]{8})-([0-9]+)$")
 
 
 def fault_id_text(run_id: int, fault_seq: int) -> str:
@@ -18,12 +21,13 @@ def fault_id_text(run_id: int, fault_seq: int) -> str:
 
 
 def parse_fault_id(text: str) -> tuple[int, int]:
-    """(run_id, fault_seq) from "1a2b3c4d-7"; ValueError says what is expected."""
+    """(run_id, fault_seq) from "5e6f7a8b1a2b3c4d-7" or "1a2b3c4d-7";
+    ValueError says what is expected."""
     m = _FAULT_ID.match(text)
-    if not m or int(m.group(1), 16) == 0 or int(m.group(2)) == 0:
+    if not m or int(m.group(1)[-8:], 16) == 0 or int(m.group(2)) == 0:
         raise ValueError(
-            f"fault ID {text!r}: expected 8 hex digits (not all zero), a dash and a "
-            "sequence number >= 1, e.g. 1a2b3c4d-7"
+            f"fault ID {text!r}: expected 16 (or 8) hex digits, a dash and a "
+            "sequence number >= 1, e.g. 5e6f7a8b1a2b3c4d-7"
         )
     seq = int(m.group(2))
     if seq >= 1 << 64:

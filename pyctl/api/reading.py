@@ -89,11 +89,16 @@ def render_faults(rows: list[dict[str, Any]], *, cut: bool) -> str:
     # lazy: pyctl.evidence.words (+24 modules, ~100 ms) only when this runs
     from pyctl.evidence import words
 
+    # On a terminal, one node's faults show the short id (the run's random
+    # half, which `show` takes back: query.expand_fault_id), as git shows
+    # short hashes; several nodes' (a merged store), a file or a pipe: in full.
+    runs = [str(r["fault_id"]).rpartition("-")[0] for r in rows]
+    short = cut and len({r[:8] for r in runs}) == 1 and all(len(r) == 16 for r in runs)
     table = []
     for r in rows:
         table.append(
             (
-                r["fault_id"],
+                str(r["fault_id"])[8:] if short else r["fault_id"],
                 words.wall_time(r["wall"], "%H:%M:%S"),
                 os.path.basename(r["library"] or "-"),
                 r["function"] or "-",
@@ -165,6 +170,10 @@ def show(db: Any, what: str, *, limit: int | None = None, db_path: str = "") -> 
 
     ids: list[str] | None = None
     one, more, run = True, 0, None
+    try:  # a node's short id (its runs' random half) names its full one
+        what = query.expand_fault_id(db, what) if "-" in what else query.expand_run_id(db, what)
+    except query.AmbiguousId as e:
+        raise BadInput(str(e)) from None
     if what in ("latest", "last"):
         latest = query.latest_fault(db)
         if latest is None:

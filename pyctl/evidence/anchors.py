@@ -48,10 +48,31 @@ def to_row(rec: AnchorRecord) -> dict[str, object]:
     }
 
 
+def _full_fault_ids(db: Database, rows: list[dict[str, object]]) -> None:
+    """The module carries a run id's random half (a u32): give its records
+    the full id of the run in this store whose random half it is
+    (store.new_run keeps the halves unique per store). A record of a run
+    this store does not have keeps the module's 8-digit id."""
+    halves = {str(r["fault_id"]).partition("-")[0] for r in rows if r["run_id"]}
+    full: dict[str, str] = {}
+    for half in halves:
+        got = db.conn.execute(
+            "SELECT run_id FROM runs WHERE length(run_id) = 16 AND substr(run_id, 9) = ?",
+            [half],
+        ).fetchone()
+        if got is not None:
+            full[half] = got[0]
+    for r in rows:
+        half, _, seq = str(r["fault_id"]).partition("-")
+        if half in full:
+            r["fault_id"] = f"{full[half]}-{seq}"
+
+
 def store_records(db: Database, records: Iterable[AnchorRecord]) -> int:
     """Insert records; returns how many."""
     table = ensure_schema(db)
     rows = [to_row(r) for r in records]
+    _full_fault_ids(db, rows)
     with db.conn:  # committed here: the recorder and the guest call this alone
         table.insert_all(rows)
     return len(rows)

@@ -3,9 +3,10 @@ into one, so that `faults`, `show`, `timeline` and the report read the
 whole service's evidence in one store.
 
 The unit is a run (a run_id and everything keyed by it or by its faults'
-ids) and an experiment (its id and its rows). Ids are random (8 hex
-digits a run, "x" and 8 a experiment) and every run row names its host,
-so ids from different hosts do not meet; when one does:
+ids) and an experiment (its id and its rows). A run id has a host part
+and a random half (16 hex digits; 8 random ones in older stores:
+pyctl/evidence/hostid.py), an experiment's is "x" and 8 random ones, so
+ids from different hosts do not meet; when one does:
 - the same run already in the destination, row for row the same: it is
   skipped (merging a file twice, or a file and its copy, adds nothing);
 - a different run under the same id: the merge is refused, one line,

@@ -87,6 +87,41 @@ def latest_fault(db: Any) -> str | None:
     return None if row is None else str(row[0])
 
 
+class AmbiguousId(ValueError):
+    """A short id that several hosts' runs share (a merged store)."""
+
+
+def expand_run_id(db: Any, run_id: str) -> str:
+    """A run id as stored: the id itself, or for the 8 digits of a run's
+    random half (what a node prints short, what the kernel module carries)
+    the one 16-digit run that ends with them. AmbiguousId where several
+    hosts' runs of a merged store do; the id unchanged where none does."""
+    if len(run_id) != 8:
+        return run_id
+    rows = db.conn.execute(
+        "SELECT run_id, host FROM runs WHERE run_id = ? OR "
+        "(length(run_id) = 16 AND substr(run_id, 9) = ?) ORDER BY run_id",
+        (run_id, run_id),
+    ).fetchall()
+    if len(rows) == 1:
+        return str(rows[0][0])
+    if len(rows) > 1:
+        raise AmbiguousId(
+            f"run {run_id} is in {len(rows)} hosts' runs here ("
+            + ", ".join(f"{r[0]} on {r[1]}" for r in rows)
+            + "): give the full id"
+        )
+    return run_id
+
+
+def expand_fault_id(db: Any, fault_id: str) -> str:
+    """expand_run_id for the run part of a fault id."""
+    run, dash, seq = fault_id.rpartition("-")
+    if not dash:
+        return fault_id
+    return f"{expand_run_id(db, run)}-{seq}"
+
+
 def run_fault_ids(db: Any, run_id: str, limit: int | None = None) -> list[str] | None:
     """The faults of a run in fire order (`show RUN`), the first `limit` of
     them (None: all); None: no such run."""

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from pyctl.evidence import dbfile, schema
+from pyctl.evidence import dbfile, hostid, schema
 from pyctl.evidence.schema import SCHEMA_VERSION
 from pyctl.evidence.sqlitedb import Database
 from pyctl.exceptions import BadInput
@@ -443,6 +443,22 @@ def host_facts() -> dict[str, str]:
     return {"kernel": u.release, "host": u.nodename}
 
 
+def _fresh_run_id(db: Database) -> str:
+    """A run id whose random half no run of this store has: the kernel
+    module's records carry only that half (a u32), and map back to their
+    run by it (pyctl/evidence/anchors.py)."""
+    host = hostid.host_part()
+    while True:
+        low = os.urandom(4).hex()  # what secrets.token_hex(4) does
+        if low == "00000000":
+            continue  # the module's own faults are run 0
+        clash = db.conn.execute(
+            "SELECT 1 FROM runs WHERE substr(run_id, -8) = ? LIMIT 1", [low]
+        ).fetchone()
+        if clash is None:
+            return host + low
+
+
 def new_run(
     db: Database,
     argv: Sequence[str],
@@ -451,8 +467,9 @@ def new_run(
     mechanism: str = "",
     capabilities: dict[str, Any] | None = None,
 ) -> str:
-    """Insert a run row and return its 8-hex run id."""
-    run_id = os.urandom(4).hex()  # what secrets.token_hex(4) does
+    """Insert a run row and return its run id: the host part and 8 random
+    hex digits (pyctl/evidence/hostid.py)."""
+    run_id = _fresh_run_id(db)
     facts = host_facts()
     with db.conn:
         db["runs"].insert(

@@ -18,7 +18,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pyctl.evidence import words
+from pyctl.evidence import query, words
 
 WIDTH = 80
 # Same-instant events read cause first: the run, the fault, then what followed.
@@ -81,6 +81,10 @@ def resolve(db: Any, ref: str) -> tuple[list[str], float | None, str | None]:
         if row is None:
             raise TimelineError("no run recorded yet: run gpufault trace or inject first")
         ref = str(row[0])
+    try:  # a node's short id (its runs' random half) names its full one
+        ref = query.expand_run_id(db, ref)
+    except query.AmbiguousId as e:
+        raise TimelineError(str(e)) from None
     run = _rows(db, "SELECT run_id, started FROM runs WHERE run_id = ?", (ref,))
     if run:
         return [ref], run[0]["started"], None
