@@ -27,6 +27,7 @@ from pyctl.agent import protocol
 from pyctl.agent.auth import read_token
 from pyctl.agent.server import Listen
 from pyctl.cli import cli
+from pyctl.evidence import hostid
 from pyctl.paths import module_argv
 
 VICTIM = (str(LIB), "gf_victim")
@@ -113,6 +114,9 @@ def test_arm_fire_and_disarm_through_a_unix_socket(
         out = CliRunner().invoke(cli, ["agent", "status", "--agent", url])
         assert out.exit_code == 0, out.output
         assert f"{h.session} run {h.run_id} pid {target.pid} gf_victim fires 3" in out.output
+        # what it says it is: its hostname (no --node-name), no labels, its ids' host part
+        assert f"node {c.hello['node']} labels - ids {hostid.host_part()}..." in out.output
+        assert h.run_id.startswith(c.hello["host_part"])
         h.disarm()
         assert h.ended_by == "disarmed" and not probed(target.pid, *VICTIM)
         assert [r[3] for r in target.victim(2)] == [2, 3]
@@ -246,7 +250,8 @@ def test_a_listener_that_is_not_root_gets_nothing_from_the_client(tmp_path: Path
 
 @requires_root
 @pytest.mark.parametrize("case", ["missing cert", "token mode 0644", "token of uid 65534",
-                                  "port in use", "plain tcp", "tls without auth"])  # fmt: skip
+                                  "port in use", "plain tcp", "tls without auth", "label no =",
+                                  "label bad key"])  # fmt: skip
 def test_serve_refuses_bad_input_in_one_line(case: str, tmp_path: Path) -> None:
     tok = tmp_path / "token"
     tok.write_text(TOKEN)
@@ -265,6 +270,8 @@ def test_serve_refuses_bad_input_in_one_line(case: str, tmp_path: Path) -> None:
                         "127.0.0.1:[0-9]+: port in use"),
         "plain tcp": (["--listen", "tcp://127.0.0.1:0"], "plain TCP is refused"),
         "tls without auth": (tls, "needs --client-ca .* or --token-file"),
+        "label no =": (["--label", "rank"], "--label rank: give KEY=VALUE"),
+        "label bad key": (["--label", "a b=1"], "Kubernetes' label syntax"),
     }[case]  # fmt: skip
     if case == "port in use":
         (tmp_path / "certs").mkdir()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -157,7 +158,9 @@ class _Nodes:
                 self.agents[name] = AgentProc(
                     ["--listen", f"tls://{end.addr}:0", "--listen", f"unix:{d}/run/agent.sock",
                      "--cert", self.certs["server.pem"], "--key", self.certs["server.key"],
-                     "--token-file", str(self.tok), "--db", str(self.dbs[name])],
+                     "--token-file", str(self.tok), "--db", str(self.dbs[name]),
+                     "--node-name", f"node-{name}", "--label", f"rank={'ab'.index(name)}",
+                     "--label", "pool=cpu"],
                     prefix=("nsenter", f"--net={netchaos.NETNS_DIR}/{end.ns}"),
                 )  # fmt: skip
                 self.unix[name] = f"unix:{d}/run/agent.sock"
@@ -165,12 +168,13 @@ class _Nodes:
             self.close()
             raise
 
-    def agents_toml(self) -> str:
+    def agents_toml(self, **expect: str) -> str:
+        """The [agents.NAME] tables; expect: NAME -> extra lines (node, labels)."""
         out = []
         for name, a in self.agents.items():
             out.append(f'[agents.{name}]\nurl = "{a.urls[0]}"\nca = "{self.certs["ca.pem"]}"\n'
                        f'token_file = "{self.tok}"\nserver_name = "localhost"\n'
-                       'lease = "LEASE"\n')  # fmt: skip
+                       f'lease = "LEASE"\n{expect.get(name, "")}\n')  # fmt: skip
         return "\n".join(out)
 
     def runner(self, *args: str) -> subprocess.Popen[str]:
@@ -210,14 +214,20 @@ def _rows(db: Path, sql: str, *a: object) -> list[tuple[object, ...]]:
 def test_one_experiment_stalls_a_rank_on_each_node_and_keeps_both_nodes_evidence(
     nodes: _Nodes, tmp_path: Path
 ) -> None:
-    f = _file(tmp_path, nodes.agents_toml(), STEPS)
+    # Agent a by name, checked to be node-a; rank 1's step on whichever
+    # agent says it has label rank=1 (b).
+    steps = STEPS.replace('agent = "b"', 'agent = { labels = { rank = "1" } }')
+    f = _file(tmp_path, nodes.agents_toml(a='node = "node-a"\nlabels = { pool = "cpu" }'), steps)
     db = tmp_path / "exp.db"
     p = nodes.runner(str(f), "--db", str(db), "--json")
     out, _ = p.communicate(timeout=240)
     assert p.returncode == 0, out + "\n".join(nodes.agents["a"].lines + nodes.agents["b"].lines)
+    assert "agent a: node node-a [pool=cpu,rank=0]" in out, out
+    assert "step 2 'stall rank 1 cond signal': on agent b" in out, out
     for step in ("stall rank 0 synchronize", "stall rank 1 cond signal"):
         assert any(f"{step}: armed (run " in ln for ln in out.splitlines()), out
-    lines = [ln.strip() for ln in out.splitlines() if ln.strip().startswith("agent ")]
+    lines = [ln.strip() for ln in out.splitlines()
+             if ln.strip().startswith("agent ") and " runs, " in ln]  # fmt: skip
     assert len(lines) == 2 and all("1 runs" in ln for ln in lines), out
     (xid,) = [r[0] for r in _rows(db, "SELECT id FROM experiments")]
     steps = _rows(db, "SELECT idx, run_id, fires, status FROM experiment_steps "
@@ -239,6 +249,36 @@ def test_one_experiment_stalls_a_rank_on_each_node_and_keeps_both_nodes_evidence
     show = subprocess.run([sys.executable, "-m", "pyctl", "show", f"{steps[1][1]}-1", "--db",
                            str(db)], capture_output=True, text=True, timeout=60)  # fmt: skip
     assert show.returncode == 0 and "pthread_cond_signal" in show.stdout, show.stderr
+    assert nodes.sessions("a") == [] and nodes.sessions("b") == []
+
+
+@requires_root
+@pytest.mark.parametrize(
+    ("expect", "select", "why"),
+    [
+        ({"b": 'node = "node-x"'}, '"b"', "agent b [(]tls://.*[)] is node 'node-b', the file "
+         "expects 'node-x': fix its url or its node"),
+        ({"a": 'labels = { rank = "1" }'}, '"b"',
+         "agent a [(].*[)] lacks the labels rank=1 [(]it has pool=cpu,rank=0[)]"),
+        ({}, '{ labels = { pool = "cpu" } }', r"method\[2\] 'stall rank 1 cond signal': 2 "
+         "agents are pool=cpu [(]a, b[)]: a step arms on one node"),
+        ({}, '{ node = "node-c" }', r"no agent is node=node-c [(]a: node node-a "
+         r"\[pool=cpu,rank=0\]; b: node node-b \[pool=cpu,rank=1\][)]"),
+    ],
+)  # fmt: skip
+def test_an_agent_that_is_not_the_node_expected_is_refused_before_anything_starts(
+    nodes: _Nodes, tmp_path: Path, expect: dict[str, str], select: str, why: str
+) -> None:
+    steps = STEPS.replace('agent = "b"', f"agent = {select}")
+    f = _file(tmp_path, nodes.agents_toml(**expect), steps)
+    db = tmp_path / "exp.db"
+    p = nodes.runner(str(f), "--db", str(db))
+    out, _ = p.communicate(timeout=120)
+    assert p.returncode == 2, out
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("gpufault: ")]
+    assert re.search(why, line), line
+    assert "experiment x" not in out and "service" not in out.lower(), out  # nothing started
+    assert not db.exists() or _rows(db, "SELECT count(*) FROM experiments") == [(0,)]
     assert nodes.sessions("a") == [] and nodes.sessions("b") == []
 
 

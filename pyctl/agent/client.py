@@ -236,6 +236,11 @@ class AgentClient:
             sock = _connect_tls(url, cert, key, ca, server_hostname, timeout)
         else:
             raise BadInput(f"agent {url}: use unix:PATH or tls://HOST:PORT")
+        # The reader blocks without a timeout from its first read: a read
+        # begun under the connect timeout would end an idle link (a
+        # controller that connects before its first arm) after it. The
+        # hello's own wait is request()'s, and close() ends the read.
+        sock.settimeout(None)
         c = cls(sock, url)
         c._reader.start()
         try:
@@ -244,7 +249,6 @@ class AgentClient:
         except BaseException:
             c.close(disarm=False)
             raise
-        sock.settimeout(None)
         c.hello = dict(ans.body)
         c._renewer.start()
         return c

@@ -20,6 +20,7 @@ import errno
 import json
 import os
 import queue
+import re
 import secrets
 import socket
 import ssl
@@ -35,6 +36,7 @@ from pyctl.agent import auth, protocol
 from pyctl.agent.lease import MAX_LEASE_S, MIN_LEASE_S, Lease, Leases
 from pyctl.agent.protocol import Message, ProtocolError
 from pyctl.api.errors import BadInput, GpufaultError
+from pyctl.evidence import hostid
 from pyctl.stopsignals import on_stop_signals
 
 DEFAULT_SOCKET = "/run/gpufault/agent.sock"
@@ -167,6 +169,25 @@ class _Conn:
         _linger(self.sock)
 
 
+# Kubernetes' label syntax (an optional DNS prefix, a name of 63
+# characters), so the DaemonSet can pass a node's labels as they are.
+_LABEL_KEY = re.compile(
+    r"^(?:[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+_LABEL_VALUE = re.compile(r"^(?:[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+
+
+def check_labels(labels: dict[str, str]) -> dict[str, str]:
+    """labels as given, or BadInput naming the first bad one."""
+    for k, v in labels.items():
+        if not _LABEL_KEY.match(k) or not _LABEL_VALUE.match(v):
+            raise BadInput(
+                f"--label {k}={v}: a key is [prefix/]name and a value up to 63 letters, "
+                "digits, '-', '_' or '.' (Kubernetes' label syntax)"
+            )
+    return dict(labels)
+
+
 class AgentServer:
     def __init__(
         self,
@@ -179,11 +200,17 @@ class AgentServer:
         token_file: str | None = None,
         default_lease_s: float = DEFAULT_LEASE_S,
         log: Callable[[str], None] | None = None,
+        node: str | None = None,
+        labels: dict[str, str] | None = None,
     ) -> None:
         if not listen:
             raise BadInput("--listen: give unix:PATH or tls://HOST:PORT")
         self.listens = [Listen.parse(x) for x in listen]
         self.db = str(db)
+        # What the hello says this node is: controllers choose and check
+        # agents by it (pyctl/experiment/agents.py).
+        self.node = node or socket.gethostname()
+        self.labels = check_labels(labels or {})
         self.log = log or (lambda _s: None)
         self.default_lease_s = _lease(default_lease_s)
         self.token = auth.read_token(token_file) if token_file else None
@@ -432,7 +459,8 @@ class AgentServer:
         if conn.peer.transport == "tls":
             how = "+".join(["mtls"] * self.require_cert + ["token"] * (self.token is not None))
         conn.send("ok", msg.id, agent=socket.gethostname(), version=__version__,
-                  protocol=protocol.VERSION, pid=os.getpid(), auth=how)  # fmt: skip
+                  protocol=protocol.VERSION, pid=os.getpid(), auth=how, node=self.node,
+                  labels=self.labels, host_part=hostid.host_part())  # fmt: skip
         return True
 
     def _dispatch(self, conn: _Conn, msg: Message) -> None:
@@ -578,7 +606,8 @@ class AgentServer:
             "agent": socket.gethostname(), "version": __version__, "protocol": protocol.VERSION,
             "pid": os.getpid(), "uptime_s": round(time.time() - self.started, 3),
             "listen": self.urls, "db": self.db, "sessions": n,
-            "default_lease_s": self.default_lease_s,
+            "default_lease_s": self.default_lease_s, "node": self.node,
+            "labels": self.labels, "host_part": hostid.host_part(),
         }  # fmt: skip
 
     def sessions(self) -> list[dict[str, Any]]:

@@ -91,10 +91,16 @@ def agent() -> None:
     show_default=True,
     help="lease of an arm that names none",
 )
+@click.option("--node-name", default=None, metavar="NAME",
+              help="what this node says it is (default: its hostname; the DaemonSet: "
+                   "spec.nodeName)")  # fmt: skip
+@click.option("--label", "labels", multiple=True, metavar="KEY=VALUE",
+              help="a label controllers select this agent by (repeatable)")
 @db_option()
 @user_errors
 def serve(listen: tuple[str, ...], cert: str | None, key: str | None, client_ca: str | None,
-          token_file: str | None, lease_s: float, db_path: str) -> None:  # fmt: skip
+          token_file: str | None, lease_s: float, node_name: str | None,
+          labels: tuple[str, ...], db_path: str) -> None:  # fmt: skip
     """Serve the agent's API until SIGTERM or Ctrl-C (docs/fleet.md).
 
     Every fault it arms is bound to a lease the controller renews; when the
@@ -111,10 +117,16 @@ def serve(listen: tuple[str, ...], cert: str | None, key: str | None, client_ca:
 
     if os.geteuid() != 0:
         raise UserError("agent serve needs root (it arms BPF faults): run it with sudo")
+    pairs = {}
+    for lab in labels:
+        k, eq, v = lab.partition("=")
+        if not eq:
+            raise UserError(f"--label {lab}: give KEY=VALUE, e.g. --label rank=1")
+        pairs[k] = v
     server = AgentServer(
         list(listen) or [_DEFAULT_URL], db=db_path, cert=cert, key=key, client_ca=client_ca,
         token_file=token_file, default_lease_s=lease_s,
-        log=lambda s: click.echo(f"agent: {s}", err=True),
+        log=lambda s: click.echo(f"agent: {s}", err=True), node=node_name, labels=pairs,
     )  # fmt: skip
     server.bind()
 
@@ -151,6 +163,9 @@ def status(url: str, token_file: str | None, cert: str | None, key: str | None,
         return
     click.echo(f"agent {st['agent']} pid {st['pid']} gpufault {st['version']} "
                f"up {st['uptime_s']:.0f}s, {st['sessions']} session(s), db {st['db']}")  # fmt: skip
+    if "node" in st:  # older agents say only their hostname
+        labels = ",".join(f"{k}={v}" for k, v in sorted(st.get("labels", {}).items()))
+        click.echo(f"  node {st['node']} labels {labels or '-'} ids {st.get('host_part')}...")
     for s in sessions:
         click.echo(f"  {s['session']} run {s['run_id']} pid {s['target'].get('pid') or '-'} "
                    f"{','.join(s['functions'])} fires {s['fires']} lease {s['lease_s']:g}s "

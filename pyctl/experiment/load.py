@@ -290,10 +290,12 @@ def load_file(
 
 def _check_agent_steps(r: Reader, steps: list[Any], agents: dict[str, Any]) -> None:
     for s in steps:
-        if s.agent is None:
+        if s.agent is None and s.agent_select is None:
             continue
         key = f"method[{s.idx + 1}].agent"
-        if s.agent not in agents:
+        if s.agent_select is not None and not agents:
+            raise r.err(key, "a selector chooses among the file's [agents.NAME]: add them")
+        if s.agent is not None and s.agent not in agents:
             have = ", ".join(sorted(agents)) or "none"
             raise r.err(key, f"{s.agent!r} is not one of the file's [agents.NAME] ({have}): "
                              "add the table or fix the name")  # fmt: skip

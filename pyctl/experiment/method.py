@@ -49,7 +49,7 @@ def parse_method(r: Reader, doc: dict[str, Any]) -> list[Step]:
         if tid is not None and thread is not None:
             raise r.err(f"{key}.tid", "tid and thread both name the thread: keep one")
         arm_timeout = r.duration(m, key, "arm_timeout") if "arm_timeout" in m else None
-        agent = r.str_(m, key, "agent", "") or None
+        agent, agent_select = _agent(r, m, key)
         kind = WORDS[chosen[0]]
         kind.refuse(r, key, m)
         common = Step(
@@ -66,10 +66,40 @@ def parse_method(r: Reader, doc: dict[str, Any]) -> list[Step]:
             arm_timeout=arm_timeout,
             kind=kind.name,
             agent=agent,
+            agent_select=agent_select,
         )
         steps.append(kind.parse(r, key, m, common))
         prev_start, prev_end = start, start + duration
     return steps
+
+
+def _agent(r: Reader, m: dict[str, Any], key: str) -> tuple[str | None, dict[str, Any] | None]:
+    """agent = "NAME" (one of the file's [agents.NAME]), or a selector
+    {node = "gpu-7"} / {labels = {rank = "1"}}: the agent whose node says
+    so of itself when the run starts (pyctl/experiment/agents.py)."""
+    v = m.get("agent")
+    if v is None or isinstance(v, str):
+        return (v or None), None
+    k = f"{key}.agent"
+    if not isinstance(v, dict) or not v:
+        raise r.err(k, 'expected a name, or {node = "NODE"} or {labels = {KEY = "VALUE"}}')
+    r.keys(v, k, {"node", "labels"})
+    sel: dict[str, Any] = {}
+    if "node" in v:
+        sel["node"] = r.str_(v, k, "node")
+    if "labels" in v:
+        sel["labels"] = agent_labels(r, v["labels"], f"{k}.labels")
+    return None, sel
+
+
+def agent_labels(r: Reader, v: Any, key: str) -> dict[str, str]:
+    """{KEY = "VALUE", ...}: strings, as the agent's --label KEY=VALUE."""
+    if not isinstance(v, dict) or not v:
+        raise r.err(key, 'expected a table of strings: labels = {rank = "1"}')
+    for lk, lv in v.items():
+        if not isinstance(lv, str):
+            raise r.err(f"{key}.{lk}", f"{lv!r}: a label's value is a string")
+    return dict(v)
 
 
 def _who(r: Reader, m: dict[str, Any], key: str, name: str) -> str | None:

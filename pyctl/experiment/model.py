@@ -58,6 +58,9 @@ class Step:
     # A fault step for another node: the name of one of the file's
     # [agents.NAME] (pyctl/experiment/agents.py); None: this machine.
     agent: str | None = None
+    # agent = {node = "...", labels = {...}}: the one agent whose node says
+    # it is that, chosen when the run starts (FleetHost.prepare sets agent).
+    agent_select: dict[str, Any] | None = None
 
     @property
     def label(self) -> str:

@@ -196,7 +196,7 @@ class Run(Evaluation):
     def execute(self) -> Outcome:
         exp = self.exp
         # BPF uprobes and ptrace need root; traffic, perturb and pressure steps do not.
-        faults = [s for s in exp.steps if s.specs and s.agent is None]
+        faults = [s for s in exp.steps if s.specs and s.agent is None and s.agent_select is None]
         if faults and os.geteuid() != 0 and isinstance(
             getattr(self.host, "local", self.host), LocalFaultHost
         ):
@@ -219,6 +219,9 @@ class Run(Evaluation):
             for st in exp.steps:
                 if st.traffic is not None:
                     st.traffic.resolved_headers(f"{exp.path}: traffic step {st.name!r}")
+            prepare = getattr(self.host, "prepare", None)
+            if prepare is not None:  # every agent reached and checked, before anything starts
+                prepare(exp.steps, self.echo)
             proc, facts = start_target(exp)
             # A service it started: its token; one given by url: GPUFAULT_ADMIN_TOKEN.
             self.admin_token = (proc.admin_token if proc is not None else None) or os.environ.get(
