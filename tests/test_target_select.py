@@ -250,8 +250,9 @@ exec "$@"
 """
 
 
-def _planted(pid: int, args: list[str], *, hostile: bool = False,
-             ready: int | None = None) -> subprocess.Popen:  # fmt: skip
+def _plant_env(pid: int, *, hostile: bool = False) -> dict[str, str]:
+    """What _PLANT reads: containerd's task of pod serving/llm-0, container
+    server, whose init is pid."""
     cfg = {"annotations": {
         "io.kubernetes.cri.container-type": "container",
         "io.kubernetes.cri.container-name": "server",
@@ -259,9 +260,14 @@ def _planted(pid: int, args: list[str], *, hostile: bool = False,
         "io.kubernetes.cri.sandbox-namespace": "serving",
         "io.kubernetes.cri.sandbox-uid": _POD_UID,
     }}  # fmt: skip
-    env = dict(os.environ, CID=_CID, PID=str(pid), CONFIG=json.dumps(cfg), NS="serving",
-               POD="llm-0", UID=_POD_UID, NAME="server",
-               HOSTILE="1" if hostile else "")  # fmt: skip
+    return {"CID": _CID, "PID": str(pid), "CONFIG": json.dumps(cfg), "NS": "serving",
+            "POD": "llm-0", "UID": _POD_UID, "NAME": "server",
+            "HOSTILE": "1" if hostile else ""}  # fmt: skip
+
+
+def _planted(pid: int, args: list[str], *, hostile: bool = False,
+             ready: int | None = None) -> subprocess.Popen:  # fmt: skip
+    env = dict(os.environ, **_plant_env(pid, hostile=hostile))
     return subprocess.Popen(
         ["unshare", "-m", "--propagation", "private", "sh", "-c", _PLANT, "plant", *args],
         env=env, stderr=subprocess.PIPE, text=True,
@@ -338,6 +344,85 @@ def test_state_another_user_could_write_is_not_state(named: str, tmp_path: Path)
         assert not (tmp_path / "gf.db").exists()
     finally:
         t.close()
+
+
+def _pod_cgroup(d: str) -> tuple[str, list[str]]:
+    """The kubelet's systemd-driver layout of the planted pod under d: its
+    leaf path (relative to d) and the directories made, outermost first."""
+    u = _POD_UID.replace("-", "_")
+    leaf = (f"kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{u}.slice/"
+            f"cri-containerd-{_CID}.scope")  # fmt: skip
+    dirs, path = [], d
+    for part in leaf.split("/"):
+        path = f"{path}/{part}"
+        os.mkdir(path)
+        dirs.append(path)
+    return leaf, dirs
+
+
+@requires_root
+def test_a_pod_session_through_the_node_agent(
+    named: str, cgroup: tuple[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/fleet.md's pod session: the agent runs where the kubelet's and
+    containerd's state is (the planted mount namespace), a controller
+    reaches it over TLS with a token and names the pod; the agent resolves
+    it on its node, arms, streams the fire; the controller pulls the
+    evidence, whose target is the pod."""
+    from agentproc import AgentProc, make_certs
+
+    rel, d = cgroup
+    leaf, dirs = _pod_cgroup(d)
+    t = Target(named)
+    (tmp_path / "certs").mkdir()
+    certs = make_certs(tmp_path / "certs")
+    tok = tmp_path / "token"
+    tok.write_text("pod-session-token-0123456789")
+    tok.chmod(0o600)
+    for k, v in _plant_env(t.pid).items():
+        monkeypatch.setenv(k, v)
+    agent = None
+    try:
+        Path(dirs[-1], "cgroup.procs").write_text(str(t.pid))
+        agent = AgentProc(
+            ["--listen", "tls://127.0.0.1:0", "--cert", certs["server.pem"], "--key",
+             certs["server.key"], "--token-file", str(tok), "--db", str(tmp_path / "node.db"),
+             "--node-name", "gpu-node-7", "--label", "pool=gpu"],
+            prefix=("unshare", "-m", "--propagation", "private", "sh", "-c", _PLANT, "plant"),
+        )  # fmt: skip
+        (url,) = agent.urls
+        auth = {"token_file": str(tok), "ca": certs["ca.pem"], "server_hostname": "localhost"}
+        with gpufault.AgentClient.connect(url, **auth) as c:
+            assert (c.hello["node"], c.hello["labels"]) == ("gpu-node-7", {"pool": "gpu"})
+            h = c.arm(Fault.fail(*VICTIM, ret=-6, nth=1), gpufault.Target.pod("serving/llm-0"),
+                      duration=30, lease_s=5)  # fmt: skip
+            assert [r[3] for r in t.victim(2)] == [-6, 3]
+            assert h.wait_fires(1, 10)
+            h.disarm()
+            assert h.ended_by == "disarmed"
+            (fault,) = h.fired()
+            # A pod the node does not have: the agent's one line, nothing armed.
+            with pytest.raises(gpufault.GpufaultError,
+                               match="no such pod on this node .pods here: serving/llm-0."):
+                c.arm(Fault.fail(*VICTIM, ret=-6), gpufault.Target.pod("serving/other"),
+                      duration=30)  # fmt: skip
+            assert c.sessions() == []
+        fleet = tmp_path / "fleet.db"
+        gpufault.pull_evidence([url], fleet, **auth)
+        (row,) = _rows(fleet, "SELECT host_pid, container_name, pod_namespace, pod_name, "
+                              "pod_uid, cgroup, selector FROM targets")  # fmt: skip
+        assert row == (t.pid, "server", "serving", "llm-0", _POD_UID, f"{rel}/{leaf}",
+                       "pod=serving/llm-0"), row  # fmt: skip
+        r = subprocess.run([*GF, "show", fault.fault_id, "--db", str(fleet)],
+                           capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert r.returncode == 0 and "pod serving/llm-0" in r.stdout, (r.stdout, r.stderr)
+        print(r.stdout)
+    finally:
+        if agent is not None:
+            assert agent.stop() == 0, agent.lines
+        t.close()
+        for x in reversed(dirs):
+            os.rmdir(x)
 
 
 @requires_root

@@ -236,22 +236,42 @@ class AgentClient:
             sock = _connect_tls(url, cert, key, ca, server_hostname, timeout)
         else:
             raise BadInput(f"agent {url}: use unix:PATH or tls://HOST:PORT")
-        # The reader blocks without a timeout from its first read: a read
-        # begun under the connect timeout would end an idle link (a
-        # controller that connects before its first arm) after it. The
-        # hello's own wait is request()'s, and close() ends the read.
-        sock.settimeout(None)
         c = cls(sock, url)
-        c._reader.start()
         try:
             hello: dict[str, Any] = {"token": token} if token else {}
-            ans = c.request("hello", timeout=timeout, **hello)
+            ans = c._hello(hello)
         except BaseException:
             c.close(disarm=False)
             raise
+        # The reader starts only now, blocking without a timeout: a read
+        # begun under the connect timeout would end an idle link (a
+        # controller that connects before its first arm) after it; and the
+        # hello is read here, not beside the reader, because a blocking TLS
+        # read while the same socket writes, right after the handshake (TLS
+        # 1.3's session tickets arrive then), lost the hello 1 time in 4.
+        sock.settimeout(None)
+        c._reader.start()
         c.hello = dict(ans.body)
         c._renewer.start()
         return c
+
+    def _hello(self, body: dict[str, Any]) -> Message:
+        """The first request and its answer, on this thread, under the
+        connect timeout (the reader is not started yet)."""
+        try:
+            self.sock.sendall(protocol.encode("hello", 0, **body))
+            line = self._f.readline(protocol.MAX_LINE + 1)
+        except OSError as e:  # TimeoutError too
+            raise AgentError(f"agent {self.url}: no answer to hello ({e.strerror or e})") from None
+        if not line:
+            raise AgentError(f"agent {self.url}: connection lost (closed by the agent)")
+        try:
+            ans = protocol.decode(line)
+        except ProtocolError as e:
+            raise AgentError(f"agent {self.url}: protocol: {e}") from None
+        if ans.kind == "error":
+            raise _error(ans)
+        return ans
 
     # ---- requests ------------------------------------------------------------
     def request(

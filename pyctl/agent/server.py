@@ -504,17 +504,26 @@ class AgentServer:
             raise BadInput("arm: specs: a list of FaultSpec.to_json() objects")
         specs = [spec_from_json(d) for d in specs_j]
         tj = msg.get("target")
-        if not isinstance(tj, dict) or set(tj) - {"pid", "tid", "command"}:
-            raise BadInput('arm: target: {"pid": N} or {"tid": N}')
+        keys = {"pid", "tid", "command", "selector", "value", "thread_name"}
+        if not isinstance(tj, dict) or set(tj) - keys:
+            raise BadInput('arm: target: {"pid": N}, {"tid": N} or {"selector": "pod", '
+                           '"value": "NAMESPACE/NAME"} (container, cgroup, comm, ranks_of)')
         if tj.get("command"):
-            raise BadInput("arm: the agent arms in running processes: give a pid or a tid")
+            raise BadInput("arm: the agent arms in running processes: give a pid, a tid "
+                           "or a selector")  # fmt: skip
         for k in ("pid", "tid"):
             v = tj.get(k)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
                 raise BadInput(f"arm: target {k}: {v!r} is not a {k}")
+        for k in ("value", "thread_name"):
+            if not isinstance(tj.get(k) or "", str):
+                raise BadInput(f"arm: target {k}: a string")
+        # A selector (a pod, a container, ...) is resolved here, on this
+        # node, where its cgroups and runtime state are: one process, or
+        # the one line that says how many.
         target = Target.from_json(tj)
-        if not (target.pid or target.tid):
-            raise BadInput("arm: target: give a pid or a tid")
+        if not (target.pid or target.tid or target.selector):
+            raise BadInput("arm: target: give a pid, a tid or a selector")
         duration = _number(msg.get("duration"), "duration")
         if duration <= 0:
             raise BadInput(

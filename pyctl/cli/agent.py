@@ -174,7 +174,12 @@ def status(url: str, token_file: str | None, cert: str | None, key: str | None,
 
 @agent.command(name="arm")
 @_client_options
-@click.option("--pid", type=int, required=True, help="the process on the agent's node")
+@click.option("--pid", type=int, default=None, help="the process on the agent's node")
+@click.option("--pod", default=None, metavar="NAMESPACE/NAME[/CONTAINER]",
+              help="or the process of a pod on that node (resolved there)")
+@click.option("--container", default=None, metavar="ID|NAME",
+              help="or the process of a container on that node")
+@click.option("--comm", default=None, metavar="NAME", help="or the process of that name there")
 @click.option("--lib", required=True, help="library (name or path on the node)")
 @click.option("--fn", required=True, help="function (name or glob)")
 @click.option("--ret", default=None, help="fail with this value (a number or a CUDA name)")
@@ -183,7 +188,8 @@ def status(url: str, token_file: str | None, cert: str | None, key: str | None,
               help="the dead-man lease: renewed every third of it while this runs")
 @user_errors
 def arm(url: str, token_file: str | None, cert: str | None, key: str | None, ca: str | None,
-        server_name: str | None, pid: int, lib: str, fn: str, ret: str | None, duration: float,
+        server_name: str | None, pid: int | None, pod: str | None, container: str | None,
+        comm: str | None, lib: str, fn: str, ret: str | None, duration: float,
         lease_s: float) -> None:  # fmt: skip
     """Arm one fault through an agent and hold it (renewing its lease) until
     its deadline or Ctrl-C; each fire is printed as it streams in.
@@ -192,16 +198,27 @@ def arm(url: str, token_file: str | None, cert: str | None, key: str | None, ca:
     Example:
         gpufault agent arm --pid 1234 --lib libcuda --fn cuMemAlloc_v2 \\
             --ret CUDA_ERROR_OUT_OF_MEMORY --duration 30s
+        gpufault agent arm --agent tls://node7:7450 --ca ca.pem --token-file t \\
+            --pod serving/llm-0 --lib libcuda --fn cuMemAlloc_v2 --ret 2 --duration 30s
     """
-    # lazy: the spec builder only when this runs
+    # lazy: the spec builder and the target only when this runs
     from pyctl.api.faults import Fault
+    from pyctl.api.target import Target
 
+    given = {k: v for k, v in (("pid", pid), ("pod", pod), ("container", container),
+                               ("comm", comm)) if v is not None}  # fmt: skip
+    if len(given) != 1:
+        raise UserError("agent arm: give one of --pid, --pod, --container, --comm")
+    ((what, value),) = given.items()
+    target = Target(pid=pid) if pid is not None else Target(selector=what, value=str(value))
     spec = Fault.fail(lib, fn, ret=ret) if ret is not None else Fault.observe(lib, fn)
     with _connect(url, token_file, cert, key, ca, server_name) as c:
-        h = c.arm(spec, pid, duration=duration, lease_s=lease_s,
+        h = c.arm(spec, target, duration=duration, lease_s=lease_s,
                   on_fire=functools.partial(_print_fire))  # fmt: skip
-        click.echo(f"armed session {h.session} run {h.run_id} in pid {pid} on {c.hello['agent']} "
-                   f"(lease {h.lease_s:g}s); Ctrl-C to disarm", err=True)  # fmt: skip
+        where = f"pid {pid}" if pid is not None else f"{what} {value}"
+        click.echo(f"armed session {h.session} run {h.run_id} in {where} on "
+                   f"{c.hello.get('node') or c.hello['agent']} (lease {h.lease_s:g}s); "
+                   "Ctrl-C to disarm", err=True)  # fmt: skip
         try:
             h.wait()
         except KeyboardInterrupt:
