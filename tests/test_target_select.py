@@ -407,12 +407,27 @@ def test_a_pod_session_through_the_node_agent(
                 c.arm(Fault.fail(*VICTIM, ret=-6), gpufault.Target.pod("serving/other"),
                       duration=30)  # fmt: skip
             assert c.sessions() == []
+        # The same through the CLI: held until its deadline, the fire printed.
+        cli = subprocess.Popen([*GF, "agent", "arm", "--agent", url, "--ca", certs["ca.pem"],
+                                "--token-file", str(tok), "--server-name", "localhost", "--pod",
+                                "serving/llm-0", "--lib", str(LIB), "--fn", "gf_victim", "--ret",
+                                "-7", "--duration", "3s"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)  # fmt: skip
+        assert cli.stderr is not None
+        armed = cli.stderr.readline()
+        assert " in pod serving/llm-0 on gpu-node-7 " in armed, armed
+        assert [r[3] for r in t.victim(1)] == [-7]
+        out, err = cli.communicate(timeout=30)
+        assert cli.returncode == 0, err
+        assert out.startswith("fire ") and " gf_victim " in out and "ended: deadline (1 fires)" in err
+        print(armed + out + err)
         fleet = tmp_path / "fleet.db"
         gpufault.pull_evidence([url], fleet, **auth)
-        (row,) = _rows(fleet, "SELECT host_pid, container_name, pod_namespace, pod_name, "
-                              "pod_uid, cgroup, selector FROM targets")  # fmt: skip
-        assert row == (t.pid, "server", "serving", "llm-0", _POD_UID, f"{rel}/{leaf}",
-                       "pod=serving/llm-0"), row  # fmt: skip
+        rows = _rows(fleet, "SELECT host_pid, container_name, pod_namespace, pod_name, "
+                            "pod_uid, cgroup, selector FROM targets")  # fmt: skip
+        # the API's run and the CLI's, both the pod's process
+        assert rows == [(t.pid, "server", "serving", "llm-0", _POD_UID, f"{rel}/{leaf}",
+                         "pod=serving/llm-0")] * 2, rows  # fmt: skip
         r = subprocess.run([*GF, "show", fault.fault_id, "--db", str(fleet)],
                            capture_output=True, text=True, timeout=60)  # fmt: skip
         assert r.returncode == 0 and "pod serving/llm-0" in r.stdout, (r.stdout, r.stderr)
