@@ -275,6 +275,11 @@ def test_diff_names_what_changed() -> None:
     a, b = doc("e1", "tolerated"), doc("e2", "SLO broken")
     (row,) = R.diff(a, b)
     assert (row["site"], row["a"], row["b"]) == ("b+0x10", "tolerated", "SLO broken")
+    assert row["change"] == "worse"
+    assert R.diff(b, a)[0]["change"] == "better"
+    # a trial that proves nothing is neither worse nor better
+    assert R.diff(a, doc("e3", "not reached"))[0]["change"] == "other"
+    assert "worse at 1, better at 0" in R.render_diff(a, b, R.diff(a, b))
     assert R.diff(a, a) == []
 
 
@@ -352,3 +357,71 @@ def test_the_reference_service_on_the_cpu_double(tmp_path: Path) -> None:
         "degraded within SLO",
     ), (fn, code, outcome)
     assert fires > 0
+
+
+def _service_exploration(tmp_path: Path, name: str, extra_args: list[str]) -> str:
+    """An exploration of the reference service (its args plus extra_args)
+    at the allocation and launch sites, one error code each; its id."""
+    f = tmp_path / f"{name}.toml"
+    f.write_text(
+        SERVICE_FILE.replace(
+            '"--breaker-cooldown", "500ms"]',
+            '"--breaker-cooldown", "500ms"' + "".join(f', "{a}"' for a in extra_args) + "]",
+        )
+    )
+    r = _gf(
+        "explore",
+        "run",
+        str(f),
+        "--db",
+        str(tmp_path / "svc.db"),
+        "--lib",
+        "libcuda",
+        "--discover-for",
+        "3s",
+        "--pins",
+        str(tmp_path / "pins.toml"),
+    )
+    assert r.returncode in (0, 1), r.stdout + r.stderr[-3000:]
+    (line,) = [ln for ln in r.stdout.splitlines() if " point(s), " in ln and "planned" in ln]
+    return line.split()[1].rstrip(":")
+
+
+def test_a_weakened_service_shows_a_worse_map_and_the_diff_says_where(tmp_path: Path) -> None:
+    """The same service with `--degrade off` (no breaker, no fallback: a
+    device error is a 500) breaks the SLO at both sites where the normal
+    build answers from its fallback; `diff` names both, as WORSE, and exits
+    1. A weakening switch that did nothing, or a diff that compared the
+    wrong keys, fails this test."""
+    (tmp_path / "pins.toml").write_text(
+        'pin = ["cuMemAlloc_v2", "cuLaunchKernel"]\n'
+        'codes = ["fail:CUDA_ERROR_OUT_OF_MEMORY", "fail:CUDA_ERROR_LAUNCH_FAILED"]\n'
+    )
+    normal = _service_exploration(tmp_path, "normal", [])
+    weak = _service_exploration(tmp_path, "weak", ["--degrade", "off"])
+    con = sqlite3.connect(tmp_path / "svc.db")
+
+    def outcomes(xid: str) -> dict[str, str]:
+        return dict(
+            con.execute(
+                "SELECT function, outcome FROM explore_map WHERE exploration_id=?", (xid,)
+            ).fetchall()
+        )
+
+    assert outcomes(normal) == {
+        "cuMemAlloc_v2": "degraded within SLO",
+        "cuLaunchKernel": "degraded within SLO",
+    }, outcomes(normal)
+    assert outcomes(weak) == {
+        "cuMemAlloc_v2": "SLO broken",
+        "cuLaunchKernel": "SLO broken",
+    }, outcomes(weak)
+    d = _gf("explore", "diff", normal, weak, "--db", str(tmp_path / "svc.db"))
+    assert d.returncode == 1, d.stdout + d.stderr
+    worse = [ln for ln in d.stdout.splitlines() if ln.endswith("WORSE")]
+    assert len(worse) == 2, d.stdout
+    assert any("cuMemAlloc_v2" in ln and "CUDA_ERROR_OUT_OF_MEMORY" in ln for ln in worse)
+    assert any("cuLaunchKernel" in ln and "CUDA_ERROR_LAUNCH_FAILED" in ln for ln in worse)
+    # the old build against the new: better, and exit 0
+    back = _gf("explore", "diff", weak, normal, "--db", str(tmp_path / "svc.db"))
+    assert back.returncode == 0 and "better at 2" in back.stdout, back.stdout
