@@ -49,7 +49,8 @@ def _common(f: Any) -> Any:
                 multiple=True,
                 metavar="LIB[:FN]",
                 help="a library to trace and its function glob (repeatable; default: "
-                "libcuda:cu*, libcudart:cuda*, libcublas:cublas*, libnccl:nccl*, tokenizers:tok:hf-encode)",
+                "libcuda:cu*, libcudart:cuda*, libcublas:cublas*, libnccl:nccl*, "
+                "tokenizers:tok:hf-encode)",
             ),
             click.option(
                 "--discover-for",
