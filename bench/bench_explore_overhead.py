@@ -77,7 +77,7 @@ def main() -> int:
                 side["A"].append(load_round(s, a.requests, a.clients, a.tokens))
                 with gpufault.arm(specs, s.pid, db=Path(d) / f"r{r}.db") as h:
                     side["B"].append(load_round(s, a.requests, a.clients, a.tokens))
-                    c = h.counters()
+                    c = h.counters
                     fires += c.fires
                     calls += c.calls
     finally:

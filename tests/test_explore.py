@@ -281,6 +281,13 @@ def test_diff_names_what_changed() -> None:
     assert R.diff(a, doc("e3", "not reached"))[0]["change"] == "other"
     assert "worse at 1, better at 0" in R.render_diff(a, b, R.diff(a, b))
     assert R.diff(a, a) == []
+    # the map's column: a Rust entry point by its type and function
+    long = (
+        "<tokenizers::tokenizer::TokenizerImpl<tokenizers::models::PyModel, "
+        "tokenizers::decoders::PyDecoder>>::encode_char_offsets::<tokenizers::tokenizer::EncodeInput>"
+    )
+    assert R.short_function(long) == "TokenizerImpl::encode_char_offsets"
+    assert R.short_function("cuMemAlloc_v2") == "cuMemAlloc_v2"
 
 
 SERVICE_FILE = """\

@@ -11,6 +11,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from pyctl.symbols.tokenizers import collapse_generics
+
 SEVERITY = {
     "tolerated": 0,
     "degraded within SLO": 1,
@@ -95,13 +97,13 @@ def markdown(doc: dict[str, Any]) -> str:
     for r in rows(doc):
         if not r["trials"]:
             out.append(
-                f"| `{r['point']}` | {r['function']} | `{_site(r['site'])}` | "
+                f"| `{r['point']}` | {short_function(r['function'])} | `{_site(r['site'])}` | "
                 f"{r['calls']} | | not tried | | |"
             )
         for t in r["trials"]:
             rec = f"{t['recover_s']:.2f}s" if t["recover_s"] is not None else ""
             out.append(
-                f"| `{r['point']}` | {r['function']} | `{_site(r['site'])}` | "
+                f"| `{r['point']}` | {short_function(r['function'])} | `{_site(r['site'])}` | "
                 f"{r['calls']} | {_fault(t)} | **{t['outcome']}** | {rec} | "
                 f"`{t['experiment_id'] or ''}` |"
             )
@@ -144,14 +146,14 @@ def html_report(doc: dict[str, Any]) -> str:
         for t in r["trials"] or [None]:
             if t is None:
                 trs.append(
-                    f"<tr><td><code>{h(r['point'])}</code></td><td>{h(r['function'])}"
+                    f"<tr><td><code>{h(r['point'])}</code></td><td>{h(short_function(r['function']))}"
                     f"</td><td><code>{h(_site(r['site']))}</code></td><td>{r['calls']}"
                     "</td><td></td><td>not tried</td><td></td><td></td></tr>"
                 )
                 continue
             rec = f"{t['recover_s']:.2f}s" if t["recover_s"] is not None else ""
             trs.append(
-                f"<tr><td><code>{h(r['point'])}</code></td><td>{h(r['function'])}</td>"
+                f"<tr><td><code>{h(r['point'])}</code></td><td>{h(short_function(r['function']))}</td>"
                 f"<td><code title='{h(r['site'])}'>{h(_site(r['site']))}</code></td>"
                 f"<td>{r['calls']}</td><td>{h(_fault(t))}</td>"
                 f"<td class='{_cls(t['outcome'])}' title='{h(t['reason'] or '')}'>"
@@ -171,6 +173,18 @@ def html_report(doc: dict[str, Any]) -> str:
         + "".join(trs)
         + "</table></body></html>\n"
     )
+
+
+def short_function(name: str) -> str:
+    """A Rust or C++ name as its last type and function, generics dropped
+    (`<tokenizers::tokenizer::TokenizerImpl<..5 params..>>::encode_char_offsets::<EncodeInput>`
+    -> `TokenizerImpl::encode_char_offsets`): the map's column. The
+    points' list keeps the full name."""
+    if "::" not in name:
+        return name
+    n = collapse_generics(name).replace("<..>", "")
+    parts = [p for p in n.replace("<", "").replace(">", "").split("::") if p]
+    return "::".join(parts[-2:]) or name
 
 
 def diff(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
@@ -234,7 +248,7 @@ def render_diff(a: dict[str, Any], b: dict[str, Any], d: list[dict[str, Any]]) -
     for r in d:
         mark = {"worse": "  WORSE", "better": "  better"}.get(r.get("change", ""), "")
         lines.append(
-            f"{r['function'][:24]:24} {r['site'][:28]:28} {r['fault'][:24]:24} "
+            f"{short_function(r['function'])[:24]:24} {r['site'][:28]:28} {r['fault'][:24]:24} "
             f"{r['a']:>18} -> {r['b']}{mark}"
         )
     worse = [r for r in d if r.get("change") == "worse"]
