@@ -186,6 +186,23 @@ def test_explore_tells_the_two_sites_apart_and_resumes(sites_file: Path, tmp_pat
     assert "**tolerated**" in rep.stdout and "**SLO broken**" in rep.stdout
     assert "gpufault experiment run " in rep.stdout
     assert "SLO broken" in (tmp_path / "m.html").read_text()
+    # `experiment report EXPLORATION`: the map as a section, then each
+    # trial's experiment, every map row linking to its section
+    er = _gf(
+        "experiment", "report", xid2, "--db", str(db),
+        "-o", str(tmp_path / "e.html"), "--markdown", str(tmp_path / "e.md"),
+    )  # fmt: skip
+    assert er.returncode == 0, er.stdout + er.stderr
+    page, md = (tmp_path / "e.html").read_text(), (tmp_path / "e.md").read_text()
+    assert f"Resilience map: exploration {xid2}" in page and md.index("Resilience map") < md.index(
+        "Verification matrix"
+    )
+    trial_exps = [e for (e,) in con.execute(
+        "SELECT experiment_id FROM explore_trials WHERE exploration_id=? ORDER BY idx", (xid2,)
+    )]  # fmt: skip
+    assert len(trial_exps) == 2
+    for e in trial_exps:
+        assert f'href="#exp-{e}"' in page and f'id="exp-{e}"' in page, e
     # The same server already running, given by --pid/--url: the same map,
     # and the server is left running (a pid target is not gpufault's to stop).
     srv = subprocess.Popen([str(SITES)], stderr=subprocess.PIPE, text=True)

@@ -11,7 +11,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from pyctl.symbols.tokenizers import collapse_generics
+from pyctl.report.exploremap import short_function
 
 SEVERITY = {
     "tolerated": 0,
@@ -173,18 +173,6 @@ def html_report(doc: dict[str, Any]) -> str:
         + "".join(trs)
         + "</table></body></html>\n"
     )
-
-
-def short_function(name: str) -> str:
-    """A Rust or C++ name as its last type and function, generics dropped
-    (`<tokenizers::tokenizer::TokenizerImpl<..5 params..>>::encode_char_offsets::<EncodeInput>`
-    -> `TokenizerImpl::encode_char_offsets`): the map's column. The
-    points' list keeps the full name."""
-    if "::" not in name:
-        return name
-    n = collapse_generics(name).replace("<..>", "")
-    parts = [p for p in n.replace("<", "").replace(">", "").split("::") if p]
-    return "::".join(parts[-2:]) or name
 
 
 def diff(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
