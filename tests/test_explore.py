@@ -367,7 +367,7 @@ def test_the_reference_service_on_the_cpu_double(tmp_path: Path) -> None:
         "--pins",
         str(tmp_path / "pins.toml"),
     )
-    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    assert r.returncode in (0, 1), r.stdout + r.stderr[-3000:]
     con = sqlite3.connect(db)
     pts = {
         fn: json.loads(codes)
@@ -384,16 +384,20 @@ def test_the_reference_service_on_the_cpu_double(tmp_path: Path) -> None:
     rows = con.execute(
         "SELECT function, code, outcome, fires FROM explore_map ORDER BY idx"
     ).fetchall()
-    by_fn = {fn: (code, outcome, fires) for fn, code, outcome, fires in rows}
-    assert len(rows) == 2, rows
-    code, outcome, fires = by_fn["cuMemAlloc_v2"]
-    assert (code, outcome) == ("CUDA_ERROR_OUT_OF_MEMORY", "degraded within SLO"), rows
-    assert fires > 0
+    # exit 1 exactly when a trial broke the SLO (a 100 ms stall per request
+    # at the encode can; the allocation's OOM must not)
+    broke = {"SLO broken", "crashed", "hung", "did not recover"}
+    assert r.returncode == int(any(o in broke for _, _, o, _ in rows)), (r.returncode, rows)
+    by_fn = {(fn, code): (outcome, fires) for fn, code, outcome, fires in rows}
+    # the OOM at the allocation, a stall there and one at the encode
+    assert len(rows) == 3, rows
+    outcome, fires = by_fn[("cuMemAlloc_v2", "CUDA_ERROR_OUT_OF_MEMORY")]
+    assert outcome == "degraded within SLO" and fires > 0, rows
     # the encode site is a return address inside tokenizers.abi3.so, whose
     # code is a page further in memory than in the file: the trial fires
     # only if --caller maps the frame's offset right (it was not reached)
-    code, outcome, fires = by_fn[enc]
-    assert code == "100ms" and outcome != "not reached" and fires > 0, rows
+    outcome, fires = by_fn[(enc, "100ms")]
+    assert outcome != "not reached" and fires > 0, rows
 
 
 def _service_exploration(tmp_path: Path, name: str, extra_args: list[str]) -> str:
