@@ -76,8 +76,11 @@ def test_without_caller_the_librarys_own_read_fails_too(tmp_path: Path) -> None:
     try:
         # The target sat in fgets()'s read() before arming: this line gets in.
         assert t.cmd("read 5") == ["read n=5 failed=5"]
-        with pytest.raises(EOFError):
-            t.cmd("read 1")  # the next fgets() gets -1 from read(): the target quits
+        # the next fgets() gets -1 from read(): the target quits. Whether the
+        # test sees that as EOF on its reply or as EPIPE on writing the
+        # command depends on who gets there first (1 run in 10 was EPIPE).
+        with pytest.raises((EOFError, BrokenPipeError)):
+            t.cmd("read 1")
     finally:
         ctl.send_signal(signal.SIGINT)
         finish(ctl, 60)
