@@ -186,6 +186,23 @@ def test_explore_tells_the_two_sites_apart_and_resumes(sites_file: Path, tmp_pat
     assert "**tolerated**" in rep.stdout and "**SLO broken**" in rep.stdout
     assert "gpufault experiment run " in rep.stdout
     assert "SLO broken" in (tmp_path / "m.html").read_text()
+    # `experiment report EXPLORATION`: the map as a section, then each
+    # trial's experiment, every map row linking to its section
+    er = _gf(
+        "experiment", "report", xid2, "--db", str(db),
+        "-o", str(tmp_path / "e.html"), "--markdown", str(tmp_path / "e.md"),
+    )  # fmt: skip
+    assert er.returncode == 0, er.stdout + er.stderr
+    page, md = (tmp_path / "e.html").read_text(), (tmp_path / "e.md").read_text()
+    assert f"Resilience map: exploration {xid2}" in page and md.index("Resilience map") < md.index(
+        "Verification matrix"
+    )
+    trial_exps = [e for (e,) in con.execute(
+        "SELECT experiment_id FROM explore_trials WHERE exploration_id=? ORDER BY idx", (xid2,)
+    )]  # fmt: skip
+    assert len(trial_exps) == 2
+    for e in trial_exps:
+        assert f'href="#exp-{e}"' in page and f'id="exp-{e}"' in page, e
     # The same server already running, given by --pid/--url: the same map,
     # and the server is left running (a pid target is not gpufault's to stop).
     srv = subprocess.Popen([str(SITES)], stderr=subprocess.PIPE, text=True)
@@ -275,7 +292,19 @@ def test_diff_names_what_changed() -> None:
     a, b = doc("e1", "tolerated"), doc("e2", "SLO broken")
     (row,) = R.diff(a, b)
     assert (row["site"], row["a"], row["b"]) == ("b+0x10", "tolerated", "SLO broken")
+    assert row["change"] == "worse"
+    assert R.diff(b, a)[0]["change"] == "better"
+    # a trial that proves nothing is neither worse nor better
+    assert R.diff(a, doc("e3", "not reached"))[0]["change"] == "other"
+    assert "worse at 1, better at 0" in R.render_diff(a, b, R.diff(a, b))
     assert R.diff(a, a) == []
+    # the map's column: a Rust entry point by its type and function
+    long = (
+        "<tokenizers::tokenizer::TokenizerImpl<tokenizers::models::PyModel, "
+        "tokenizers::decoders::PyDecoder>>::encode_char_offsets::<tokenizers::tokenizer::EncodeInput>"
+    )
+    assert R.short_function(long) == "TokenizerImpl::encode_char_offsets"
+    assert R.short_function("cuMemAlloc_v2") == "cuMemAlloc_v2"
 
 
 SERVICE_FILE = """\
@@ -313,7 +342,8 @@ def test_the_reference_service_on_the_cpu_double(tmp_path: Path) -> None:
     f = tmp_path / "svc.toml"
     f.write_text(SERVICE_FILE)
     (tmp_path / "pins.toml").write_text(
-        'pin = ["cuMemAlloc_v2"]\ncodes = ["fail:CUDA_ERROR_OUT_OF_MEMORY"]\n'
+        'pin = ["cuMemAlloc_v2", "*encode_char_offsets*"]\n'
+        'codes = ["fail:CUDA_ERROR_OUT_OF_MEMORY", "stall:100ms"]\n'
     )
     db = tmp_path / "svc.db"
     r = _gf(
@@ -328,12 +358,16 @@ def test_the_reference_service_on_the_cpu_double(tmp_path: Path) -> None:
         "libcublas",
         "--lib",
         "libnccl",
+        "--lib",
+        "tokenizers",
         "--discover-for",
         "3s",
+        "--stall",
+        "100ms",
         "--pins",
         str(tmp_path / "pins.toml"),
     )
-    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    assert r.returncode in (0, 1), r.stdout + r.stderr[-3000:]
     con = sqlite3.connect(db)
     pts = {
         fn: json.loads(codes)
@@ -342,13 +376,94 @@ def test_the_reference_service_on_the_cpu_double(tmp_path: Path) -> None:
     assert {"cuMemAlloc_v2", "cuLaunchKernel", "cublasSgemm_v2"} <= set(pts), pts
     assert pts["cuMemAlloc_v2"][0] == "fail:CUDA_ERROR_OUT_OF_MEMORY"
     assert "fail:CUBLAS_STATUS_EXECUTION_FAILED" in pts["cublasSgemm_v2"]
+    # the tokenizer's encode (tok:hf-encode): one point, stalls and hangs
+    # only (a Rust function has no C status to fail with)
+    (enc,) = [fn for fn in pts if "encode_char_offsets" in fn]
+    assert pts[enc] == ["stall:100ms", "hang"], pts[enc]
     assert "libnccl: not probed" in r.stdout, r.stdout  # the service has no NCCL
-    ((fn, code, outcome, fires),) = con.execute(
-        "SELECT function, code, outcome, fires FROM explore_map"
+    rows = con.execute(
+        "SELECT function, code, outcome, fires FROM explore_map ORDER BY idx"
     ).fetchall()
-    assert (fn, code, outcome) == (
-        "cuMemAlloc_v2",
-        "CUDA_ERROR_OUT_OF_MEMORY",
-        "degraded within SLO",
-    ), (fn, code, outcome)
-    assert fires > 0
+    # exit 1 exactly when a trial broke the SLO (a 100 ms stall per request
+    # at the encode can; the allocation's OOM must not)
+    broke = {"SLO broken", "crashed", "hung", "did not recover"}
+    assert r.returncode == int(any(o in broke for _, _, o, _ in rows)), (r.returncode, rows)
+    by_fn = {(fn, code): (outcome, fires) for fn, code, outcome, fires in rows}
+    # the OOM at the allocation, a stall there and one at the encode
+    assert len(rows) == 3, rows
+    outcome, fires = by_fn[("cuMemAlloc_v2", "CUDA_ERROR_OUT_OF_MEMORY")]
+    assert outcome == "degraded within SLO" and fires > 0, rows
+    # the encode site is a return address inside tokenizers.abi3.so, whose
+    # code is a page further in memory than in the file: the trial fires
+    # only if --caller maps the frame's offset right (it was not reached)
+    outcome, fires = by_fn[(enc, "100ms")]
+    assert outcome != "not reached" and fires > 0, rows
+
+
+def _service_exploration(tmp_path: Path, name: str, extra_args: list[str]) -> str:
+    """An exploration of the reference service (its args plus extra_args)
+    at the allocation and launch sites, one error code each; its id."""
+    f = tmp_path / f"{name}.toml"
+    f.write_text(
+        SERVICE_FILE.replace(
+            '"--breaker-cooldown", "500ms"]',
+            '"--breaker-cooldown", "500ms"' + "".join(f', "{a}"' for a in extra_args) + "]",
+        )
+    )
+    r = _gf(
+        "explore",
+        "run",
+        str(f),
+        "--db",
+        str(tmp_path / "svc.db"),
+        "--lib",
+        "libcuda",
+        "--discover-for",
+        "3s",
+        "--pins",
+        str(tmp_path / "pins.toml"),
+    )
+    assert r.returncode in (0, 1), r.stdout + r.stderr[-3000:]
+    out = r.stdout + r.stderr
+    (line,) = [ln for ln in out.splitlines() if " point(s), " in ln and "planned" in ln]
+    return line.split()[1].rstrip(":")
+
+
+def test_a_weakened_service_shows_a_worse_map_and_the_diff_says_where(tmp_path: Path) -> None:
+    """The same service with `--degrade off` (no breaker, no fallback: a
+    device error is a 500) breaks the SLO at both sites where the normal
+    build answers from its fallback; `diff` names both, as WORSE, and exits
+    1. A weakening switch that did nothing, or a diff that compared the
+    wrong keys, fails this test."""
+    (tmp_path / "pins.toml").write_text(
+        'pin = ["cuMemAlloc_v2", "cuLaunchKernel"]\n'
+        'codes = ["fail:CUDA_ERROR_OUT_OF_MEMORY", "fail:CUDA_ERROR_LAUNCH_FAILED"]\n'
+    )
+    normal = _service_exploration(tmp_path, "normal", [])
+    weak = _service_exploration(tmp_path, "weak", ["--degrade", "off"])
+    con = sqlite3.connect(tmp_path / "svc.db")
+
+    def outcomes(xid: str) -> dict[str, str]:
+        return dict(
+            con.execute(
+                "SELECT function, outcome FROM explore_map WHERE exploration_id=?", (xid,)
+            ).fetchall()
+        )
+
+    assert outcomes(normal) == {
+        "cuMemAlloc_v2": "degraded within SLO",
+        "cuLaunchKernel": "degraded within SLO",
+    }, outcomes(normal)
+    assert outcomes(weak) == {
+        "cuMemAlloc_v2": "SLO broken",
+        "cuLaunchKernel": "SLO broken",
+    }, outcomes(weak)
+    d = _gf("explore", "diff", normal, weak, "--db", str(tmp_path / "svc.db"))
+    assert d.returncode == 1, d.stdout + d.stderr
+    worse = [ln for ln in d.stdout.splitlines() if ln.endswith("WORSE")]
+    assert len(worse) == 2, d.stdout
+    assert any("cuMemAlloc_v2" in ln and "CUDA_ERROR_OUT_OF_MEMORY" in ln for ln in worse)
+    assert any("cuLaunchKernel" in ln and "CUDA_ERROR_LAUNCH_FAILED" in ln for ln in worse)
+    # the old build against the new: better, and exit 0
+    back = _gf("explore", "diff", weak, normal, "--db", str(tmp_path / "svc.db"))
+    assert back.returncode == 0 and "better at 2" in back.stdout, back.stdout

@@ -49,7 +49,8 @@ def _common(f: Any) -> Any:
                 multiple=True,
                 metavar="LIB[:FN]",
                 help="a library to trace and its function glob (repeatable; default: "
-                "libcuda:cu*, libcudart:cuda*, libcublas:cublas*, libnccl:nccl*)",
+                "libcuda:cu*, libcudart:cuda*, libcublas:cublas*, libnccl:nccl*, "
+                "tokenizers:tok:hf-encode)",
             ),
             click.option(
                 "--discover-for",
@@ -441,6 +442,10 @@ def report_cmd(exploration: str, html_out: str | None, as_json: bool, db_path: s
 def diff_cmd(a: str, b: str, db_path: str) -> None:
     """Outcomes that differ between explorations A and B (same function, site and fault).
 
+    A change is WORSE when B's outcome is more severe (tolerated < degraded
+    within SLO < SLO broken, did not recover < hung, crashed). Exit status 1
+    when B is worse anywhere (a gate for a new build against the old one).
+
     \b
     Example:
       gpufault explore diff e1a2b3c4d e5f6a7b8c --db gf.db
@@ -449,4 +454,7 @@ def diff_cmd(a: str, b: str, db_path: str) -> None:
         da, db_ = X.plan_of(db_path, a), X.plan_of(db_path, b)
     except GpufaultError as e:
         raise _fail(e) from None
-    click.echo(R.render_diff(da, db_, R.diff(da, db_)), nl=False)
+    d = R.diff(da, db_)
+    click.echo(R.render_diff(da, db_, d), nl=False)
+    if any(r["change"] == "worse" for r in d):
+        raise SystemExit(1)

@@ -18,6 +18,7 @@ from pyctl.report import ReportError
 from pyctl.report import html as html_report
 from pyctl.report import markdown as md_report
 from pyctl.report.data import load
+from pyctl.report.exploremap import ExploreMap, load_map
 
 
 def _write(path: Path, text: str) -> None:
@@ -62,18 +63,36 @@ def report(
     """Write a report of one or more experiments: per experiment a timeline
     (latency, errors, fault windows, fault IDs, Xids, anchors), the
     hypothesis before/during/after, the statistics, the recovery time and
-    each fault's evidence chain; across them the verification matrix."""
+    each fault's evidence chain; across them the verification matrix.
+
+    An ID may be an exploration's (`gpufault explore run`): its resilience
+    map comes first, and every trial's experiment is reported after it.
+
+    \b
+    Examples:
+      gpufault experiment report x1a2b3c4 -o report.html --db gf.db
+      gpufault experiment report e0d7194f3 -o map.html --markdown map.md --db gf.db
+    """
     for p in (output, markdown):
         if p is not None and not p.parent.is_dir():
             raise ReportError(f"{p.parent}: no such directory; create it or pick another path")
     db = open_readonly(db_path)
+    maps: list[ExploreMap] = []
     try:
-        datas = [load(db, i) for i in dict.fromkeys(experiment_ids)]
+        ids: list[str] = []
+        for i in experiment_ids:
+            m = load_map(db, i)
+            if m is None:
+                ids.append(i)
+            else:  # an exploration: its map, then its trials' experiments
+                maps.append(m)
+                ids += m.experiment_ids
+        datas = [load(db, i) for i in dict.fromkeys(ids)]
     finally:
         db.close()
-    _write(output, html_report.render_datas(datas, title))
+    _write(output, html_report.render_datas(datas, title, maps))
     if markdown is not None:
-        _write(markdown, md_report.render_datas(datas, title))
+        _write(markdown, md_report.render_datas(datas, title, maps))
     verdicts = ", ".join(f"{d.name} {d.exp.get('verdict') or '?'}" for d in datas)
     click.echo(
         f"report of {len(datas)} experiment(s) ({verdicts}): {output}"

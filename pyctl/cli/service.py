@@ -97,7 +97,8 @@ def _write_ready(path: Path, info: dict[str, Any]) -> None:
     type=click.Choice(DEGRADE_MODES),
     default="fallback",
     show_default=True,
-    help="while open: answer from the 1-layer fallback (degraded) or reject with 503",
+    help="while open: answer from the 1-layer fallback (degraded) or reject with 503; "
+    "off: no breaker, no fallback, a device error is a 500 (a weakened build)",
 )
 @click.option(
     "--cuda-mode",

@@ -80,9 +80,21 @@ def _known(lib: str, name: str) -> bool:
     return True
 
 
-def codes_for(function: str, stall: str = "200ms", hang: bool = True) -> list[Code]:
+# Libraries whose entry points return Rust values (a Result, an Encoding)
+# through memory, not a C status in rax: failing one with -1 would be a
+# corrupted return, not an error the caller can see. Stall and hang only.
+_NO_ERROR_CODES = ("tokenizers", "tiktoken")
+
+
+def codes_for(
+    function: str, stall: str = "200ms", hang: bool = True, library: str = ""
+) -> list[Code]:
     """Every fault to try at a point of `function`, in class order."""
-    out = [Code("fail", c) for c in error_codes(function)]
+    lib = library.rsplit("/", 1)[-1].lower()
+    if catalog.lookup(function) is None and any(t in lib for t in _NO_ERROR_CODES):
+        out = []
+    else:
+        out = [Code("fail", c) for c in error_codes(function)]
     if stall:
         out.append(Code("stall", stall))
     if hang:

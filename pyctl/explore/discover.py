@@ -41,6 +41,9 @@ DEFAULT_LIBS: dict[str, str] = {
     "libcudart": "cuda*",
     "libcublas": "cublas*",
     "libnccl": "nccl*",
+    # HF tokenizers' encode entry point (pyctl/symbols/tokenizers.py), by
+    # demangled name: the Rust crate exports no plain C names to glob.
+    "tokenizers": "tok:hf-encode",
 }
 SAMPLE_SIGNAL = "SIGURG"  # ignored by default: a fire changes nothing
 MAX_SAMPLES = 4000  # fires per library: bounds the stacks kept
@@ -192,7 +195,7 @@ def group(
                 stack=a["stack"],
                 calls=a["n"],
                 rate=round(a["n"] / window_s, 2) if window_s > 0 else 0.0,
-                codes=tuple(C.spelled(c) for c in C.codes_for(fn, stall, hang)),
+                codes=tuple(C.spelled(c) for c in C.codes_for(fn, stall, hang, library=lib)),
                 example_fault=a["fid"],
             )
         )

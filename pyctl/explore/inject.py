@@ -29,6 +29,7 @@ from pyctl.explore import outcome as O
 from pyctl.explore import tomlout
 from pyctl.explore.discover import base_doc
 from pyctl.explore.plan import Trial
+from pyctl.report.exploremap import short_function
 
 
 class TrialInterrupted(Exception):
@@ -45,7 +46,7 @@ def trial_doc(
 ) -> dict[str, Any]:
     d = base_doc(doc)
     d["name"] = f"explore-{t.point}-{t.idx}"
-    d["title"] = f"explore: {t.label} in {t.function} from {t.site}"
+    d["title"] = f"explore: {t.label} in {short_function(t.function)} from {t.site}"
     fault: dict[str, Any] = {
         "lib": t.library,
         "fn": t.function,

@@ -22,6 +22,7 @@ from typing import Any
 from pyctl.api.errors import BadInput
 from pyctl.explore import codes as C
 from pyctl.explore.discover import Point, read_doc
+from pyctl.report.exploremap import short_function
 
 
 @dataclass(frozen=True)
@@ -138,7 +139,7 @@ def render(trials: list[Trial], points: dict[str, Point], notes: list[str]) -> s
         site = Path(t.site.split("+")[0]).name + "+" + t.site.rsplit("+", 1)[-1]
         lines.append(
             f"{t.idx:>3}  {t.point:10}  {p.calls if p else 0:>6}  "
-            f"{t.label[:28]:28}  {t.function} @ {site}"
+            f"{t.label[:28]:28}  {short_function(t.function)} @ {site}"
         )
     lines += [f"note: {n}" for n in notes]
     return "\n".join(lines)

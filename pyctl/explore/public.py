@@ -19,6 +19,7 @@ from pyctl.explore import inject as I
 from pyctl.explore import plan as P
 from pyctl.explore import store as S
 from pyctl.explore.report import coverage
+from pyctl.report.exploremap import short_function
 
 
 @dataclass(frozen=True)
@@ -228,7 +229,7 @@ def resume(
                 f"stopping; `gpufault explore resume {xid}` once it does"
             )
             break
-        say(f"trial {t.idx}: {t.label} in {t.function} from {t.site}")
+        say(f"trial {t.idx}: {t.label} in {short_function(t.function)} from {t.site}")
         try:
             row = I.run_trial(
                 file_doc,

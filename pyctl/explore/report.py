@@ -11,6 +11,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from pyctl.report.exploremap import short_function
+
 SEVERITY = {
     "tolerated": 0,
     "degraded within SLO": 1,
@@ -95,13 +97,13 @@ def markdown(doc: dict[str, Any]) -> str:
     for r in rows(doc):
         if not r["trials"]:
             out.append(
-                f"| `{r['point']}` | {r['function']} | `{_site(r['site'])}` | "
+                f"| `{r['point']}` | {short_function(r['function'])} | `{_site(r['site'])}` | "
                 f"{r['calls']} | | not tried | | |"
             )
         for t in r["trials"]:
             rec = f"{t['recover_s']:.2f}s" if t["recover_s"] is not None else ""
             out.append(
-                f"| `{r['point']}` | {r['function']} | `{_site(r['site'])}` | "
+                f"| `{r['point']}` | {short_function(r['function'])} | `{_site(r['site'])}` | "
                 f"{r['calls']} | {_fault(t)} | **{t['outcome']}** | {rec} | "
                 f"`{t['experiment_id'] or ''}` |"
             )
@@ -144,14 +146,14 @@ def html_report(doc: dict[str, Any]) -> str:
         for t in r["trials"] or [None]:
             if t is None:
                 trs.append(
-                    f"<tr><td><code>{h(r['point'])}</code></td><td>{h(r['function'])}"
+                    f"<tr><td><code>{h(r['point'])}</code></td><td>{h(short_function(r['function']))}"
                     f"</td><td><code>{h(_site(r['site']))}</code></td><td>{r['calls']}"
                     "</td><td></td><td>not tried</td><td></td><td></td></tr>"
                 )
                 continue
             rec = f"{t['recover_s']:.2f}s" if t["recover_s"] is not None else ""
             trs.append(
-                f"<tr><td><code>{h(r['point'])}</code></td><td>{h(r['function'])}</td>"
+                f"<tr><td><code>{h(r['point'])}</code></td><td>{h(short_function(r['function']))}</td>"
                 f"<td><code title='{h(r['site'])}'>{h(_site(r['site']))}</code></td>"
                 f"<td>{r['calls']}</td><td>{h(_fault(t))}</td>"
                 f"<td class='{_cls(t['outcome'])}' title='{h(t['reason'] or '')}'>"
@@ -193,8 +195,37 @@ def diff(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
     for k in sorted(set(ka) | set(kb)):
         oa, ob = ka.get(k, "absent"), kb.get(k, "absent")
         if oa != ob:
-            res.append({"function": k[0], "site": k[1], "fault": k[2], "a": oa, "b": ob})
+            res.append(
+                {
+                    "function": k[0],
+                    "site": k[1],
+                    "fault": k[2],
+                    "a": oa,
+                    "b": ob,
+                    "change": _change(oa, ob),
+                }
+            )
     return res
+
+
+# How bad an outcome is for the service, to say which way a change went.
+# Outcomes that prove nothing (not reached, error, found, absent) have no
+# rank: a change to or from one is "other", never worse or better.
+_SEVERITY = {
+    "tolerated": 0,
+    "degraded within SLO": 1,
+    "did not recover": 2,
+    "SLO broken": 2,
+    "hung": 3,
+    "crashed": 3,
+}
+
+
+def _change(a: str, b: str) -> str:
+    ra, rb = _SEVERITY.get(a), _SEVERITY.get(b)
+    if ra is None or rb is None or ra == rb:
+        return "other"
+    return "worse" if rb > ra else "better"
 
 
 def render_diff(a: dict[str, Any], b: dict[str, Any], d: list[dict[str, Any]]) -> str:
@@ -203,8 +234,15 @@ def render_diff(a: dict[str, Any], b: dict[str, Any], d: list[dict[str, Any]]) -
         return f"explorations {ia} and {ib}: the same points and outcomes\n"
     lines = [f"{'function':24} {'site':28} {'fault':24} {ia:>18} -> {ib}"]
     for r in d:
+        mark = {"worse": "  WORSE", "better": "  better"}.get(r.get("change", ""), "")
         lines.append(
-            f"{r['function'][:24]:24} {r['site'][:28]:28} {r['fault'][:24]:24} "
-            f"{r['a']:>18} -> {r['b']}"
+            f"{short_function(r['function'])[:24]:24} {r['site'][:28]:28} {r['fault'][:24]:24} "
+            f"{r['a']:>18} -> {r['b']}{mark}"
         )
+    worse = [r for r in d if r.get("change") == "worse"]
+    better = [r for r in d if r.get("change") == "better"]
+    lines.append(
+        f"{ib} against {ia}: worse at {len(worse)}, better at {len(better)}, "
+        f"other changes {len(d) - len(worse) - len(better)}"
+    )
     return "\n".join(lines) + "\n"

@@ -11,6 +11,7 @@ from typing import Any
 from pyctl.evidence import query
 from pyctl.report import common
 from pyctl.report.data import ExperimentData, load
+from pyctl.report.exploremap import ExploreMap, map_html
 from pyctl.report.svg import timeline
 
 CSS = """
@@ -310,7 +311,13 @@ def experiment_html(d: ExperimentData) -> str:
     )
 
 
-def render_datas(ds: Sequence[ExperimentData], title: str | None = None) -> str:
+def render_datas(
+    ds: Sequence[ExperimentData],
+    title: str | None = None,
+    maps: Sequence[ExploreMap] = (),
+) -> str:
+    """maps: explorations whose resilience map goes before the matrix
+    (their trials' experiments are among ds)."""
     title = title or ("gpufault experiment report: " + ", ".join(d.name for d in ds))
     gen = common.utc(max((d.t1 for d in ds), default=None))
     return (
@@ -320,7 +327,8 @@ def render_datas(ds: Sequence[ExperimentData], title: str | None = None) -> str:
         f"<h1>{escape(title)}</h1>"
         f'<p class="sub">{len(ds)} experiment(s); last one ended {escape(gen)}; '
         "written by gpufault from its evidence database</p>"
-        "<h2>Verification matrix</h2>"
+        + "".join(map_html(m) for m in maps)
+        + "<h2>Verification matrix</h2>"
         + matrix_html(ds)
         + "".join(experiment_html(d) for d in ds)
         + "</main></body></html>\n"

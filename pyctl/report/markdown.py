@@ -9,6 +9,7 @@ from typing import Any
 from pyctl.evidence import query
 from pyctl.report import common
 from pyctl.report.data import ExperimentData, load
+from pyctl.report.exploremap import ExploreMap, map_md
 
 MARK = {"pass": "✓", "fail": "✗", "unset": "–"}
 
@@ -194,9 +195,16 @@ def experiment_md(d: ExperimentData) -> list[str]:
     return out
 
 
-def render_datas(ds: Sequence[ExperimentData], title: str | None = None) -> str:
+def render_datas(
+    ds: Sequence[ExperimentData],
+    title: str | None = None,
+    maps: Sequence[ExploreMap] = (),
+) -> str:
     title = title or ("gpufault experiment report: " + ", ".join(d.name for d in ds))
-    out = [f"# {title}", "", "## Verification matrix", ""]
+    out = [f"# {title}", ""]
+    for m in maps:
+        out += map_md(m)
+    out += ["## Verification matrix", ""]
     out += matrix_md(ds)
     for d in ds:
         out += experiment_md(d)

@@ -329,6 +329,9 @@ class Service:
         reqs = [GenRequest(p.ids, p.max_tokens, p.temperature, p.seed) for p in batch]
         n_tokens = sum(len(r.ids) + r.max_tokens for r in reqs)
         failure: DeviceError | None = None
+        if self.cfg.degrade == "off":
+            self._run_unguarded(batch, reqs, n_tokens)
+            return
         if self.breaker.use_primary():
             t = time.monotonic()
             try:
@@ -346,6 +349,23 @@ class Service:
                 self._answer(batch, outs, degraded=False)
                 return
         self._degrade(batch, reqs, failure)
+
+    def _run_unguarded(self, batch: list[Pending], reqs: list[GenRequest], n_tokens: int) -> None:
+        """--degrade off: the primary model every time, its device error a
+        500 for the batch's requests. The breaker is never consulted (it
+        stays closed), so nothing shields the requests after the error."""
+        m = self.metrics
+        t = time.monotonic()
+        try:
+            outs = self.backend.run_batch(lambda hook: self._primary_decode(reqs, hook), n_tokens)
+        except DeviceError as e:
+            m.errors.labels(kind="device", code=e.code).inc()
+            msg = f"device error: {e.code} ({e.call or 'device'})"
+            for p in batch:
+                p.finish(Outcome(500, error_body("device_error", msg)))
+            return
+        m.batch_latency.labels(model="primary").observe(time.monotonic() - t)
+        self._answer(batch, outs, degraded=False)
 
     def _primary_decode(self, reqs: list[GenRequest], hook: Any) -> list[list[int]]:
         if self.perturb is None:

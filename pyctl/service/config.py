@@ -16,8 +16,11 @@ from dataclasses import dataclass, field
 # injected into the double's driver API surface as device errors.
 DEVICES = ("cpu", "cuda", "cpu-double")
 # What the breaker does while open: answer from the 1-layer fallback model
-# (marked "degraded": true) or refuse with 503.
-DEGRADE_MODES = ("fallback", "reject")
+# (marked "degraded": true) or refuse with 503. "off" is the deliberately
+# weakened build (docs/explore.md, "A weakened service"): no breaker and no
+# fallback, a device error fails its batch's requests with 500 and the next
+# batch tries the device again, as a service without error handling would.
+DEGRADE_MODES = ("fallback", "reject", "off")
 # --ranks 2: torch.distributed between two processes (tensor-parallel
 # primary model). gloo runs on the CPU (and is what runs in CI); nccl needs
 # --device cuda and two GPUs (rank r on cuda:r).

@@ -7,10 +7,13 @@ library's own internal ones (`read` under `fgets`, `malloc` under
 of stdin. `--caller` limits a fault to calls whose return address lies in
 one object: the application binary (`--caller main`), libtorch, a plugin.
 
-`--caller OBJ+0xOFF` names one call site: the return address at file
-offset OFF of OBJ (a stack frame's `module` and `offset` in the evidence,
-`gpufault explore`'s points). The filter is then that one address: only
-the calls made from that instruction fire.
+`--caller OBJ+0xOFF` names one call site: the return address at offset
+OFF of OBJ as a stack frame's `module` and `offset` in the evidence name
+it (`gpufault explore`'s points): OBJ's ELF address (address minus load
+bias), which is the file offset only where the code segment's address and
+file offset agree (a plain gcc/ld build; lld and Rust's cdylibs put code
+a page further in memory than in the file). The filter is then that one
+address: only the calls made from that instruction fire.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import os
 import re
 from dataclasses import dataclass
 
+from pyctl import elf
 from pyctl.procstate import proc_dir
 from pyctl.targets.procfs import chroot_prefix, in_view
 
@@ -105,9 +109,10 @@ def exec_range(pid: int, name: str) -> Range | None:
                           "give a longer name or the full path")  # fmt: skip
     ((path, spans),) = hits.items()
     if site is not None:
+        foff = _file_offset(pid, spans, site)
         for lo, hi, off in spans:
-            if off <= site < off + (hi - lo):
-                ra = lo + site - off
+            if off <= foff < off + (hi - lo):
+                ra = lo + foff - off
                 return Range(path, ra, ra + 1)
         raise CallerError(
             f"--caller {name}+{site:#x}: no executable mapping of {path} in "
@@ -115,3 +120,18 @@ def exec_range(pid: int, name: str) -> Range | None:
             "return address in its code (a stack frame's offset)"
         )
     return Range(path, min(lo for lo, _, _ in spans), max(hi for _, hi, _ in spans))
+
+
+def _file_offset(pid: int, spans: list[tuple[int, int, int]], vaddr: int) -> int:
+    """The file offset of OBJ's ELF address vaddr, read from its PT_LOADs
+    through /proc/PID/map_files (the very file mapped, whatever its path
+    names now); vaddr itself when the headers cannot be read."""
+    lo, hi, _ = spans[0]
+    try:
+        with elf.ElfFile.open(f"{proc_dir(pid)}/map_files/{lo:x}-{hi:x}") as f:
+            for seg in f.loads:
+                if seg.vaddr <= vaddr < seg.vaddr + seg.filesz:
+                    return vaddr - seg.vaddr + seg.offset
+    except (OSError, elf.ElfError):
+        pass
+    return vaddr
