@@ -149,7 +149,7 @@ def describe(e: M.Experiment) -> list[str]:
             ]
         )
         out.append(
-            f"load: {L.rate:g} requests/s open loop, {L.method} {where} {corpora.describe(L)} "
+            f"load: {L.plan().describe()}, {L.method} {where} {corpora.describe(L)} "
             f"max_tokens {L.max_tokens}, timeout {L.timeout:g}s{extra}"
         )
     st = e.steady
