@@ -188,6 +188,7 @@ class OpenLoopLoad:
         self._counts: Counter[str] = Counter()
         self._sched_lag: list[float] = []  # scheduler wake-up - due, per request
         self._stop = threading.Event()
+        self._go = threading.Event()  # set once t0 is known
         self._threads: list[threading.Thread] = []
         self._sched: threading.Thread | None = None
         self._mono0 = self._wall0 = 0.0
@@ -209,15 +210,16 @@ class OpenLoopLoad:
         if self._sched is not None:
             raise RuntimeError("OpenLoopLoad.start() called twice")
         self._wall0, self._mono0 = time.time(), _clock()
-        # The first request is due a little after the workers exist, not at
-        # once: their start-up would otherwise be charged to request 0.
-        self._t0 = _clock() + 0.005
         closed = not self.arrival.open_loop
         work = self._closed_worker if closed else self._worker
         for i in range(self.concurrency):
             t = threading.Thread(target=work, name=f"gf-load-{i}", daemon=True)
             t.start()
             self._threads.append(t)
+        # The first request is due a little after the workers exist, not at
+        # once: their start-up would otherwise be charged to request 0.
+        self._t0 = _clock() + 0.005
+        self._go.set()  # closed-loop clients start at t0
         # Closed loop: this thread only marks the end of `duration` (wait()).
         sched = self._closed_clock if closed else self._schedule
         self._sched = threading.Thread(target=sched, name="gf-load-sched", daemon=True)
@@ -332,6 +334,7 @@ class OpenLoopLoad:
         """A closed-loop client: the next request as soon as the last one is
         answered; it is due when it is sent (no schedule to fall behind)."""
         conn: _Conn | None = None
+        self._go.wait()
         end = self._end()
         wait = self._t0 - _clock()
         if wait > 0 and self._stop.wait(wait):

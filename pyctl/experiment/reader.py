@@ -246,7 +246,8 @@ def load_fields(r: Reader, t: dict[str, Any], key: str) -> dict[str, Any]:
         if not _mentions(body, "$prompt") and not _mentions(body, "$messages"):
             raise r.err(
                 f"{key}.body",
-                'no "$prompt" (or "$messages") in it: put "$prompt" where the prompt goes',
+                'no "$prompt" in it: put "$prompt" where the prompt goes '
+                '(or "$messages" where a chat list goes)',
             )
     if (
         prompt_set is not None
