@@ -195,3 +195,18 @@ duration = "1s"
     t = e.steps[0].traffic
     assert t is not None and t.prompt_set is not None and len(t.prompt_set.entries) == 2
     assert t.plan().kind == "poisson" and t.plan().seed == 3
+
+
+def test_quality_cases_from_a_jsonl_file(tmp_path: Path) -> None:
+    _jsonl(tmp_path / "refs.jsonl", [{"prompt": "ka tu", "reference": " sa"}, {"prompt": "mi"}])
+    q = '[load]\n[quality]\nmetric = "exact"\nexact_drop_pct = "<= 5"\ncases = "refs.jsonl"\n'
+    e = F.load_file(_file(tmp_path, q))
+    assert e.quality is not None and e.quality.cases == [("ka tu", " sa"), ("mi", None)]
+    _jsonl(tmp_path / "refs.jsonl", [{"prompt": "a"}, {"messages": LINES[1]["messages"]}])
+    with pytest.raises(ExperimentError) as ei:
+        F.load_file(_file(tmp_path, q))
+    msg = str(ei.value)
+    assert "\n" not in msg and "quality.cases" in msg and "entry 2 has chat messages" in msg
+    (tmp_path / "refs.jsonl").write_text('{"prompt": "a", "referense": "b"}\n')
+    with pytest.raises(ExperimentError, match="refs.jsonl: line 1: unknown key 'referense'"):
+        F.load_file(_file(tmp_path, q))
