@@ -106,6 +106,11 @@ def test_bursts_are_due_together_and_reach_the_server_together() -> None:
     assert all(g[-1] - g[0] < 0.1 for g in groups), groups
     assert all(b[0] - a[-1] > 0.1 for a, b in zip(groups, groups[1:], strict=False))
     assert load.rate == pytest.approx(25)
+    # a burst is handed over in one go, all stamped with the one wake-up:
+    # its fifth request is not charged for the four puts before it
+    lags = load._sched_lag
+    assert len(lags) == 25
+    assert all(len(set(lags[i : i + 5])) == 1 for i in range(0, 25, 5)), lags
 
 
 def test_a_burst_larger_than_the_connections_is_refused() -> None:
@@ -215,6 +220,8 @@ def test_a_poisson_load_without_a_seed_gets_one_into_the_stored_file(tmp_path: P
     # the stored table, given back, plans the same run
     again = _exp(tmp_path, f'[load]\nrate = 50\narrival = {{ kind = "poisson", seed = {seed} }}\n')
     assert again.load is not None and again.load.plan() == e.load.plan()
+    assert e.load.plan().describe() == f"poisson 50/s open loop (seed {seed}, drawn)"
+    assert again.load.plan().describe() == f"poisson 50/s open loop (seed {seed})"
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,7 @@ from __future__ import annotations
 import itertools
 import random
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 KINDS = ("constant", "poisson", "burst", "closed")
 
@@ -37,6 +37,9 @@ class Arrival:
     size: int = 1  # burst: requests due together
     every: float = 0.0  # burst: seconds between bursts
     clients: int = 0  # closed: concurrent workers
+    # poisson: the file gave no seed, this one was drawn when it was read
+    # (each reading draws anew; the run's is in its evidence)
+    drawn: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
         # Checked here too (not only by the file's parser) so that a wrong
@@ -80,7 +83,8 @@ class Arrival:
         if self.kind == "constant":
             return f"constant {self.rate:g}/s open loop"
         if self.kind == "poisson":
-            return f"poisson {self.rate:g}/s open loop (seed {self.seed})"
+            how = ", drawn" if self.drawn else ""
+            return f"poisson {self.rate:g}/s open loop (seed {self.seed}{how})"
         if self.kind == "burst":
             ms = self.every * 1e3
             return f"bursts of {self.size} every {ms:g}ms open loop ({self.mean_rate:g}/s)"

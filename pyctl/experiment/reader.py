@@ -327,11 +327,10 @@ def _arrival(
         return Arrival("constant", rate=rate)
     if kind == "poisson":
         if "seed" in v:
-            seed = r.int_(v, k, "seed", lo=0)
-        else:
-            seed = new_seed()
-            t["arrival"] = {**v, "seed": seed}
-        return Arrival("poisson", rate=rate, seed=seed)
+            return Arrival("poisson", rate=rate, seed=r.int_(v, k, "seed", lo=0))
+        seed = new_seed()
+        t["arrival"] = {**v, "seed": seed}
+        return Arrival("poisson", rate=rate, seed=seed, drawn=True)
     if kind == "burst":
         size = r.int_(v, k, "size", lo=1)
         every = r.duration(v, k, "every")
