@@ -246,3 +246,74 @@ def test_bad_arrival_keys_are_one_line(tmp_path: Path, text: str, words: str) ->
         _exp(tmp_path, f"[load]\n{text}\n")
     msg = str(ei.value)
     assert "\n" not in msg and words in msg and str(tmp_path / "a.toml") in msg, msg
+
+
+# ---- end to end: the reference service, a chat prompt set, a Poisson load ------------------
+
+RUN = """
+name = "arrivals"
+version = 1
+title = "a Poisson chat load from a prompt set, no fault"
+[target]
+service = { device = "cpu", args = ["--batch-wait", "0"] }
+[load]
+arrival = "poisson"
+rate = 20
+path = "/v1/chat/completions"
+prompts = "chat.jsonl"
+stream = true
+max_tokens = 3
+body = { messages = "$messages", max_tokens = "$max_tokens", stream = true }
+[phases]
+warmup = "500ms"
+baseline = "2s"
+method = "2s"
+recovery = "1s"
+[steady_state]
+p99 = "<= 3s"
+error_rate = "<= 5%"
+ttft_p99 = "<= 3s"
+quorum = "50%"
+"""
+
+
+def test_a_poisson_chat_load_from_a_prompt_set_runs_and_its_seed_is_evidence(
+    tmp_path: Path,
+) -> None:
+    import os
+    import sqlite3
+    import subprocess
+    import sys
+
+    rows = [
+        {"messages": [{"role": "system", "content": "x"}, {"role": "user", "content": "ka tu"}]},
+        {"prompt": "mi sa ro", "max_tokens": 2},
+    ]
+    (tmp_path / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    f = tmp_path / "arrivals.toml"
+    f.write_text(RUN)
+    db = tmp_path / "gf.db"
+    p = subprocess.run(
+        [sys.executable, "-m", "pyctl", "experiment", "run", str(f), "--db", str(db), "--json"],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ},
+    )
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    doc = json.loads(p.stdout)
+    assert doc["verdict"] == "pass", doc["reason"]
+    c = sqlite3.connect(db)
+    try:
+        (settings,) = c.execute("SELECT settings FROM experiments").fetchone()
+    finally:
+        c.close()
+    load = json.loads(settings)["file"]["load"]
+    seed = load["arrival"]["seed"]
+    assert load["arrival"] == {"kind": "poisson", "seed": seed} and isinstance(seed, int)
+    assert f"load: poisson 20/s open loop (seed {seed}, drawn)" in out
+    assert load["prompts_file"]["entries"] == 2 and len(load["prompts_file"]["sha256"]) == 64
+    ttft = {x["phase"]: x for x in doc["slo"] if x["term"] == "load.ttft_p99"}
+    assert ttft["before"]["ok"] and ttft["before"]["value"] > 0  # chat answers streamed
