@@ -195,6 +195,16 @@ duration = "1s"
     t = e.steps[0].traffic
     assert t is not None and t.prompt_set is not None and len(t.prompt_set.entries) == 2
     assert t.plan().kind == "poisson" and t.plan().seed == 3
+    # a traffic step's drawn seed is stored too, in its own table
+    e = F.load_file(_file(tmp_path, text.replace(', seed = 3', '')))
+    t = e.steps[0].traffic
+    assert t is not None and t.arrival is not None and t.arrival.drawn
+    stored = e.expanded["method"][0]["traffic"]
+    assert stored["arrival"] == {"kind": "poisson", "seed": t.arrival.seed}
+    r = CliRunner().invoke(experiment, ["show", str(tmp_path / "p.toml")])
+    # show reads the file anew: a seed of its own, said to be drawn
+    assert r.exit_code == 0 and "poisson 5/s open loop (seed " in r.output, r.output
+    assert ", drawn), 2 prompts of " in r.output, r.output
 
 
 def test_quality_cases_from_a_jsonl_file(tmp_path: Path) -> None:

@@ -206,7 +206,7 @@ def describe(e: M.Experiment) -> list[str]:
             tr = s.traffic
             lo, hi = tr.ok_status
             out.append(
-                f"       {tr.rate:g} requests/s of {tr.corpus} prompts "
+                f"       {tr.plan().describe()}, {corpora.describe(tr)} "
                 f"(max_tokens {tr.max_tokens}); "
                 f"every answer's status in [{lo}, {hi}]"
                 + (f" but {tr.max_bad:.0%}" if tr.max_bad else "")
