@@ -7,8 +7,8 @@ sample instead of in the 200 requests that should have gone out meanwhile
 thread emits request i at t0 + i/rate (or the i-th planned time of a
 Poisson or burst arrival, pyctl/experiment/arrival.py), an absolute
 deadline (a late wake-up does not shift the requests after it), into a
-queue that a pool
-of worker threads with keep-alive connections serves. A request's latency
+queue that a pool of worker threads with keep-alive connections serves.
+A request's latency
 is done - due: the time it waited for a free connection, or for the
 scheduler to wake up, counts, so a stall of the server shows in the
 latency of every request due during it even when the generator could not
@@ -93,7 +93,8 @@ class LoadError(BadInput):
 
 
 class OpenLoopLoad:
-    """Requests at `rate` per second until stop(); see the module docstring.
+    """Requests on a plan (by default `rate` per second) until stop(); see
+    the module docstring.
 
     `arrival` (pyctl/experiment/arrival.py) says when requests start:
     constant at `rate` (the default), poisson, bursts, or a closed loop of
