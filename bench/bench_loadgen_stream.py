@@ -7,11 +7,16 @@ it does not share the generator's GIL): each POST is answered with
 arrived, then one every `gap` seconds, then `data: [DONE]`.
 
 - accuracy: 50 requests/s for 6 s of 8 tokens, first 10 ms, gap 5 ms:
-  the measured TTFT and ITL p50/p99 against what the server was told.
+  the measured TTFT and ITL p50/p99 against what the server was told and
+  against what it did (its own log of each request's first write and the
+  gaps between its writes, GET /log): the errors are measured - true.
 - overhead: the generator's own CPU time (this process's, the server is
   another) per request and per token chunk, streamed (stream=True, every
   chunk parsed and stamped) vs the same answers read whole (stream=False),
   at 100 requests/s of 16 tokens sent at once (gap 0).
+- per token: CPU seconds of the generator / tokens received, for streams
+  of one write per token (32 tokens, 2 ms apart) at 25 and 100 requests/s,
+  and the marginal cost per token between the two rates.
 - ceiling: offered rates from 100 to 6400 requests/s (doubling) for 3 s each, 8
   tokens at once: the highest rate the generator sustained (every request
   scheduled and sent, answered ok, schedule lag p99 under 10 ms), with the
@@ -26,7 +31,9 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
+import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -61,10 +68,20 @@ class _H(BaseHTTPRequestHandler):
     def log_message(self, *a: Any) -> None:
         pass
 
+    def do_GET(self) -> None:  # /log: the truth, per request [ttft, gap, gap, ...] seconds
+        with self.server.lock:
+            body = json.dumps(self.server.log).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
     def do_POST(self) -> None:
+        at = time.monotonic()  # the request read (its headers): the truth starts here
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
         first, gap, k = self.server.timing
-        at = time.monotonic()
+        wrote: list[float] = []
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
@@ -80,11 +97,16 @@ class _H(BaseHTTPRequestHandler):
             if gap:
                 self.wfile.write(b"".join(out))
                 self.wfile.flush()
+                wrote.append(time.monotonic())
                 out = []
         done = b"data: [DONE]\n\n"
         out.append(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
         self.wfile.write(b"".join(out))
         self.wfile.flush()
+        if gap:
+            truth = [wrote[0] - at] + [b - a for a, b in zip(wrote, wrote[1:], strict=False)]
+            with self.server.lock:
+                self.server.log.append(truth)
 
 
 def serve(first: float, gap: float, tokens: int) -> None:
@@ -92,6 +114,8 @@ def serve(first: float, gap: float, tokens: int) -> None:
     srv.daemon_threads = True
     srv.request_queue_size = 512
     srv.timing = (first, gap, tokens)  # type: ignore[attr-defined]
+    srv.lock = threading.Lock()  # type: ignore[attr-defined]
+    srv.log = []  # type: ignore[attr-defined]
     print(srv.server_address[1], flush=True)
     srv.serve_forever()
 
@@ -125,20 +149,41 @@ def accuracy() -> dict[str, Any]:
     p, url = _server(0.010, 0.005, 8)
     try:
         r = _run(url, 50, 6.0, True)
+        with urllib.request.urlopen(url + "/log", timeout=10) as resp:
+            log: list[list[float]] = json.load(resp)
     finally:
         p.terminate()
         p.wait(5)
     s = [x for x in r["samples"] if x.ok]
     ttft = [x.ttft for x in s]
     gaps = [g for x in s for g in x.itl]
+    # The truth: what the server did (first chunk written - request read,
+    # then the gaps between its writes), its sleep overshoot included.
+    t_ttft = [x[0] for x in log]
+    t_gaps = [g for x in log for g in x[1:]]
+    # TTFT from when each request was sent: the measurement's own error,
+    # without the generator's late sending (which counts in `ttft` on purpose)
+    from_sent = [x.ttft - x.lag for x in s]
     w = window_stats(s, s[0].due, s[-1].due + 1e-3)
+
+    def err(a: list[float], b: list[float], q: float) -> float:
+        return _ms(_q(a, q) - _q(b, q))
+
     return {
         "rate": 50,
         "requests": len(r["samples"]),
         "ok": len(s),
         "told": {"first_ms": 10, "gap_ms": 5, "tokens": 8},
         "ttft_ms": {"p50": _ms(_q(ttft, 0.5)), "p99": _ms(_q(ttft, 0.99))},
+        "true_ttft_ms": {"p50": _ms(_q(t_ttft, 0.5)), "p99": _ms(_q(t_ttft, 0.99))},
+        "ttft_error_ms": {"p50": err(ttft, t_ttft, 0.5), "p99": err(ttft, t_ttft, 0.99)},
+        "ttft_from_sent_error_ms": {
+            "p50": err(from_sent, t_ttft, 0.5),
+            "p99": err(from_sent, t_ttft, 0.99),
+        },
         "itl_ms": {"p50": _ms(_q(gaps, 0.5)), "p99": _ms(_q(gaps, 0.99))},
+        "true_itl_ms": {"p50": _ms(_q(t_gaps, 0.5)), "p99": _ms(_q(t_gaps, 0.99))},
+        "itl_error_ms": {"p50": err(gaps, t_gaps, 0.5), "p99": err(gaps, t_gaps, 0.99)},
         "tokens_per_request": sorted({x.tokens for x in s}),
         "output_tokens_per_s": round(w.output_tokens_per_s, 1),
         "sched_lag_ms": r["counts"]["sched_lag_ms"],
@@ -159,11 +204,45 @@ def overhead() -> dict[str, Any]:
                 "cpu_us_per_request": round(r["cpu_s"] / n * 1e6, 1),
                 "latency_p50_ms": _ms(_q([x.latency for x in r["samples"]], 0.5)),
             }
+        toks = sum(x.tokens for x in r["samples"])
+        out["streamed"]["tokens"] = toks
+        out["streamed"]["cpu_us_per_token"] = round(r["cpu_s"] / max(1, toks) * 1e6, 2)
         out["streamed"]["cpu_us_per_chunk"] = round(
             out["streamed"]["cpu_us_per_request"] / 17, 1
         )  # 16 tokens + [DONE]
         out["stream_extra_cpu_us_per_request"] = round(
             out["streamed"]["cpu_us_per_request"] - out["whole"]["cpu_us_per_request"], 1
+        )
+    finally:
+        p.terminate()
+        p.wait(5)
+    return out
+
+
+def per_token() -> dict[str, Any]:
+    """CPU seconds of the generator process / tokens it received, for a
+    stream of one write per token (32 tokens 2 ms apart, the shape of a
+    real decode), at 25 and 100 requests/s: the cost that scales with
+    tokens, next to the per-request part (the slope between the two
+    rates' CPU per second over their token rates)."""
+    p, url = _server(0.0, 0.002, 32)
+    out: dict[str, Any] = {"tokens_per_request": 32, "gap_ms": 2, "seconds": 5}
+    try:
+        for rate in (25, 100):
+            r = _run(url, rate, 5.0, True)
+            toks = sum(x.tokens for x in r["samples"] if x.ok)
+            out[f"rate_{rate}"] = {
+                "requests": len(r["samples"]),
+                "ok": sum(1 for x in r["samples"] if x.ok),
+                "tokens": toks,
+                "cpu_s": round(r["cpu_s"], 4),
+                "cpu_us_per_token": round(r["cpu_s"] / max(1, toks) * 1e6, 2),
+                "tokens_per_s": round(toks / 5.0, 1),
+            }
+        lo, hi = out["rate_25"], out["rate_100"]
+        # marginal cost: extra CPU / extra tokens (idle wake-ups cancel out)
+        out["marginal_cpu_us_per_token"] = round(
+            (hi["cpu_s"] - lo["cpu_s"]) / max(1, hi["tokens"] - lo["tokens"]) * 1e6, 2
         )
     finally:
         p.terminate()
@@ -216,6 +295,7 @@ def main() -> None:
         "load_avg_start": os.getloadavg(),
         "accuracy": accuracy(),
         "overhead": overhead(),
+        "per_token": per_token(),
         "ceiling": ceiling(),
     }
     out["load_avg_end"] = os.getloadavg()

@@ -79,6 +79,7 @@ class _Handler(BaseHTTPRequestHandler):
         d = srv.delay
         if srv.stall_for and srv.stall_at <= t_recv < srv.stall_at + srv.stall_for:
             d = srv.stall_delay
+        srv.entered.release()  # a request is in (before any gate holds it)
         if srv.gate is not None:
             srv.gate.wait()  # a test holds answers until it sets the event
         if d > 0:
@@ -133,6 +134,7 @@ class DelayServer:
         self.stall_at, self.stall_for, self.stall_delay = stall_at, stall_for, stall_delay
         self.gate: threading.Event | None = None
         self.arrived = threading.Semaphore(0)  # one release per answered request
+        self.entered = threading.Semaphore(0)  # one release per request read
         self.httpd = _Server(("127.0.0.1", port))
         self.httpd.owner = self
         self.port = self.httpd.server_address[1]

@@ -401,7 +401,7 @@ goodput = { share = ">= 90%", ttft = "<= 200ms", itl = "<= 60ms", e2e = "<= 1s" 
 @pytest.mark.parametrize(
     ("text", "words"),
     [
-        ("[load]\nstreem = true\n", "load.streem: unknown key: remove it or use one of body, "),
+        ("[load]\nstreem = true\n", "load.streem: unknown key: remove it or use one of arrival, "),
         ('[load]\nmethod = "TRACE"\n', "use one of POST, GET, PUT, PATCH"),
         ('[load]\nurl = "ftp://x/y"\n', "give a full http(s) URL"),
         ('[load]\nurl = "http://x/y"\npath = "/v1"\n', "either url"),

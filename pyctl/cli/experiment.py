@@ -149,7 +149,7 @@ def describe(e: M.Experiment) -> list[str]:
             ]
         )
         out.append(
-            f"load: {L.rate:g} requests/s open loop, {L.method} {where} {corpora.describe(L)} "
+            f"load: {L.plan().describe()}, {L.method} {where} {corpora.describe(L)} "
             f"max_tokens {L.max_tokens}, timeout {L.timeout:g}s{extra}"
         )
     st = e.steady
@@ -206,7 +206,7 @@ def describe(e: M.Experiment) -> list[str]:
             tr = s.traffic
             lo, hi = tr.ok_status
             out.append(
-                f"       {tr.rate:g} requests/s of {tr.corpus} prompts "
+                f"       {tr.plan().describe()}, {corpora.describe(tr)} "
                 f"(max_tokens {tr.max_tokens}); "
                 f"every answer's status in [{lo}, {hi}]"
                 + (f" but {tr.max_bad:.0%}" if tr.max_bad else "")

@@ -30,26 +30,37 @@ OVER_BY = (1, 2, 8, 64)
 _MARK = "\x00gf-prompt\x00"  # where a raw prompt goes in a template's JSON
 
 
-def _fill(v: Any, prompt: str, max_tokens: int) -> Any:
+def _fill(v: Any, prompt: str, max_tokens: int, messages: list[dict[str, str]]) -> Any:
     """A body template with "$prompt" / "$max_tokens" filled in ("$max_tokens"
-    alone is the number; inside a longer string, its digits)."""
+    alone is the number; inside a longer string, its digits); a string that
+    is exactly "$messages" becomes the chat list."""
     if isinstance(v, str):
         if v == "$max_tokens":
             return max_tokens
+        if v == "$messages":
+            return messages
         return v.replace("$max_tokens", str(max_tokens)).replace("$prompt", prompt)
     if isinstance(v, dict):
-        return {k: _fill(x, prompt, max_tokens) for k, x in v.items()}
+        return {k: _fill(x, prompt, max_tokens, messages) for k, x in v.items()}
     if isinstance(v, list):
-        return [_fill(x, prompt, max_tokens) for x in v]
+        return [_fill(x, prompt, max_tokens, messages) for x in v]
     return v
 
 
-def request_body(load: Load, prompt: str, max_tokens: int | None = None) -> bytes:
+def request_body(
+    load: Load,
+    prompt: str,
+    max_tokens: int | None = None,
+    messages: list[dict[str, str]] | None = None,
+) -> bytes:
     """One request's body: the file's template filled, else the completion
-    request (with "stream": true for a streaming load)."""
+    request (with "stream": true for a streaming load). messages: the
+    chat list "$messages" stands for (default: the prompt as one user
+    message)."""
     mt = load.max_tokens if max_tokens is None else max_tokens
     if load.body is not None:
-        obj = _fill(load.body, prompt, mt)
+        chat = messages if messages is not None else [{"role": "user", "content": prompt}]
+        obj = _fill(load.body, prompt, mt, chat)
     else:
         obj = {"prompt": prompt, "max_tokens": mt, "temperature": 0}
         if load.stream:
@@ -130,6 +141,14 @@ def cases(load: Load, n_requests: int) -> list[tuple[str, bytes]] | None:
         if load.body is None and not load.stream:
             return None  # the load generator's own {"prompt", "max_tokens"}
         return [("prompt", _body(load.prompt, mt))]
+    if c == "prompts" and load.prompt_set is not None:
+        return [
+            (
+                f"line {i + 1}",  # of the entries (blank lines skipped)
+                request_body(load, e.text, e.max_tokens or mt, e.chat()),
+            )
+            for i, e in enumerate(load.prompt_set.entries)
+        ]
     if c == "prompts":
         return [(f"prompt {i}", _body(p, mt)) for i, p in enumerate(load.prompts)]
     if c == "unicode":
@@ -171,6 +190,8 @@ def describe(load: Load) -> str:
     """One line for the run's output and the evidence."""
     if load.corpus == "prompt":
         return f"prompt {load.prompt!r}"
+    if load.corpus == "prompts" and load.prompt_set is not None:
+        return f"{len(load.prompt_set.entries)} prompts of {load.prompt_set.path} in turn"
     if load.corpus == "prompts":
         return f"{len(load.prompts)} prompts in turn"
     return f"corpus {load.corpus}"

@@ -150,7 +150,7 @@ def load_file(
         raise ExperimentError(f"{path}: cannot read it ({e.strerror}): check the path") from None
     except tomllib.TOMLDecodeError as e:
         raise ExperimentError(f"{path}: not valid TOML ({e}): fix the syntax") from None
-    r = Reader(str(path))
+    r = Reader(str(path), base=path.parent)
     r.keys(doc, "", TOP_KEYS)
     name = r.str_(doc, "", "name")
     if not _NAME.fullmatch(name):

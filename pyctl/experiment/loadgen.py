@@ -1,16 +1,20 @@
-"""Open-loop HTTP load: requests at a fixed rate, each timed from when it was due.
+"""Open-loop HTTP load: requests on a planned schedule, each timed from when it was due.
 
 Why open loop: a closed-loop client (send, wait for the answer, send the
 next) stops sending while the server stalls, so a 1 s stall shows in one
 sample instead of in the 200 requests that should have gone out meanwhile
 (coordinated omission; the wrk2 and vegeta model). Here one scheduler
-thread emits request i at t0 + i/rate, an absolute deadline (a late
-wake-up does not shift the requests after it), into a queue that a pool
-of worker threads with keep-alive connections serves. A request's latency
+thread emits request i at t0 + i/rate (or the i-th planned time of a
+Poisson or burst arrival, pyctl/experiment/arrival.py), an absolute
+deadline (a late wake-up does not shift the requests after it), into a
+queue that a pool of worker threads with keep-alive connections serves.
+A request's latency
 is done - due: the time it waited for a free connection, or for the
 scheduler to wake up, counts, so a stall of the server shows in the
 latency of every request due during it even when the generator could not
-send them (all connections busy).
+send them (all connections busy). A closed loop (arrival kind "closed",
+N clients, the benchmark_serving / LLMPerf concurrency mode) is here too,
+for what N concurrent users see; its requests are due when sent.
 
     load = OpenLoopLoad("http://127.0.0.1:8000", rate=200)
     load.start(); ...; load.stop()
@@ -39,8 +43,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from pyctl.exceptions import BadInput
+from pyctl.experiment.arrival import Arrival
 
 _clock = time.monotonic
+CLOSED_BACKOFF = 0.01  # s a closed-loop client waits after a connection error
 
 
 @dataclass(frozen=True)
@@ -87,8 +93,12 @@ class LoadError(BadInput):
 
 
 class OpenLoopLoad:
-    """Requests at `rate` per second until stop(); see the module docstring.
+    """Requests on a plan (by default `rate` per second) until stop(); see
+    the module docstring.
 
+    `arrival` (pyctl/experiment/arrival.py) says when requests start:
+    constant at `rate` (the default), poisson, bursts, or a closed loop of
+    N clients (then `concurrency` is N and `rate` is not used).
     `url` is the service's base URL (`path` is appended) or, when it has a
     path of its own, the full endpoint (then `path` is ignored). The body
     is the OpenAI completion request {"prompt", "max_tokens"} for POST, or
@@ -119,9 +129,20 @@ class OpenLoopLoad:
         bodies: Sequence[bytes] | None = None,
         stream: bool = False,
         keep_text: bool = False,
+        arrival: Arrival | None = None,
     ) -> None:
-        if not (isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0):
-            raise LoadError(f"load rate {rate!r} must be a positive number of requests/s")
+        if arrival is None:
+            if not (isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0):
+                raise LoadError(f"load rate {rate!r} must be a positive number of requests/s")
+            arrival = Arrival("constant", rate=float(rate))
+        self.arrival = arrival
+        if arrival.kind == "closed":
+            concurrency = arrival.clients  # one connection per client
+        elif arrival.kind == "burst" and arrival.size > concurrency:
+            raise LoadError(
+                f"a burst of {arrival.size} needs as many connections: give concurrency >= "
+                f"{arrival.size} (it is {concurrency})"
+            )
         if not (isinstance(timeout, (int, float)) and timeout > 0):
             raise LoadError(f"load timeout {timeout!r} must be a positive number of seconds")
         if not (isinstance(concurrency, int) and concurrency >= 1):
@@ -132,7 +153,7 @@ class OpenLoopLoad:
                 f"load url {url!r} is not an http(s) URL (use e.g. http://127.0.0.1:8000)"
             )
         self.url = url
-        self.rate = float(rate)
+        self.rate = arrival.mean_rate or float(rate)
         self.timeout = float(timeout)
         self.concurrency = concurrency
         self.duration = duration
@@ -168,6 +189,7 @@ class OpenLoopLoad:
         self._counts: Counter[str] = Counter()
         self._sched_lag: list[float] = []  # scheduler wake-up - due, per request
         self._stop = threading.Event()
+        self._go = threading.Event()  # set once t0 is known
         self._threads: list[threading.Thread] = []
         self._sched: threading.Thread | None = None
         self._mono0 = self._wall0 = 0.0
@@ -189,14 +211,19 @@ class OpenLoopLoad:
         if self._sched is not None:
             raise RuntimeError("OpenLoopLoad.start() called twice")
         self._wall0, self._mono0 = time.time(), _clock()
+        closed = not self.arrival.open_loop
+        work = self._closed_worker if closed else self._worker
         for i in range(self.concurrency):
-            t = threading.Thread(target=self._worker, name=f"gf-load-{i}", daemon=True)
+            t = threading.Thread(target=work, name=f"gf-load-{i}", daemon=True)
             t.start()
             self._threads.append(t)
         # The first request is due a little after the workers exist, not at
         # once: their start-up would otherwise be charged to request 0.
         self._t0 = _clock() + 0.005
-        self._sched = threading.Thread(target=self._schedule, name="gf-load-sched", daemon=True)
+        self._go.set()  # closed-loop clients start at t0
+        # Closed loop: this thread only marks the end of `duration` (wait()).
+        sched = self._closed_clock if closed else self._schedule
+        self._sched = threading.Thread(target=sched, name="gf-load-sched", daemon=True)
         self._sched.start()
 
     def stop(self) -> None:
@@ -275,14 +302,15 @@ class OpenLoopLoad:
     def _wall(self, mono: float) -> float:
         return self._wall0 + (mono - self._mono0)
 
+    def _end(self) -> float:
+        return self._t0 + self.duration if self.duration is not None else math.inf
+
     def _schedule(self) -> None:
-        period = 1.0 / self.rate
-        end = self._t0 + self.duration if self.duration is not None else math.inf
+        end = self._end()
+        plan = self.arrival.offsets()
         i = 0
-        while True:
-            due = self._t0 + i * period  # absolute: drift does not accumulate
-            if due >= end:
-                return
+        due = self._t0 + next(plan)  # absolute: drift does not accumulate
+        while due < end:
             now = _clock()
             if due > now:
                 if self._stop.wait(due - now):  # an interruptible sleep
@@ -290,13 +318,56 @@ class OpenLoopLoad:
                 now = _clock()
             elif self._stop.is_set():
                 return
-            # Behind schedule (a GC pause, a busy core): emit at once, with
-            # the original due time, so the delay counts in the latency.
+            # Everything due by now goes out in one hand-off, stamped with
+            # this one wake-up: a burst's 20 requests (or Poisson's close
+            # gaps) are not charged for the puts and GIL switches of the
+            # ones before them. Behind schedule (a GC pause, a busy core):
+            # emitted at once, with their planned due times, so the delay
+            # counts in the latency.
+            batch = [due]
+            due = self._t0 + next(plan)
+            while due <= now and due < end:
+                batch.append(due)
+                due = self._t0 + next(plan)
             with self._lock:
-                self._sched_lag.append(now - due)
-                self._counts["scheduled"] += 1
-            self._q.put((due, i))
-            i += 1
+                self._sched_lag.extend(now - d for d in batch)
+                self._counts["scheduled"] += len(batch)
+            for d in batch:
+                self._q.put((d, i))
+                i += 1
+
+    def _closed_clock(self) -> None:
+        end = self._end()
+        self._stop.wait(max(0.0, end - _clock()) if end < math.inf else None)
+
+    def _closed_worker(self) -> None:
+        """A closed-loop client: the next request as soon as the last one is
+        answered; it is due when it is sent (no schedule to fall behind)."""
+        conn: _Conn | None = None
+        self._go.wait()
+        end = self._end()
+        wait = self._t0 - _clock()
+        if wait > 0 and self._stop.wait(wait):
+            return
+        try:
+            while not self._stop.is_set():
+                due = _clock()
+                if due >= end:
+                    return
+                with self._lock:
+                    i = self._counts["scheduled"]
+                    self._counts["scheduled"] += 1
+                    refused = self._counts["err:conn"]
+                conn = self._one(due, conn, i)
+                with self._lock:
+                    refused = self._counts["err:conn"] - refused
+                # A refused connection answers at once: without a pause a
+                # client would spin on a dead server, a core at 100 %.
+                if refused and self._stop.wait(CLOSED_BACKOFF):
+                    return
+        finally:
+            if conn is not None:
+                conn.close()
 
     def _record(
         self,

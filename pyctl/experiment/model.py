@@ -15,7 +15,9 @@ from urllib.parse import urlsplit
 
 from pyctl import templates as T
 from pyctl.exceptions import BadInput
+from pyctl.experiment.arrival import Arrival
 from pyctl.experiment.probes import Probe, Tolerance
+from pyctl.experiment.promptset import PromptSet
 from pyctl.spec import FaultSpec
 
 WINDOW_S = 1.0  # load windows: the SLO's resolution (hypothesis, breach, recovery)
@@ -124,6 +126,24 @@ class Load:
     headers: dict[str, Header] = field(default_factory=dict)
     body: dict[str, Any] | None = None
     stream: bool = False
+    # When requests start (pyctl/experiment/arrival.py): None is constant
+    # at `rate`; poisson (seeded), bursts, or a closed loop of N clients.
+    arrival: Arrival | None = None
+    # prompts = "file.jsonl": the user's prompt set, read and checked when
+    # the file is (corpus "prompts", like a list; pyctl/experiment/promptset.py).
+    prompt_set: PromptSet | None = None
+
+    def plan(self) -> Arrival:
+        return self.arrival or Arrival("constant", rate=self.rate)
+
+    def expected_requests(self, seconds: float) -> int:
+        """About how many requests `seconds` of this load sends (a cold
+        corpus makes one body per request; a closed loop has no rate, so
+        a generous guess, capped: past it the bodies repeat)."""
+        rate = self.plan().mean_rate
+        if rate is None:
+            return min(20_000, int(seconds * 50 * self.plan().clients) + 1)
+        return int(rate * seconds) + 1
 
     def endpoint(self, target_url: str) -> str:
         """The URL the load sends to: its own, or the target's + path (a

@@ -21,6 +21,7 @@ target's POST /v1/completions.
     metric = "bleu"
     bleu_drop_pct = "<= 5"
     cases = [{ prompt = "ka tu ro mi sa", reference = " sa sa sa sa" }]
+    # or: cases = "refs.jsonl", one {"prompt", "reference"} object a line
 """
 
 from __future__ import annotations
@@ -31,10 +32,12 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from pyctl.experiment.model import Load, Quality
+from pyctl.experiment.promptset import PromptSetError, read_prompt_set
 from pyctl.experiment.reader import Reader, parse_bound
 
 METRICS = ("bleu", "exact")
@@ -74,6 +77,8 @@ def parse_quality(r: Reader, doc: dict[str, Any]) -> Quality | None:
     if tok not in TOKENIZERS:
         raise r.err("quality.tokenize", f"{tok!r}: use one of {', '.join(TOKENIZERS)}")
     raw = t.get("cases")
+    if isinstance(raw, str):
+        raw = _case_file(r, raw)
     if not isinstance(raw, list) or not raw or not all(isinstance(c, dict) for c in raw):
         raise r.err(
             "quality.cases",
@@ -98,6 +103,30 @@ def parse_quality(r: Reader, doc: dict[str, Any]) -> Quality | None:
         timeout=r.duration(t, "quality", "timeout", "3s"),
         tokenize=tok,
     )
+
+
+def _case_file(r: Reader, name: str) -> list[dict[str, Any]]:
+    """cases = "refs.jsonl": the prompt-set format of [load] prompts
+    (pyctl/experiment/promptset.py: the same safe open, one-line errors
+    with the line), each line a prompt with its optional reference."""
+    p = Path(name)
+    if not p.is_absolute() and r.base is not None:
+        p = r.base / p
+    try:
+        ps = read_prompt_set(p)
+    except PromptSetError as err:
+        raise r.err("quality.cases", str(err)) from None
+    out: list[dict[str, Any]] = []
+    for i, e in enumerate(ps.entries, 1):
+        if e.messages is not None or e.max_tokens is not None:
+            what = "chat messages" if e.messages is not None else "its own max_tokens"
+            raise r.err(
+                "quality.cases",
+                f"{p}: entry {i} has {what}: a quality case is a prompt and a "
+                "reference (the probe's max_tokens is [quality]'s)",
+            )
+        out.append({"prompt": e.prompt, **({"reference": e.reference} if e.reference else {})})
+    return out
 
 
 # ---- scoring ------------------------------------------------------------------------------

@@ -7,17 +7,22 @@ from __future__ import annotations
 
 import re
 import shlex
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from pyctl.experiment.arrival import KINDS as ARRIVALS
+from pyctl.experiment.arrival import Arrival, new_seed
 from pyctl.experiment.model import CORPORA, ExperimentError, Header
 from pyctl.experiment.probes import ProbeError, Tolerance
+from pyctl.experiment.promptset import PromptSet, PromptSetError, read_prompt_set
 from pyctl.spec import SpecError, parse_duration
 
 
 class Reader:
-    def __init__(self, where: str) -> None:
+    def __init__(self, where: str, base: Path | None = None) -> None:
         self.where = where
+        self.base = base  # the file's directory: relative paths in it start there
         self.modes: dict[str, str] = {}  # probe name -> its mode (sot, continuous, ...)
 
     def err(self, key: str, what: str) -> ExperimentError:
@@ -177,6 +182,7 @@ LOAD_KEYS = {
     "headers",
     "body",
     "stream",
+    "arrival",
 }
 METHODS = ("POST", "GET", "PUT", "PATCH")
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 token
@@ -191,12 +197,23 @@ def load_fields(r: Reader, t: dict[str, Any], key: str) -> dict[str, Any]:
     rate = r.num(t, key, "rate", 10, "a number of requests per second")
     if not 0 < rate <= 10000:
         raise r.err(f"{key}.rate", f"{rate:g}: give 0 < rate <= 10000 requests per second")
+    concurrency = r.int_(t, key, "concurrency", 64, lo=1)
+    arrival = _arrival(r, t, key, rate, concurrency)
+    if arrival is not None and arrival.mean_rate is not None:
+        rate = arrival.mean_rate
     path = r.str_(t, key, "path", "/v1/completions")
     if not path.startswith("/"):
         raise r.err(f"{key}.path", f"{path!r}: give a path starting with /")
     prompts = t.get("prompts", [])
+    prompt_set = None
+    if isinstance(prompts, str):
+        prompt_set = _prompt_file(r, t, key, prompts)
+        prompts = [e.text for e in prompt_set.entries]
     if not isinstance(prompts, list) or not all(isinstance(x, str) for x in prompts):
-        raise r.err(f"{key}.prompts", "expected a list of strings (sent in turn)")
+        raise r.err(
+            f"{key}.prompts",
+            'expected a list of strings (sent in turn) or a JSONL file name ("prompts.jsonl")',
+        )
     corpus = r.str_(t, key, "corpus", "prompts" if prompts else "prompt")
     if corpus not in CORPORA:
         raise r.err(f"{key}.corpus", f"{corpus!r}: use one of {', '.join(CORPORA)}")
@@ -226,8 +243,23 @@ def load_fields(r: Reader, t: dict[str, Any], key: str) -> dict[str, Any]:
             )
         if method == "GET":
             raise r.err(f"{key}.body", "a GET sends no body: remove it or use POST")
-        if not _mentions(body, "$prompt"):
-            raise r.err(f"{key}.body", 'no "$prompt" in it: put "$prompt" where the prompt goes')
+        if not _mentions(body, "$prompt") and not _mentions(body, "$messages"):
+            raise r.err(
+                f"{key}.body",
+                'no "$prompt" in it: put "$prompt" where the prompt goes '
+                '(or "$messages" where a chat list goes)',
+            )
+    if (
+        prompt_set is not None
+        and prompt_set.has_messages
+        and not (body is not None and _mentions(body, "$messages"))
+    ):
+        n = 1 + next(i for i, e in enumerate(prompt_set.entries) if e.messages is not None)
+        raise r.err(
+            f"{key}.prompts",
+            f"{prompt_set.path}: entry {n} has chat messages: send them with a chat body, "
+            'body = { messages = "$messages", max_tokens = "$max_tokens" }, to a chat url',
+        )
     stream = r.bool_(t, key, "stream", False)
     return {
         "method": method,
@@ -240,13 +272,95 @@ def load_fields(r: Reader, t: dict[str, Any], key: str) -> dict[str, Any]:
         "max_tokens": r.int_(t, key, "max_tokens", 4, lo=1),
         "timeout": r.duration(t, key, "timeout", "5s"),
         "path": path,
-        "concurrency": r.int_(t, key, "concurrency", 64, lo=1),
+        "concurrency": arrival.clients if arrival and arrival.kind == "closed" else concurrency,
+        "arrival": arrival,
+        "prompt_set": prompt_set,
         "corpus": corpus,
         "prompts": list(prompts),
         "context": r.int_(t, key, "context", 256, lo=8),
         "vocab_size": r.int_(t, key, "vocab_size", 1000, lo=256),
         "max_len": r.int_(t, key, "max_len", 20000, lo=1),
     }
+
+
+ARRIVAL_KEYS = {"kind", "seed", "size", "every", "clients"}
+_ARRIVAL_HOW = (
+    'expected "constant", "poisson" or a table: { kind = "poisson", seed = 7 }, '
+    '{ kind = "burst", size = 20, every = "100ms" }, { kind = "closed", clients = 8 }'
+)
+
+
+def _arrival(
+    r: Reader, t: dict[str, Any], key: str, rate: float, concurrency: int
+) -> Arrival | None:
+    """[load] arrival; None for the default (constant at `rate`). A poisson
+    arrival without a seed gets a fresh one, written back into `t` (the
+    stored file): the evidence then says how to repeat the run."""
+    if "arrival" not in t:
+        return None
+    k = f"{key}.arrival"
+    v = t["arrival"]
+    if isinstance(v, str):
+        v = {"kind": v}
+    if not isinstance(v, dict):
+        raise r.err(k, _ARRIVAL_HOW)
+    r.keys(v, k, ARRIVAL_KEYS)
+    kind = r.str_(v, k, "kind")
+    if kind not in ARRIVALS:
+        raise r.err(f"{k}.kind", f"{kind!r}: use one of {', '.join(ARRIVALS)}")
+    allowed = {
+        "constant": {"kind"},
+        "poisson": {"kind", "seed"},
+        "burst": {"kind", "size", "every"},
+        "closed": {"kind", "clients"},
+    }[kind]
+    for x in v:
+        if x not in allowed:
+            raise r.err(f"{k}.{x}", f"not a key of a {kind} arrival: remove it")
+    if kind in ("burst", "closed") and "rate" in t:
+        why = "is size / every" if kind == "burst" else "is what the server answers"
+        raise r.err(f"{key}.rate", f"a {kind} arrival's rate {why}: remove rate")
+    if kind == "closed" and "concurrency" in t:
+        raise r.err(f"{key}.concurrency", "a closed loop has one connection per client: "
+                                          "remove concurrency, set arrival.clients")  # fmt: skip
+    if kind == "constant":
+        return Arrival("constant", rate=rate)
+    if kind == "poisson":
+        if "seed" in v:
+            return Arrival("poisson", rate=rate, seed=r.int_(v, k, "seed", lo=0))
+        seed = new_seed()
+        t["arrival"] = {**v, "seed": seed}
+        return Arrival("poisson", rate=rate, seed=seed, drawn=True)
+    if kind == "burst":
+        size = r.int_(v, k, "size", lo=1)
+        every = r.duration(v, k, "every")
+        if size > concurrency:
+            raise r.err(
+                f"{k}.size",
+                f"a burst of {size} needs as many connections: set concurrency >= {size} "
+                f"(it is {concurrency})",
+            )
+        if not 0 < size / every <= 10000:
+            raise r.err(k, f"{size / every:g} requests/s: give size / every <= 10000")
+        return Arrival("burst", size=size, every=every)
+    return Arrival("closed", clients=r.int_(v, k, "clients", lo=1))
+
+
+def _prompt_file(r: Reader, t: dict[str, Any], key: str, name: str) -> PromptSet:
+    """prompts = "file.jsonl" (relative to the experiment file's directory),
+    read and checked now, at validate time; its digest goes into the
+    stored file."""
+    if not name:
+        raise r.err(f"{key}.prompts", "an empty file name: give the JSONL file")
+    p = Path(name)
+    if not p.is_absolute() and r.base is not None:
+        p = r.base / p
+    try:
+        ps = read_prompt_set(p)
+    except PromptSetError as e:
+        raise r.err(f"{key}.prompts", str(e)) from None
+    t["prompts_file"] = {"path": str(p), "sha256": ps.sha256, "entries": len(ps.entries)}
+    return ps
 
 
 def _mentions(v: Any, word: str) -> bool:

@@ -248,10 +248,11 @@ class Run(Evaluation):
                     max_tokens=L.max_tokens,
                     timeout=L.timeout,
                     concurrency=L.concurrency,
-                    bodies=corpora.bodies(L, int(L.rate * span) + 1),
+                    bodies=corpora.bodies(L, L.expected_requests(span)),
                     method=L.method,
                     headers=load_headers,
                     stream=L.stream,
+                    arrival=L.arrival,
                 )
             if exp.quality is not None:
                 # lazy: pyctl.experiment.quality (http.client) only for a file with [quality]
@@ -266,6 +267,10 @@ class Run(Evaluation):
                 f"experiment {xid}: {exp.ident} against {facts['url']} (pid "
                 f"{facts['pid']}) -> {self.db_path}"
             )
+            if exp.load is not None and exp.load.arrival is not None:
+                # The seed of a poisson load is in the evidence (settings.file)
+                # and here, so a run can be repeated with `seed = N`.
+                self.echo(f"  load: {exp.load.plan().describe()}")
             if threading.current_thread() is threading.main_thread():
                 old = {
                     n: signal.signal(n, self._interrupt) for n in (signal.SIGINT, signal.SIGTERM)

@@ -48,9 +48,10 @@ class TrafficRun(EndsOnItsOwn):
             method=t.method,
             headers=t.resolved_headers(f"traffic step {step.name!r}"),
             stream=t.stream,
+            arrival=t.arrival,
         )
         n = len(bodies) if bodies else 1
-        self.what = f"sending ({corpora.describe(t)}, {n} bodies at {t.rate:g}/s"
+        self.what = f"sending ({corpora.describe(t)}, {n} bodies, {t.plan().describe()}"
         self._ended_at: float | None = None
         self._done = threading.Event()
         self.started_at = time.time()
@@ -136,7 +137,7 @@ class TrafficKind(StepKind):
 
     def prepare(self, run: Run, step: Step, facts: dict[str, Any]) -> None:
         assert step.traffic is not None
-        n = int(step.traffic.rate * step.duration) + 1
+        n = step.traffic.expected_requests(step.duration)
         run.traffic_bodies[step.idx] = corpora.cases(step.traffic, n)
 
     def launch(self, run: Run, sr: StepRun, facts: dict[str, Any]) -> Any:
