@@ -259,13 +259,98 @@ def fmt_burn(x: float) -> str:
     return "inf" if math.isinf(x) else f"{x:.3g}x"
 
 
+# The hypothesis phases, by the windows' phases (probe_samples' words).
+HYP_PHASE = {"baseline": "before", "fault": "during", "recovery": "after", "after": "after"}
+
+
+@dataclass
+class Judged:
+    """What evaluate() makes of one run's SLOs: the rows and the verdict's lines."""
+
+    windows: list[Counted]
+    burns: list[Burn]
+    # (phase, slo_id, ok, value, tolerance, detail): hypothesis_results rows
+    hypotheses: list[tuple[str, str, bool, str, str, str]]
+    errors: list[str]  # fired in the baseline: nothing can be judged
+    failures: list[str]  # fired in the fault window or the recovery
+    # (slo_id, alert, phase, worst long burn, worst short burn, fired): metrics
+    peaks: list[tuple[str, str, str, float, float, bool]]
+
+
+def evaluate(
+    slos: Sequence[BurnSLO],
+    samples: Sequence[Any],
+    start: float,
+    end: float,
+    phase_of: Any,
+) -> Judged:
+    """Every SLO over [start, end) (the baseline's start to the run's end):
+    its windows, each alert pair at each window's end, a hypothesis row
+    per phase (ok: no pair fired in it) and the verdict's lines. phase_of
+    maps a time to its phase (baseline, fault, recovery, after)."""
+    out = Judged([], [], [], [], [], [])
+    for slo in slos:
+        wins = [
+            Counted(w.slo_id, w.start, w.end, w.total, w.good, phase_of((w.start + w.end) / 2))
+            for w in count(slo, samples, start, end)
+        ]
+        bs = burns(slo, wins)
+        out.windows += wins
+        out.burns += bs
+        tol = "; ".join(f"burn <= {a.factor:g}x over {a.long:g}s or {a.short:g}s"
+                        for a in slo.alerts)  # fmt: skip
+        for hyp in ("before", "during", "after"):
+            ws = [w for w in wins if HYP_PHASE.get(w.phase) == hyp]
+            if not ws:
+                continue
+            ph = {w.phase for w in ws}
+            pb = [b for b in bs if b.phase in ph]
+            fired = [b for b in pb if b.firing]
+            # The pair closest to firing: its smaller burn over its factor.
+            worst = max(pb, key=lambda b: min(b.long_burn, b.short_burn) / b.factor)
+            total, good = sum(w.total for w in ws), sum(w.good for w in ws)
+            spent = budget_spent(slo, ws)
+            first = fired[0] if fired else None
+            detail = (
+                f"{first.alert} fired at +{first.at - start:.1f}s (long {fmt_burn(first.long_burn)}"
+                f", short {fmt_burn(first.short_burn)}); "
+                if first
+                else ""
+            ) + (
+                f"{good}/{total} requests good ({slo}); burn over the phase {fmt_burn(spent)}"
+            )
+            out.hypotheses.append(
+                (hyp, slo.id, not fired, fmt_burn(min(worst.long_burn, worst.short_burn)),
+                 tol, detail)
+            )  # fmt: skip
+            if first is not None:
+                line = (
+                    f"slo {slo.id}: burn-rate alert {first.alert} fired "
+                    f"{'in the baseline' if hyp == 'before' else 'at'} +{first.at - start:.1f}s "
+                    f"(long {fmt_burn(first.long_burn)}, short {fmt_burn(first.short_burn)} > "
+                    f"{first.factor:g}x; {total - good}/{total} requests bad in the phase)"
+                )
+                (out.errors if hyp == "before" else out.failures).append(line)
+        for al in slo.alerts:
+            for phase in dict.fromkeys(w.phase for w in wins):
+                pb = [b for b in bs if b.alert == al.name and b.phase == phase]
+                if pb:
+                    out.peaks.append((
+                        slo.id, al.name, phase, max(b.long_burn for b in pb),
+                        max(b.short_burn for b in pb), any(b.firing for b in pb),
+                    ))  # fmt: skip
+    return out
+
+
 __all__ = [
     "DEFAULT_ALERTS",
     "Alert",
     "Burn",
     "BurnSLO",
     "Counted",
+    "Judged",
     "burns",
+    "evaluate",
     "budget_spent",
     "count",
     "fmt_burn",

@@ -42,6 +42,18 @@ from pyctl.experiment.target import PidWatch, died, start_target
 from pyctl.experiment.verdict import Verdict, expected_exit
 
 
+def thread_name(pid: int | None, tid: int | None) -> str | None:
+    """/proc/PID/task/TID/comm: the name the target gave the thread (what
+    top -H and gdb show); None without a tid or once the thread is gone."""
+    if not tid:
+        return None
+    try:
+        with open(f"/proc/{pid or tid}/task/{tid}/comm", "rb") as fh:
+            return fh.read(64).decode(errors="replace").rstrip("\n") or None
+    except OSError:
+        return None
+
+
 @dataclass
 class Outcome:
     experiment_id: str
@@ -314,6 +326,8 @@ class Run(Evaluation):
             if self.metrics is not None:
                 for term, phase, value, ok in self.slo_values:
                     self.metrics.set_slo(term, phase, value, ok)
+                for peak in getattr(self, "slo_burn_peaks", ()):
+                    self.metrics.set_burn(*peak)
                 self.metrics.set_verdict(verdict.verdict)
             ended = time.time()
             return Outcome(
@@ -445,6 +459,7 @@ class Run(Evaluation):
                 if s.pid or s.tid:  # where its faults went (traffic has neither)
                     who = self.who.get(s.idx)
                     sr.fault_pid, sr.fault_tid = who if who else (None, None)
+                sr.thread_name = thread_name(sr.fault_pid, sr.fault_tid) or s.thread
                 aborted = self.stop_event.is_set()
             self._active(+1)
             if aborted:
