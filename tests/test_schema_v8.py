@@ -32,9 +32,7 @@ def _v7(path: Path) -> sqlite3.Connection:
         if t.name in NEW8:
             continue
         drop = ADDED.get(t.name, set())
-        t7 = dataclasses.replace(
-            t, columns=tuple(c for c in t.columns if c.split()[0] not in drop)
-        )
+        t7 = dataclasses.replace(t, columns=tuple(c for c in t.columns if c.split()[0] not in drop))
         con.execute(t7.create_sql())
         for s in t7.index_sql():
             con.execute(s)
@@ -76,9 +74,7 @@ def test_version_7_migrates_with_its_rows_intact(tmp_path: Path) -> None:
     assert con.execute("SELECT probe, ok, slo_id FROM hypothesis_results").fetchall() == [
         ("load.p99", 0, None)
     ]
-    assert con.execute("SELECT name, thread_name FROM experiment_steps").fetchall() == [
-        ("s", None)
-    ]
+    assert con.execute("SELECT name, thread_name FROM experiment_steps").fetchall() == [("s", None)]
     for t in NEW8:
         assert con.execute(f"SELECT count(*) FROM {t}").fetchone() == (0,)
 

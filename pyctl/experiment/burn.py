@@ -71,8 +71,8 @@ class BurnSLO:
         return bool(self.good.ttft or self.good.itl or self.good.tpot)
 
     def __str__(self) -> str:
-        good = str(self.good) or "no error"
-        return f"{self.objective:.4g} of requests good ({good})"
+        good = ", ".join(x for x in (str(self.good), "no error") if x)
+        return f"objective {self.objective * 100:.4g}% good: {good}"
 
 
 @dataclass(frozen=True)
@@ -122,6 +122,7 @@ def _objective(r: Reader, key: str, v: Any) -> float:
 
 
 def _alerts(r: Reader, key: str, v: Any, budget: float) -> tuple[Alert, ...]:
+    given = v
     if v is None:
         v = [{"long": lo, "short": sh, "factor": f} for lo, sh, f in DEFAULT_ALERTS]
     if not isinstance(v, list) or not v:
@@ -136,11 +137,20 @@ def _alerts(r: Reader, key: str, v: Any, budget: float) -> tuple[Alert, ...]:
         short = r.duration(t, k, "short")
         factor = r.num(t, k, "factor", what="a burn rate such as 14.4")
         if short < WINDOW_S or abs(short / WINDOW_S - round(short / WINDOW_S)) > 1e-9:
-            raise r.err(f"{k}.short", f"{short:g}s: give whole seconds (the load's windows are 1 s)")
+            raise r.err(
+                f"{k}.short", f"{short:g}s: give whole seconds (the load's windows are 1 s)"
+            )
         if long_ <= short or abs(long_ / WINDOW_S - round(long_ / WINDOW_S)) > 1e-9:
             raise r.err(f"{k}.long", f"{long_:g}s: give whole seconds, longer than short")
         if not factor > 0:
             raise r.err(f"{k}.factor", f"{factor:g}: give a burn rate above 0")
+        if factor * budget >= 1 and given is None:
+            raise r.err(
+                key.rsplit(".", 1)[0] + ".objective",
+                f"with a {budget:.4g} error budget the burn rate is at most {1 / budget:.4g}, "
+                f"so the default pair {factor:g}x over {long_:g}s/{short:g}s can never fire: "
+                "raise the objective or give windows",
+            )
         if factor * budget >= 1:
             raise r.err(
                 f"{k}.factor",
@@ -297,6 +307,7 @@ def evaluate(
         bs = burns(slo, wins)
         out.windows += wins
         out.burns += bs
+        failed = False  # one failure line per SLO: its first alert after the baseline
         tol = "; ".join(f"burn <= {a.factor:g}x over {a.long:g}s or {a.short:g}s"
                         for a in slo.alerts)  # fmt: skip
         for hyp in ("before", "during", "after"):
@@ -316,14 +327,13 @@ def evaluate(
                 f", short {fmt_burn(first.short_burn)}); "
                 if first
                 else ""
-            ) + (
-                f"{good}/{total} requests good ({slo}); burn over the phase {fmt_burn(spent)}"
-            )
+            ) + (f"{good}/{total} requests good ({slo}); burn over the phase {fmt_burn(spent)}")
             out.hypotheses.append(
                 (hyp, slo.id, not fired, fmt_burn(min(worst.long_burn, worst.short_burn)),
                  tol, detail)
             )  # fmt: skip
-            if first is not None:
+            if first is not None and not (hyp == "after" and failed):
+                failed = hyp != "before"
                 line = (
                     f"slo {slo.id}: burn-rate alert {first.alert} fired "
                     f"{'in the baseline' if hyp == 'before' else 'at'} +{first.at - start:.1f}s "

@@ -27,6 +27,7 @@ else:  # Python 3.10: the same parser as a package
 
 from pyctl import templates as T
 from pyctl.experiment.agents import parse_agents
+from pyctl.experiment.burn import parse_slos
 from pyctl.experiment.facts import TARGET_FACTS, is_fact, placeholders, render
 from pyctl.experiment.method import parse_method
 from pyctl.experiment.model import (
@@ -43,7 +44,6 @@ from pyctl.experiment.model import (
     Rollback,
     SteadyState,
 )
-from pyctl.experiment.burn import parse_slos
 from pyctl.experiment.probes import Probe, ProbeError, Tolerance, probe_from_toml
 from pyctl.experiment.quality import parse_quality
 from pyctl.experiment.reader import (
