@@ -123,7 +123,8 @@ def load_panels(d: ExperimentData) -> str:
         for p in panels:
             out.append(
                 f'<rect class="panel-fault-window" x="{xa:.1f}" y="{p.y0}" '
-                f'width="{max(xb - xa, 2):.1f}" height="{PANEL_H}" fill="{C_FAULT}" fill-opacity="0.10"><title>step '
+                f'width="{max(xb - xa, 2):.1f}" height="{PANEL_H}" fill="{C_FAULT}" '
+                f'fill-opacity="0.10"><title>step '
                 f"{st['idx'] + 1} {escape(str(st.get('name') or ''))}: {sw[0] - t0:.2f}-"
                 f"{sw[1] - t0:.2f} s</title></rect>"
             )
