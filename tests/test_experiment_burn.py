@@ -220,3 +220,34 @@ def test_a_stall_that_burns_the_budget_fails_and_one_that_does_not_passes(
     assert not c.execute("SELECT count(*) FROM slo_burns WHERE firing").fetchone()[0]
     assert c.execute("SELECT sum(fires) FROM experiment_steps").fetchone()[0] > 0
     c.close()
+
+
+def test_a_steps_thread_is_named_as_the_target_names_it() -> None:
+    # What run.py records when a step with a tid arms: the thread's own
+    # comm (prctl PR_SET_NAME here, as a server names its workers), not ours.
+    import ctypes
+    import threading
+
+    from pyctl.experiment.run import thread_name
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    named, done = threading.Event(), threading.Event()
+    tid: list[int] = []
+
+    def worker() -> None:
+        libc.prctl(15, b"gf-decode-7", 0, 0, 0)  # PR_SET_NAME
+        tid.append(threading.get_native_id())
+        named.set()
+        done.wait(10)
+
+    t = threading.Thread(target=worker)
+    t.start()
+    try:
+        assert named.wait(10)
+        assert thread_name(os.getpid(), tid[0]) == "gf-decode-7"
+        assert thread_name(None, tid[0]) == "gf-decode-7"  # /proc/TID/task/TID too
+    finally:
+        done.set()
+        t.join()
+    assert thread_name(os.getpid(), tid[0]) is None  # gone: nothing recorded
+    assert thread_name(os.getpid(), None) is None  # no tid: the whole process
