@@ -58,7 +58,8 @@ def _frame(p: _Panel, title: str, fmt: Callable[[float], str], right: bool = Fal
             out.append(
                 f'<line x1="{LEFT}" x2="{W - RIGHT}" y1="{yy:.1f}" y2="{yy:.1f}" stroke="#e9ecef"/>'
             )
-        xx, anchor = (W - RIGHT + 4, "start") if right else (LEFT - 6, "end")
+        # The right-hand axis's labels inside the frame (the margin is 16 px).
+        xx, anchor = (W - RIGHT - 4, "end") if right else (LEFT - 6, "end")
         out.append(
             f'<text x="{xx}" y="{yy + 4:.1f}" text-anchor="{anchor}" fill="#495057">'
             f"{escape(fmt(v))}</text>"
@@ -165,8 +166,12 @@ def load_panels(d: ExperimentData) -> str:
     for i, (sid, alert) in enumerate(sorted(by)):
         yy = tp.y0 + PANEL_H + 6 + i * BURN_H
         out.append(
-            f'<text x="{LEFT - 6}" y="{yy + 9}" text-anchor="end" fill="#495057" '
-            f'font-size="10">{escape(sid[:14])}</text>'
+            f'<rect x="{LEFT}" y="{yy}" width="{W - LEFT - RIGHT}" height="{BURN_H - 3}" '
+            'fill="#f8f9fa"/>'
+        )
+        label = (
+            f'<text x="{LEFT + 4}" y="{yy + 8}" fill="#495057" font-size="9">'
+            f"slo {escape(sid)}: {escape(alert)}</text>"
         )
         for br in d.slo_burns:
             if (br["slo_id"], br["alert"]) != (sid, alert) or not br.get("firing"):
@@ -179,6 +184,7 @@ def load_panels(d: ExperimentData) -> str:
                 f"{br.get('long_burn') or 0:.3g}x, short {br.get('short_burn') or 0:.3g}x)"
                 "</title></rect>"
             )
+        out.append(label)  # over its red marks, so it reads where it fired
 
     if lp is not None:
         out += _frame(lp, "time to first token and inter-token latency (p50, p99)", _ms)
