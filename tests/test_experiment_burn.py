@@ -162,6 +162,7 @@ def test_evaluate_fails_on_a_burn_in_the_fault_window_and_errs_on_one_in_the_bas
     assert not j.errors and len(j.failures) == 1, j.failures
     assert j.failures[0].startswith("slo s: burn-rate alert 3x 2s/1s fired at +3.0s")
     rows = {(ph, ok) for ph, _sid, ok, *_ in j.hypotheses}
+    assert [round(h[-1], 1) for h in j.hypotheses] == [0.0, 8.0, 0.0]  # the nearest pair's burn
     assert rows == {("before", True), ("during", False), ("after", True)}
     assert {sid for _ph, sid, *_ in j.hypotheses} == {"s"}
     j = burn.evaluate([slo], _samples([8, 8, 0, 0]), 0.0, 4.0, phase_of)
@@ -197,6 +198,9 @@ def test_a_stall_that_burns_the_budget_fails_and_one_that_does_not_passes(
     doc, c = _run(tmp_path / "a")
     assert doc["verdict"] == "fail", doc
     assert str(doc["reason"]).startswith("slo stream-good: burn-rate alert "), doc["reason"]
+    slo = {(x["term"], x["phase"]): x for x in doc["slo"]}  # type: ignore[attr-defined]
+    assert slo[("slo.stream-good", "before")]["ok"] and not slo[("slo.stream-good", "during")]["ok"]
+    assert slo[("slo.stream-good", "during")]["value"] > 14.4
     rows = {
         (ph, ok, sid)
         for ph, ok, sid in c.execute(

@@ -279,8 +279,9 @@ class Judged:
 
     windows: list[Counted]
     burns: list[Burn]
-    # (phase, slo_id, ok, value, tolerance, detail): hypothesis_results rows
-    hypotheses: list[tuple[str, str, bool, str, str, str]]
+    # (phase, slo_id, ok, value, tolerance, detail, burn): hypothesis_results
+    # rows, burn the number behind value (the --json `slo` list's)
+    hypotheses: list[tuple[str, str, bool, str, str, str, float]]
     errors: list[str]  # fired in the baseline: nothing can be judged
     failures: list[str]  # fired in the fault window or the recovery
     # (slo_id, alert, phase, worst long burn, worst short burn, fired): metrics
@@ -328,10 +329,8 @@ def evaluate(
                 if first
                 else ""
             ) + (f"{good}/{total} requests good ({slo}); burn over the phase {fmt_burn(spent)}")
-            out.hypotheses.append(
-                (hyp, slo.id, not fired, fmt_burn(min(worst.long_burn, worst.short_burn)),
-                 tol, detail)
-            )  # fmt: skip
+            near = min(worst.long_burn, worst.short_burn)
+            out.hypotheses.append((hyp, slo.id, not fired, fmt_burn(near), tol, detail, near))
             if first is not None and not (hyp == "after" and failed):
                 failed = hyp != "before"
                 line = (

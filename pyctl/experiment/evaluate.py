@@ -403,10 +403,11 @@ class Evaluation:
 
         j = burn.evaluate(self.exp.slos, load.samples(t0, end), t0, end, self._phase_of)
         self.rec.slo_windows, self.rec.slo_burns = j.windows, j.burns
-        for phase, sid, ok, value, tol, detail in j.hypotheses:
+        for phase, sid, ok, value, tol, detail, near in j.hypotheses:
             self.rec.hypotheses.append(
                 E.Hypothesis(phase, f"slo.{sid}", ok, value, tol, detail, slo_id=sid)
             )
+            self.slo_values.append((f"slo.{sid}", phase, near, ok))
         self.slo_burn_peaks = j.peaks
         f.errors.extend(j.errors)
         if not f.abort:
