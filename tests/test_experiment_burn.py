@@ -255,3 +255,42 @@ def test_a_steps_thread_is_named_as_the_target_names_it() -> None:
         t.join()
     assert thread_name(os.getpid(), tid[0]) is None  # gone: nothing recorded
     assert thread_name(os.getpid(), None) is None  # no tid: the whole process
+
+
+def test_the_live_feed_sets_the_burn_while_the_run_goes_and_waits_for_answers() -> None:
+    # BurnFeed against a stand-in load and a real /metrics: the latest
+    # settled window's burn, nothing from the last `settle` seconds (their
+    # requests may still be in flight), and the live firing gauge.
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from pyctl.experiment.burn_feed import BurnFeed
+    from pyctl.observe.metrics import Metrics
+
+    class Load:
+        def __init__(self, samples: list[Sample]) -> None:
+            self._s = samples
+
+        def samples(self, since: float, until: float) -> list[Sample]:
+            return [s for s in self._s if since <= s.due < until]
+
+    slo = _slo(0.9, burn.Alert(2, 1, 3))
+    with Metrics.start("127.0.0.1:0", experiment="b", slo_id="file") as m:
+        m.set_run("x00000b0b")
+        feed = BurnFeed([slo], Load(_samples([0, 0, 8, 8, 0, 0])), m, lambda: 0.0,
+                        lambda t: "fault", settle=1.0)  # fmt: skip
+        assert feed.look(0.5) == []  # nothing settled yet
+        (b,) = feed.look(4.0)  # windows [0, 3): the one ending at 3 s is the latest
+        assert b.at == 3.0 and b.firing and b.short_burn == pytest.approx(8.0)
+        (b,) = feed.look(7.0)  # at 6 s: clean again
+        assert not b.firing
+        with urllib.request.urlopen(m.url, timeout=5) as r:
+            text = r.read().decode()
+    got = {(s.name, s.labels.get("window")): (s.value, s.labels)
+           for f in text_string_to_metric_families(text) for s in f.samples
+           if s.name.startswith(("gpufault_experiment_slo_burn_rate_now",
+                                 "gpufault_experiment_slo_alert_firing"))}  # fmt: skip
+    assert got[("gpufault_experiment_slo_alert_firing", None)][0] == 0
+    value, lab = got[("gpufault_experiment_slo_burn_rate_now", "long")]
+    assert value == pytest.approx(0.0) and lab["slo_id"] == "s" and lab["run"] == "x00000b0b"

@@ -283,6 +283,13 @@ class Run(Evaluation):
             feed = None
             if self.metrics is not None:  # the steps' fires, read back from the database
                 feed = MetricsFeed(self.db_path, self.metrics, self._step_runs).start()
+            burns = None
+            if self.metrics is not None and exp.slos and load is not None and exp.load:
+                # lazy: pyctl.experiment.burn_feed only for a file with [[slo]] and --metrics-addr
+                from pyctl.experiment.burn_feed import BurnFeed
+
+                burns = BurnFeed(exp.slos, load, self.metrics, lambda: self.phase_at.get(
+                    "baseline"), self._phase_of, settle=exp.load.timeout).start()  # fmt: skip
             try:
                 self._phases(facts, probes, load, probe_threads)
             except Exception as e:  # noqa: BLE001 - cleaned up, recorded, raised below
@@ -303,6 +310,8 @@ class Run(Evaluation):
                     signal.signal(signum, h)
                 if feed is not None:
                     feed.stop()  # a last look: every fire counted before the verdict
+                if burns is not None:
+                    burns.stop()
             if proc is not None and proc.proc.poll() is not None:
                 self.target_died = died(proc)
                 self.echo(f"  {self.target_died}")

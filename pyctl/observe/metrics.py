@@ -26,6 +26,8 @@ Series (docs/observability.md):
     gpufault_experiment_slo_ok{experiment,slo_id,run,term,phase}  gauge, 1 met, 0 breached
     gpufault_experiment_slo_burn_rate{experiment,slo_id,run,alert,window,phase} gauge
     gpufault_experiment_slo_alert_fired{experiment,slo_id,run,alert,phase} gauge, 1 fired
+    gpufault_experiment_slo_burn_rate_now{experiment,slo_id,run,alert,window} gauge, live
+    gpufault_experiment_slo_alert_firing{experiment,slo_id,run,alert}  gauge, live 1 firing
 Every series has the `run` label, the experiment's id (x1a2b3c4d; empty
 outside an experiment): two runs of one file are two series, not one
 overwritten. A burn-rate SLO's series carry its own id ([[slo]] id) as
@@ -170,6 +172,19 @@ class Metrics:
             [*lab, "alert", "window", "phase"],
             registry=reg,
         )
+        self._burn_now_g = Gauge(
+            "gpufault_experiment_slo_burn_rate_now",
+            "a burn-rate SLO's burn rate over an alert's long or short window ending at the "
+            "latest settled 1 s window, while the experiment runs",
+            [*lab, "alert", "window"],
+            registry=reg,
+        )
+        self._firing_now_g = Gauge(
+            "gpufault_experiment_slo_alert_firing",
+            "1 while the burn-rate alert pair fires (both windows above its factor), live",
+            [*lab, "alert"],
+            registry=reg,
+        )
         self._alert_g = Gauge(
             "gpufault_experiment_slo_alert_fired",
             "1 when the burn-rate alert pair fired in the phase (both windows above its factor)",
@@ -310,6 +325,17 @@ class Metrics:
         for p in {*PHASES, phase}:
             self._phase_g.labels(**lab, phase=p).set(1 if p == phase else 0)
         self._phase = (lab["experiment"], lab["slo_id"], phase)
+
+    def set_burn_now(
+        self, slo_id: str, alert: str, long_burn: float, short_burn: float, firing: bool
+    ) -> None:
+        """A burn-rate SLO's alert pair as of the latest settled window (live)."""
+        if not self.enabled:
+            return
+        lab = {**self._labels(None, slo_id), "alert": alert}
+        self._burn_now_g.labels(**lab, window="long").set(long_burn)
+        self._burn_now_g.labels(**lab, window="short").set(short_burn)
+        self._firing_now_g.labels(**lab).set(1 if firing else 0)
 
     def set_burn(
         self, slo_id: str, alert: str, phase: str, long_burn: float, short_burn: float,
