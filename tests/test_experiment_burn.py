@@ -166,7 +166,9 @@ def test_evaluate_fails_on_a_burn_in_the_fault_window_and_errs_on_one_in_the_bas
     assert rows == {("before", True), ("during", False), ("after", True)}
     assert {sid for _ph, sid, *_ in j.hypotheses} == {"s"}
     j = burn.evaluate([slo], _samples([8, 8, 0, 0]), 0.0, 4.0, phase_of)
-    assert j.errors and "in the baseline" in j.errors[0] and not j.failures
+    assert j.errors and not j.failures
+    assert j.errors[0].startswith("steady state not met before the method: slo s: ")
+    assert "fired in the baseline" in j.errors[0]
 
 
 def test_the_shipped_file_validates() -> None:
@@ -181,9 +183,17 @@ def _run(tmp_path: Path, *sets: str) -> tuple[dict[str, object], sqlite3.Connect
             str(db), "--json"]  # fmt: skip
     for s in sets:
         argv += ["--set", s]
-    p = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=150)
-    assert p.stdout, p.stderr
-    return json.loads(p.stdout), sqlite3.connect(db)
+    for attempt in (1, 2):
+        # A burst of other work on this shared machine can break the steady
+        # state before the method (verdict error, nothing judged): once more.
+        db.unlink(missing_ok=True)
+        p = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=150)
+        assert p.stdout, p.stderr
+        doc = json.loads(p.stdout)
+        if attempt == 2 or "before the method" not in str(doc.get("reason")):
+            break
+        print(f"retrying (noisy machine): {doc['reason']}")
+    return doc, sqlite3.connect(db)
 
 
 @pytest.mark.root

@@ -339,6 +339,8 @@ def evaluate(
                     f"(long {fmt_burn(first.long_burn)}, short {fmt_burn(first.short_burn)} > "
                     f"{first.factor:g}x; {total - good}/{total} requests bad in the phase)"
                 )
+                if hyp == "before":  # worded as the other steady-state errors are
+                    line = f"steady state not met before the method: {line}"
                 (out.errors if hyp == "before" else out.failures).append(line)
         for al in slo.alerts:
             for phase in dict.fromkeys(w.phase for w in wins):
