@@ -106,6 +106,10 @@ def test_merge_carries_the_new_columns_and_tables(tmp_path: Path) -> None:
         slo_burns=[burn.Burn("chat", "14.4x 12s/1s", 12, 1, 14.4, 2.0, "fault", 30.0, 30.0)],
     )
     ev.finish("fail", "slo chat burnt", rec)
+    (alert,) = E.results(ev.db, "x00000001")["slo_alerts"]  # results --json
+    assert alert == {"slo_id": "chat", "alert": "14.4x 12s/1s", "factor": 14.4,
+                     "worst_long_burn": 30.0, "worst_short_burn": 30.0, "firing_windows": 1,
+                     "first_fired_at": 2.0}  # fmt: skip
     ev.close()
     merge.merge([tmp_path / "a.db"], tmp_path / "all.db")
     con = sqlite3.connect(tmp_path / "all.db")

@@ -365,6 +365,15 @@ def results(db: Any, exp_id: str) -> dict[str, Any] | None:
         "WHERE experiment_id=? GROUP BY phase",
         (exp_id,),
     )
+    # Each burn-rate SLO's alert pairs ([[slo]]): worst burns, firing windows.
+    out["slo_alerts"] = _rows(
+        db,
+        "SELECT slo_id, alert, factor, max(long_burn) AS worst_long_burn, "
+        "max(short_burn) AS worst_short_burn, sum(firing) AS firing_windows, "
+        "min(CASE WHEN firing THEN at END) AS first_fired_at FROM slo_burns "
+        "WHERE experiment_id=? GROUP BY slo_id, alert ORDER BY slo_id, alert",
+        (exp_id,),
+    )
     out["probe_samples"] = _rows(
         db,
         "SELECT probe, phase, count(*) AS samples, sum(ok) AS ok "
