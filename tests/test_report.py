@@ -246,6 +246,8 @@ def test_threads_by_the_name_the_target_gave_them(tmp_path: Path) -> None:
     h = render_html(d, ["e1"])
     assert '<td class="nowrap">gf-worker (tid 4251)</td>' in h, h
     assert "pid 4242 tid 4251 (gf-http)" in h
+    # The timeline's fault markers name the thread too.
+    assert re.search(r"<title>fault [0-9a-f-]+: tok:hf-encode stall on tid 4251 \(gf-http\) at", h)
     md = render_markdown(d, ["e1"])
     assert "| gf-worker (tid 4251) |" in md and "pid 4242 tid 4251 (gf-http)" in md
     with d.conn:

@@ -353,7 +353,8 @@ def _markers(db: Any, d: ExperimentData, run_ids: list[str]) -> list[Marker]:
                 float(f["wall"]),
                 f"#{seq}" if seq is not None else f["fault_id"],
                 f"fault {f['fault_id']}: {short_function(str(f.get('function')))} "
-                f"{f.get('action')}",
+                f"{f.get('action')} on tid {f.get('tid')}"
+                + (f" ({f['comm']})" if f.get("comm") else ""),
                 f["fault_id"],
             )
         )
