@@ -468,7 +468,11 @@ class Run(Evaluation):
                 if s.pid or s.tid:  # where its faults went (traffic has neither)
                     who = self.who.get(s.idx)
                     sr.fault_pid, sr.fault_tid = who if who else (None, None)
-                sr.thread_name = thread_name(sr.fault_pid, sr.fault_tid) or s.thread
+                # Another node's step: its pid/tid are that node's, not ours to read.
+                local = s.agent is None
+                sr.thread_name = (thread_name(sr.fault_pid, sr.fault_tid) if local else None) or (
+                    s.thread
+                )
                 aborted = self.stop_event.is_set()
             self._active(+1)
             if aborted:
