@@ -14,6 +14,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -263,7 +264,12 @@ def test_a_steps_thread_is_named_as_the_target_names_it() -> None:
     finally:
         done.set()
         t.join()
-    assert thread_name(os.getpid(), tid[0]) is None  # gone: nothing recorded
+    # Gone: nothing recorded. (join() returns before the kernel reaps the
+    # thread, so its /proc entry may outlive it by a moment.)
+    deadline = time.monotonic() + 5
+    while thread_name(os.getpid(), tid[0]) is not None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert thread_name(os.getpid(), tid[0]) is None
     assert thread_name(os.getpid(), None) is None  # no tid: the whole process
 
 
