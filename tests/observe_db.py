@@ -358,3 +358,51 @@ def add_experiment(
                     "bar0": "{}",
                 },
             )
+
+
+def add_streaming_and_slo(db: Any, exp_id: str, *, t0: float = T0, slo: str = "chat-good",
+                          thread: str | None = "gf-worker") -> None:  # fmt: skip
+    """What a streamed [load] and a burn-rate [[slo]] add to add_experiment's
+    run (schema 8): per-window TTFT/ITL percentiles and output tokens/s, the
+    SLO's windows (half the fault window's requests bad) and its 14.4x
+    12s/1s pair (firing from 12 s to 27 s), the step's thread name."""
+    with db.conn:
+        for i in range(40):
+            fault = 10 <= i < 25
+            db.conn.execute(
+                "UPDATE load_windows SET ttft_p50 = ?, ttft_p95 = ?, ttft_p99 = ?, itl_p50 = ?, "
+                "itl_p95 = ?, itl_p99 = ?, output_tokens_per_s = ?, goodput = ? "
+                "WHERE experiment_id = ? AND start = ?",
+                (0.010, 0.015, 0.020 + (0.050 if fault else 0.0), 0.004, 0.006,
+                 0.008 + (0.060 if fault else 0.0), 400.0 - (150.0 if fault else 0.0),
+                 0.5 if fault else 1.0, exp_id, t0 + i),
+            )  # fmt: skip
+            phase = "baseline" if i < 10 else "fault" if fault else "recovery"
+            phase = "after" if i >= 28 else phase
+            _ins(db, "slo_windows", {"experiment_id": exp_id, "slo_id": slo, "start": t0 + i,
+                                     "end": t0 + i + 1, "phase": phase, "total": 50,
+                                     "good": 25 if fault else 50})  # fmt: skip
+            long_ = min(i + 1, 12)
+            bad = sum(25 for k in range(i + 1 - long_, i + 1) if 10 <= k < 25)
+            lb = bad / (50 * long_) / 0.01
+            sb = (25 / 50 / 0.01) if fault else 0.0
+            _ins(db, "slo_burns", {"experiment_id": exp_id, "slo_id": slo,
+                                   "alert": "14.4x 12s/1s", "long_s": 12.0, "short_s": 1.0,
+                                   "factor": 14.4, "at": t0 + i + 1, "phase": phase,
+                                   "long_burn": lb, "short_burn": sb,
+                                   "firing": int(lb > 14.4 and sb > 14.4)})  # fmt: skip
+        _ins(db, "hypothesis_results", {"experiment_id": exp_id, "phase": "during",
+                                        "probe": f"slo.{slo}", "ok": 0, "value": "41.7x",
+                                        "tolerance": "burn <= 14.4x over 12s or 1s",
+                                        "detail": "", "slo_id": slo})  # fmt: skip
+        db.conn.execute("UPDATE experiment_steps SET thread_name = ? WHERE experiment_id = ?",
+                        (thread, exp_id))  # fmt: skip
+        sql = "SELECT settings FROM experiments WHERE id = ?"
+        (raw,) = db.conn.execute(sql, (exp_id,)).fetchone()
+        settings = json.loads(raw)
+        f = settings["file"]
+        f["steady_state"] = {**f.get("steady_state", {}), "ttft_p99": "<= 50ms",
+                             "itl_p99": "<= 30ms"}  # fmt: skip
+        f["slo"] = [{"id": slo, "objective": "99%", "good": {"itl": "<= 30ms"}}]
+        db.conn.execute("UPDATE experiments SET settings = ? WHERE id = ?",
+                        (json.dumps(settings), exp_id))  # fmt: skip

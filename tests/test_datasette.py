@@ -126,6 +126,7 @@ def test_datasette_serves_the_canned_queries(tmp_path: Path) -> None:
     assert calls == []
     assert _get(ds, "/gpufault/experiments_with_verdicts.json?_shape=array") == []
     assert _get(ds, "/gpufault/explorations.json?_shape=array") == []
+    assert _get(ds, "/gpufault/slo_alerts.json?experiment_id=x1&_shape=array") == []
     # The descriptions reach Datasette as the schema page words them.
     served = _get(ds, "/-/metadata.json")["databases"]["gpufault"]["tables"]
     assert served["faults"]["columns"]["wall"] == "Unix time the fire was recorded"

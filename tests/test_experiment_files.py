@@ -299,6 +299,7 @@ E_TABLES = {
         "ended_at",
         "fires",
         "status",
+        "thread_name",
     ],
     "probe_samples": ["experiment_id", "probe", "phase", "at", "ok", "value", "detail"],
     "load_windows": [
@@ -312,8 +313,18 @@ E_TABLES = {
         "error_rate",
         "throughput",
         "phase",
+        "ttft_p50",
+        "ttft_p95",
+        "ttft_p99",
+        "itl_p50",
+        "itl_p95",
+        "itl_p99",
+        "output_tokens_per_s",
+        "goodput",
     ],
-    "hypothesis_results": ["experiment_id", "phase", "probe", "ok", "value", "tolerance", "detail"],
+    "hypothesis_results": [
+        "experiment_id", "phase", "probe", "ok", "value", "tolerance", "detail", "slo_id",
+    ],
     "judgements": [
         "experiment_id",
         "metric",
@@ -323,9 +334,15 @@ E_TABLES = {
         "effect",
         "worse",
         "reason",
+        "slo_id",
     ],
     "expectations": ["experiment_id", "name", "ok", "value", "detail"],
     "remediations": ["experiment_id", "command", "started_at", "ended_at", "rc"],
+    "slo_windows": ["experiment_id", "slo_id", "start", "end", "phase", "total", "good"],
+    "slo_burns": [
+        "experiment_id", "slo_id", "alert", "long_s", "short_s", "factor", "at", "phase",
+        "long_burn", "short_burn", "firing",
+    ],
 }
 
 

@@ -78,11 +78,11 @@ def test_inject_serves_its_fires_while_it_runs(tmp_path: Path) -> None:
             assert ctl.poll() is None, f"inject ended early: {ctl.wait()}"
             time.sleep(0.05)
         assert fired == failed == 100, (fired, failed)
-        key = ("gpufault_faults_active", ())
+        key = ("gpufault_faults_active", (("run", ""),))
         assert got[key] == 1.0
         labels = [dict(lb) for (n, lb) in got if n == "gpufault_faults_fired_total"]
         assert labels == [
-            {"code": "-7", "experiment": "", "function": "gf_victim", "slo_id": ""}
+            {"code": "-7", "experiment": "", "function": "gf_victim", "run": "", "slo_id": ""}
         ], labels
     finally:
         ctl.send_signal(signal.SIGINT)

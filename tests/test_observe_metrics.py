@@ -90,11 +90,12 @@ def test_series_and_labels() -> None:
         m.set_phase("baseline")
         m.set_phase("fault")
         s = scrape(m)
-        lab = (("experiment", "exp1"), ("slo_id", "slo1"))
+        lab = (("experiment", "exp1"), ("run", ""), ("slo_id", "slo1"))
         oom = (
             ("code", "CUDA_ERROR_OUT_OF_MEMORY"),
             ("experiment", "exp1"),
             ("function", "cuMemAlloc_v2"),
+            ("run", ""),
             ("slo_id", "slo1"),
         )
         assert s[("gpufault_faults_fired_total", oom)] == 2
@@ -102,12 +103,14 @@ def test_series_and_labels() -> None:
             ("code", "stall"),
             ("experiment", "exp1"),
             ("function", "tok:hf-encode"),
+            ("run", ""),
             ("slo_id", "slo1"),
         )
         assert s[("gpufault_faults_fired_total", stall)] == 1
-        assert s[("gpufault_faults_active", ())] == 2
-        assert s[("gpufault_probe_hits_total", ())] == 12
-        assert s[("gpufault_lost_events_total", ())] == 3
+        run = (("run", ""),)
+        assert s[("gpufault_faults_active", run)] == 2
+        assert s[("gpufault_probe_hits_total", run)] == 12
+        assert s[("gpufault_lost_events_total", run)] == 3
         phase = {dict(k)["phase"]: v for (n, k), v in s.items() if n == "gpufault_experiment_phase"}
         assert phase == {"baseline": 0, "fault": 1, "recovery": 0, "after": 0}
         m.set_verdict("pass")
@@ -118,6 +121,38 @@ def test_series_and_labels() -> None:
     # Closed: the port is free again.
     with pytest.raises(OSError):
         urllib.request.urlopen(m.url, timeout=2)
+
+
+def test_every_series_carries_the_experiment_run() -> None:
+    # Two runs of one file must be two series everywhere, not only in the
+    # verdict: every family, every sample has run = the experiment's id.
+    with Metrics.start("127.0.0.1:0", experiment="exp1", slo_id="file-slo") as m:
+        m.set_run("x0000beef")
+        m.fault_fired("cuMemAlloc_v2", "CUDA_ERROR_OUT_OF_MEMORY")
+        m.set_faults_active(1)
+        m.set_totals(probe_hits=4, lost=1)
+        m.set_phase("fault")
+        m.set_slo("load.p99", "during", 0.4, False)
+        m.set_burn("chat-latency", "14.4x 12s/1s", "fault", 30.0, 60.0, True)
+        m.set_verdict("fail")
+        s = scrape(m)
+    names = {n for n, _ in s}
+    assert {
+        "gpufault_faults_fired_total", "gpufault_faults_active", "gpufault_probe_hits_total",
+        "gpufault_lost_events_total", "gpufault_experiment_phase", "gpufault_experiment_verdict",
+        "gpufault_experiment_run_verdict", "gpufault_experiment_slo_value",
+        "gpufault_experiment_slo_ok", "gpufault_experiment_slo_burn_rate",
+        "gpufault_experiment_slo_alert_fired",
+    } <= names  # fmt: skip
+    for (name, lab), _v in s.items():
+        if name.startswith("gpufault_") and not name.endswith("_created"):
+            assert dict(lab).get("run") == "x0000beef", (name, lab)
+    burn = {dict(k)["window"]: v for (n, k), v in s.items()
+            if n == "gpufault_experiment_slo_burn_rate"}  # fmt: skip
+    assert burn == {"long": 30.0, "short": 60.0}
+    fired = [(dict(k)["slo_id"], v) for (n, k), v in s.items()
+             if n == "gpufault_experiment_slo_alert_fired"]  # fmt: skip
+    assert fired == [("chat-latency", 1.0)]  # the [[slo]]'s own id, not the file's
 
 
 def test_port_in_use_is_one_line() -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from observe_db import T0, add_experiment, make_db
+from observe_db import T0, add_experiment, add_streaming_and_slo, make_db
 
 from pyctl.cli.report import report
 from pyctl.report import ReportError, render_html, render_markdown
@@ -71,7 +71,8 @@ def test_html_is_self_contained(db) -> None:
             assert v is None or v.startswith("#"), (k, v)  # in-page links only
     assert "url(" not in h and "@import" not in h
     # The SVG namespace is a name, never fetched.
-    assert re.findall(r"https?://[^\s\"'<]+", h) == ["http://www.w3.org/2000/svg"] * 3
+    # (Two plots per experiment: the timeline and the throughput/token panels.)
+    assert re.findall(r"https?://[^\s\"'<]+", h) == ["http://www.w3.org/2000/svg"] * 6
 
 
 def test_html_content(db) -> None:
@@ -191,3 +192,64 @@ def test_slo_bounds_breaches_arming_and_step_numbers(tmp_path: Path) -> None:
 def load_windows(d: Any) -> list[dict[str, Any]]:
     cur = d.conn.execute("SELECT p99, error_rate FROM load_windows ORDER BY start")
     return [{"p99": a, "error_rate": b} for a, b in cur.fetchall()]
+
+
+def test_throughput_and_token_panels_with_bounds_breaches_and_the_burn(tmp_path: Path) -> None:
+    """Schema 8's streamed windows drawn: throughput and output tokens/s,
+    TTFT/ITL p50/p99 per window with the file's ttft_p99/itl_p99 bounds as
+    dashed lines, each window over one marked on its panel, the burn-rate
+    SLO's firing alert as a strip and a table; the Markdown says the same."""
+    d = make_db(tmp_path / "gf.db")
+    add_experiment(d, "e1", name="tokenizer-stall")
+    add_streaming_and_slo(d, "e1")
+    h = render_html(d, ["e1"])
+    (panels,) = re.findall(r'<svg[^>]*class="load-panels".*?</svg>', h, re.S)
+    for cls in ("line-throughput", "line-output-tokens", "line-ttft_p50", "line-ttft_p99",
+                "line-itl_p50", "line-itl_p99"):  # fmt: skip
+        assert f'class="{cls}"' in panels, cls
+    assert 'class="slo-bound slo-itl_p99"' in panels and "itl_p99 SLO 30 ms" in panels
+    assert 'class="slo-bound slo-ttft_p99"' in panels and "ttft_p99 SLO 50 ms" in panels
+    marks = [html.unescape(b) for b in re.findall(
+        r'<rect class="breach"[^>]*><title>([^<]*)</title>', panels)]  # fmt: skip
+    # The 15 fault windows: ITL p99 68 ms > 30 ms and TTFT p99 70 ms > 50 ms, nothing else.
+    assert len(marks) == 15 and all("itl_p99 68 ms > 30 ms" in m for m in marks), marks
+    assert all("ttft_p99 70 ms > 50 ms" in m for m in marks)
+    firing = re.findall(r'<rect class="burn-firing"[^>]*><title>([^<]*)</title>', panels)
+    assert firing and all("chat-good: 14.4x 12s/1s firing" in f for f in firing)
+    assert "<h3>Burn-rate SLOs</h3>" in h and "<td>14.4x 12s/1s</td>" in h
+    md = render_markdown(d, ["e1"])
+    assert "### Throughput and token latency by phase (medians, worst p99)" in md
+    assert "| fault | 40.0/s | 250.0/s | 10.0 ms | 70.0 ms | 4.0 ms | 68.0 ms |" in md, md
+    assert ("- token SLO per 1 s window: ttft_p99 <= 50 ms, itl_p99 <= 30 ms; 15 of 40 "
+            "windows broke it") in md  # fmt: skip
+    (burn,) = [ln for ln in md.splitlines() if ln.startswith("| `chat-good` |")]
+    assert "| 14.4x 12s/1s |" in burn and "(fault)" in burn, burn
+    # Without streamed columns: the throughput panel only, no token panel or bounds.
+    d2 = make_db(tmp_path / "gf2.db")
+    add_experiment(d2, "e2", name="tokenizer-stall")
+    h2 = render_html(d2, ["e2"])
+    assert 'class="line-throughput"' in h2 and "line-itl_p99" not in h2
+    md2 = render_markdown(d2, ["e2"])
+    assert "Burn-rate SLOs" not in h2 and "Burn-rate SLOs" not in md2
+    assert "| phase | answers | output tokens |\n" in md2 and "TTFT p50" not in md2
+
+
+def test_threads_by_the_name_the_target_gave_them(tmp_path: Path) -> None:
+    """A step's thread as the target names it (thread_name, read from
+    /proc/PID/task/TID/comm when it armed), a fault's thread with the comm
+    the probe read; in the HTML and the Markdown."""
+    d = make_db(tmp_path / "gf.db")
+    add_experiment(d, "e1", name="tokenizer-stall", fires=2)
+    with d.conn:
+        d.conn.execute("UPDATE experiment_steps SET thread_name = 'gf-worker', spec = "
+                       "'{\"tid\": 4251, \"describe\": [\"stall\"]}'")  # fmt: skip
+    h = render_html(d, ["e1"])
+    assert '<td class="nowrap">gf-worker (tid 4251)</td>' in h, h
+    assert "pid 4242 tid 4251 (gf-http)" in h
+    # The timeline's fault markers name the thread too.
+    assert re.search(r"<title>fault [0-9a-f-]+: tok:hf-encode stall on tid 4251 \(gf-http\) at", h)
+    md = render_markdown(d, ["e1"])
+    assert "| gf-worker (tid 4251) |" in md and "pid 4242 tid 4251 (gf-http)" in md
+    with d.conn:
+        d.conn.execute("UPDATE experiment_steps SET thread_name = NULL, spec = '{}'")
+    assert '<td class="nowrap">all</td>' in render_html(d, ["e1"])

@@ -87,6 +87,22 @@ SELECT part, n, what, value FROM chain ORDER BY rank, n, what""",
   FROM experiments e LEFT JOIN experiment_steps s ON s.experiment_id = e.id
  GROUP BY e.id ORDER BY e.started_at DESC""",
     },
+    "slo_alerts": {
+        "title": "Burn-rate SLO alerts of an experiment",
+        "description": "Each [[slo]] alert pair of one experiment: its worst long and short "
+        "burn rates, when it first fired (seconds after the experiment started, and in which "
+        "phase) and in how many 1 s windows.",
+        "sql": """SELECT b.slo_id, b.alert, max(b.long_burn) AS worst_long_burn,
+       max(b.short_burn) AS worst_short_burn,
+       round(min(CASE WHEN b.firing THEN b.at END) - e.started_at, 1) AS first_fired_s,
+       (SELECT f.phase FROM slo_burns f WHERE f.experiment_id = b.experiment_id
+           AND f.slo_id = b.slo_id AND f.alert = b.alert AND f.firing
+         ORDER BY f.at LIMIT 1) AS first_fired_phase,
+       sum(b.firing) AS firing_windows
+  FROM slo_burns b JOIN experiments e ON e.id = b.experiment_id
+ WHERE b.experiment_id = :experiment_id
+ GROUP BY b.slo_id, b.alert ORDER BY b.slo_id, b.alert""",
+    },
     "explorations": {
         "title": "Explorations and their resilience maps",
         "description": "Every `gpufault explore` run, newest first: points found, trials run, "

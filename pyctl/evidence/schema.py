@@ -41,7 +41,12 @@ from pyctl.bpf import abi
 # 5: pyframes (a CPython thread's Python stack at the fire).
 # 6: targets (who a run's target process is: host and container pids,
 #    namespaces, cgroup, container, pod, rank, the selector that chose it).
-SCHEMA_VERSION = 7
+# 7: explorations, explore_points, explore_trials; targets.root.
+# 8: load_windows' streamed terms (TTFT/ITL percentiles, output tokens/s,
+#    goodput), hypothesis_results.slo_id and judgements.slo_id, the
+#    burn-rate SLO tables slo_windows and slo_burns, and
+#    experiment_steps.thread_name (the target's name of the step's thread).
+SCHEMA_VERSION = 8
 
 
 class SchemaError(Exception):
@@ -429,6 +434,7 @@ TABLES: tuple[Table, ...] = (
             "ended_at REAL",
             "fires INTEGER",
             "status TEXT",
+            "thread_name TEXT",
         ),
         pk=("experiment_id", "idx"),
         fks=(_experiment(), _run()),
@@ -461,9 +467,53 @@ TABLES: tuple[Table, ...] = (
             "error_rate REAL",
             "throughput REAL",
             "phase TEXT",
+            "ttft_p50 REAL",
+            "ttft_p95 REAL",
+            "ttft_p99 REAL",
+            "itl_p50 REAL",
+            "itl_p95 REAL",
+            "itl_p99 REAL",
+            "output_tokens_per_s REAL",
+            "goodput REAL",
         ),
         fks=(_experiment(),),
         indexes=(("load_windows_exp", ("experiment_id",)),),
+    ),
+    # A burn-rate SLO's 1 s windows ([[slo]], pyctl/experiment/burn.py):
+    # requests due in [start, end) and how many were good.
+    Table(
+        "slo_windows",
+        (
+            "experiment_id TEXT",
+            "slo_id TEXT",
+            "start REAL",
+            "end REAL",
+            "phase TEXT",
+            "total INTEGER",
+            "good INTEGER",
+        ),
+        fks=(_experiment(),),
+        indexes=(("slo_windows_exp", ("experiment_id", "slo_id")),),
+    ),
+    # Each alert pair of a burn-rate SLO at the end of each window: the
+    # long and short windows' burn rates; firing when both exceed factor.
+    Table(
+        "slo_burns",
+        (
+            "experiment_id TEXT",
+            "slo_id TEXT",
+            "alert TEXT",
+            "long_s REAL",
+            "short_s REAL",
+            "factor REAL",
+            "at REAL",
+            "phase TEXT",
+            "long_burn REAL",
+            "short_burn REAL",
+            "firing INTEGER",
+        ),
+        fks=(_experiment(),),
+        indexes=(("slo_burns_exp", ("experiment_id", "slo_id")),),
     ),
     Table(
         "hypothesis_results",
@@ -475,6 +525,7 @@ TABLES: tuple[Table, ...] = (
             "value TEXT",
             "tolerance TEXT",
             "detail TEXT",
+            "slo_id TEXT",
         ),
         fks=(_experiment(),),
     ),
@@ -489,6 +540,7 @@ TABLES: tuple[Table, ...] = (
             "effect REAL",
             "worse INTEGER",
             "reason TEXT",
+            "slo_id TEXT",
         ),
         fks=(_experiment(),),
     ),
@@ -769,6 +821,8 @@ EXPERIMENT_TABLES = (
     "judgements",
     "expectations",
     "remediations",
+    "slo_windows",
+    "slo_burns",
 )
 
 
@@ -907,6 +961,15 @@ def _from_6(conn: sqlite3.Connection, ref: sqlite3.Connection) -> None:
     _conform(conn, ref)
 
 
+def _from_7(conn: sqlite3.Connection, ref: sqlite3.Connection) -> None:
+    """7 -> 8: load_windows gains the streamed terms (ttft/itl percentiles,
+    output_tokens_per_s, goodput), hypothesis_results and judgements an
+    slo_id, experiment_steps a thread_name (NULL in older rows: not
+    recorded; an older run's windows had no streamed terms stored); the
+    slo_windows and slo_burns tables are created with the missing ones."""
+    _conform(conn, ref)
+
+
 MIGRATIONS: dict[int, Callable[[sqlite3.Connection, sqlite3.Connection], None]] = {
     0: _from_0,
     1: _from_1,
@@ -915,6 +978,7 @@ MIGRATIONS: dict[int, Callable[[sqlite3.Connection, sqlite3.Connection], None]] 
     4: _from_4,
     5: _from_5,
     6: _from_6,
+    7: _from_7,
 }
 assert sorted(MIGRATIONS) == list(range(SCHEMA_VERSION)), "a migration per earlier version"
 

@@ -174,6 +174,7 @@ class Evaluation:
                     f"{good}/{len(vals)} 1 s windows within (quorum {st.quorum:.0%}); "
                     f"{agg.count} requests due in [{start - rel0:.1f}s, {end - rel0:.1f}s)"
                     + (f"; good = {st.good}" if name == "goodput" and st.good else ""),
+                    slo_id=self.exp.slo_id,
                 )
             )
         return ok_all
@@ -243,6 +244,7 @@ class Evaluation:
                     ended_at=s.ended_at,
                     fires=len(s.fires),
                     status=s.status,
+                    thread_name=s.thread_name,
                 )
             )
             if s.status == "failed":
@@ -276,6 +278,8 @@ class Evaluation:
                     continue  # the stub at the end: too few requests to say anything
                 windows.append((w, self._phase_of((w.start + w.end) / 2)))
             self.rec.load_windows = [E.LoadWindow(w, ph) for w, ph in windows]
+            if exp.slos:
+                self._burn_slos(load, t0, end_all, f)
         # During: continuous / onchaos hypothesis probes, the load over the fault window.
         if tm is not None:
             armed = [s.fault.started_at for s in self.steps if s.fault is not None]
@@ -332,11 +336,13 @@ class Evaluation:
                             )
                         ]
                         ctl = stats.judge_with_control(blocks, win, **how)
-                        self.rec.judgements.append(E.Judged("latency:a/a", ctl.aa))
+                        self.rec.judgements.append(
+                            E.Judged("latency:a/a", ctl.aa, exp.slo_id)
+                        )
                         j = ctl.window
                     else:
                         j = stats.judge(base, win, **how)
-                    self.rec.judgements.append(E.Judged("latency", j))
+                    self.rec.judgements.append(E.Judged("latency", j, exp.slo_id))
                     if j.worse and not f.abort:
                         f.failures.append(
                             f"latency worse in the fault window than the baseline: {j.reason}"
@@ -387,6 +393,25 @@ class Evaluation:
                     if not ok:
                         f.failures.append(f"{why} in the last {hold:g}s of recovery")
         return decide(f)
+
+    def _burn_slos(self, load: Any, t0: float, end: float, f: Findings) -> None:
+        """The [[slo]] burn-rate SLOs over the run's windows: their rows,
+        and a firing alert as a failure (in the baseline: an error, since
+        the steady state burnt budget before any fault)."""
+        # lazy: pyctl.experiment.burn only for a file with [[slo]]
+        from pyctl.experiment import burn
+
+        j = burn.evaluate(self.exp.slos, load.samples(t0, end), t0, end, self._phase_of)
+        self.rec.slo_windows, self.rec.slo_burns = j.windows, j.burns
+        for phase, sid, ok, value, tol, detail, near in j.hypotheses:
+            self.rec.hypotheses.append(
+                E.Hypothesis(phase, f"slo.{sid}", ok, value, tol, detail, slo_id=sid)
+            )
+            self.slo_values.append((f"slo.{sid}", phase, near, ok))
+        self.slo_burn_peaks = j.peaks
+        f.errors.extend(j.errors)
+        if not f.abort:
+            f.failures.extend(j.failures)
 
     def _pid_died(self, w: PidWatch) -> str:
         """One line on a target given by pid that ended during the run: when

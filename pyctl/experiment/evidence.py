@@ -26,6 +26,37 @@ from pyctl.evidence import schema, store
 # The experiment tables are defined once, in pyctl/evidence/schema.py; this
 # is their CREATE script (kept under the old name for its readers).
 EXPERIMENT_DDL = schema.script(schema.EXPERIMENT_TABLES)
+# load_windows' streamed terms (loadgen.WindowStats attributes of the same names).
+STREAMED = (
+    "ttft_p50",
+    "ttft_p95",
+    "ttft_p99",
+    "itl_p50",
+    "itl_p95",
+    "itl_p99",
+    "output_tokens_per_s",
+    "goodput",
+)
+LOAD_COLUMNS = (
+    "experiment_id",
+    "start",
+    "end",
+    "count",
+    "p50",
+    "p95",
+    "p99",
+    "error_rate",
+    "throughput",
+    "phase",
+    *STREAMED,
+)
+_LOAD_INSERT = (
+    "INSERT INTO load_windows ("
+    + ", ".join(f'"{c}"' for c in LOAD_COLUMNS)
+    + ") VALUES ("
+    + ", ".join("?" for _ in LOAD_COLUMNS)
+    + ")"
+)
 
 
 def new_id() -> str:
@@ -57,6 +88,9 @@ class StepRow:
     ended_at: float | None
     fires: int
     status: str  # armed, done, not-fired, stopped, failed, skipped
+    # The target's own name of the step's thread (/proc/PID/task/TID/comm
+    # when it armed, or the comm the step was limited to); None: the whole process.
+    thread_name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -87,12 +121,14 @@ class Hypothesis:
     value: str
     tolerance: str
     detail: str
+    slo_id: str = ""  # the [[slo]]'s id, or the file's slo_id for its steady state
 
 
 @dataclass(frozen=True)
 class Judged:
     metric: str
     judgement: Any  # a stats.Judgement
+    slo_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -124,6 +160,8 @@ class Record:
     judgements: list[Judged] = field(default_factory=list)
     expectations: list[Expectation] = field(default_factory=list)
     remediations: list[RemediationRun] = field(default_factory=list)
+    slo_windows: list[Any] = field(default_factory=list)  # burn.Counted
+    slo_burns: list[Any] = field(default_factory=list)  # burn.Burn
 
 
 class Evidence:
@@ -168,7 +206,7 @@ class Evidence:
             c.executemany(
                 "INSERT OR REPLACE INTO experiment_steps (experiment_id, idx, name, template, "
                 "spec, run_id, planned_start, planned_duration, started_at, ended_at, fires, "
-                "status) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                "status, thread_name) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 [
                     (
                         x,
@@ -183,6 +221,7 @@ class Evidence:
                         s.ended_at,
                         s.fires,
                         s.status,
+                        s.thread_name,
                     )
                     for s in rec.steps
                 ],
@@ -195,7 +234,7 @@ class Evidence:
                 ],
             )
             c.executemany(
-                "INSERT INTO load_windows VALUES (?,?,?,?,?,?,?,?,?,?)",
+                _LOAD_INSERT,
                 [
                     (
                         x,
@@ -208,19 +247,23 @@ class Evidence:
                         _real(w.error_rate),
                         _real(w.throughput),
                         phase,
+                        *(_real(getattr(w, k, None)) for k in STREAMED),
                     )
                     for w, phase in ((lw.window, lw.phase) for lw in rec.load_windows)
                 ],
             )
             c.executemany(
-                "INSERT INTO hypothesis_results VALUES (?,?,?,?,?,?,?)",
+                "INSERT INTO hypothesis_results (experiment_id, phase, probe, ok, value, "
+                "tolerance, detail, slo_id) VALUES (?,?,?,?,?,?,?,?)",
                 [
-                    (x, h.phase, h.name, int(h.ok), h.value, h.tolerance, h.detail)
+                    (x, h.phase, h.name, int(h.ok), h.value, h.tolerance, h.detail,
+                     h.slo_id or None)
                     for h in rec.hypotheses
-                ],
+                ],  # fmt: skip
             )
             c.executemany(
-                "INSERT INTO judgements VALUES (?,?,?,?,?,?,?,?)",
+                "INSERT INTO judgements (experiment_id, metric, baseline_n, window_n, p_value, "
+                "effect, worse, reason, slo_id) VALUES (?,?,?,?,?,?,?,?,?)",
                 [
                     (
                         x,
@@ -231,8 +274,11 @@ class Evidence:
                         _real(j.effect),
                         int(j.worse),
                         j.reason,
+                        sid or None,
                     )
-                    for metric, j in ((r.metric, r.judgement) for r in rec.judgements)
+                    for metric, j, sid in (
+                        (r.metric, r.judgement, r.slo_id) for r in rec.judgements
+                    )
                 ],
             )
             c.executemany(
@@ -242,6 +288,18 @@ class Evidence:
             c.executemany(
                 "INSERT INTO remediations VALUES (?,?,?,?,?)",
                 [(x, r.command, r.started, r.ended, r.rc) for r in rec.remediations],
+            )
+            c.executemany(
+                "INSERT INTO slo_windows VALUES (?,?,?,?,?,?,?)",
+                [(x, w.slo_id, w.start, w.end, w.phase, w.total, w.good) for w in rec.slo_windows],
+            )
+            c.executemany(
+                "INSERT INTO slo_burns VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                [
+                    (x, b.slo_id, b.alert, b.long_s, b.short_s, b.factor, b.at, b.phase,
+                     _real(b.long_burn), _real(b.short_burn), int(b.firing))
+                    for b in rec.slo_burns
+                ],  # fmt: skip
             )
             c.execute(
                 "UPDATE experiments SET ended_at=?, verdict=?, reason=? WHERE id=?",
@@ -305,6 +363,15 @@ def results(db: Any, exp_id: str) -> dict[str, Any] | None:
         "SELECT phase, count(*) AS windows, sum(count) AS requests, "
         "max(p99) AS worst_p99 FROM load_windows "
         "WHERE experiment_id=? GROUP BY phase",
+        (exp_id,),
+    )
+    # Each burn-rate SLO's alert pairs ([[slo]]): worst burns, firing windows.
+    out["slo_alerts"] = _rows(
+        db,
+        "SELECT slo_id, alert, factor, max(long_burn) AS worst_long_burn, "
+        "max(short_burn) AS worst_short_burn, sum(firing) AS firing_windows, "
+        "min(CASE WHEN firing THEN at END) AS first_fired_at FROM slo_burns "
+        "WHERE experiment_id=? GROUP BY slo_id, alert ORDER BY slo_id, alert",
         (exp_id,),
     )
     out["probe_samples"] = _rows(

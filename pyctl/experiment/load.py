@@ -27,6 +27,7 @@ else:  # Python 3.10: the same parser as a package
 
 from pyctl import templates as T
 from pyctl.experiment.agents import parse_agents
+from pyctl.experiment.burn import parse_slos
 from pyctl.experiment.facts import TARGET_FACTS, is_fact, placeholders, render
 from pyctl.experiment.method import parse_method
 from pyctl.experiment.model import (
@@ -80,6 +81,7 @@ TOP_KEYS = {
     "remediation",
     "agents",
     "quality",
+    "slo",
 }
 
 
@@ -221,6 +223,16 @@ def load_file(
             f"steady_state.{needs_stream[0]}",
             "token timings need a streamed load: add stream = true to [load]",
         )
+    slos = parse_slos(r, rendered)
+    if slos and load_ is None:
+        raise r.err("slo", "burn-rate SLOs count the load's requests: add a [load] table")
+    if load_ is not None and not load_.stream:
+        for i, so in enumerate(slos):
+            if so.streamed():
+                raise r.err(
+                    f"slo[{i}].good",
+                    "token timings need a streamed load: add stream = true to [load]",
+                )
     steps = parse_method(r, rendered)
     agents = parse_agents(r, rendered, path.parent)
     _check_agent_steps(r, steps, agents)
@@ -285,6 +297,7 @@ def load_file(
         expanded=expanded,
         agents=agents,
         quality=quality,
+        slos=slos,
     )
 
 

@@ -394,6 +394,8 @@ class Experiment:
     # [agents.NAME]: the nodes whose agents arm the steps naming them
     # (pyctl.experiment.agents.AgentRef by name); empty: all steps here.
     agents: dict[str, Any] = field(default_factory=dict)
+    # [[slo]]: multi-window burn-rate SLOs (pyctl.experiment.burn.BurnSLO).
+    slos: list[Any] = field(default_factory=list)
 
     @property
     def ident(self) -> str:

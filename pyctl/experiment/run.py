@@ -42,6 +42,18 @@ from pyctl.experiment.target import PidWatch, died, start_target
 from pyctl.experiment.verdict import Verdict, expected_exit
 
 
+def thread_name(pid: int | None, tid: int | None) -> str | None:
+    """/proc/PID/task/TID/comm: the name the target gave the thread (what
+    top -H and gdb show); None without a tid or once the thread is gone."""
+    if not tid:
+        return None
+    try:
+        with open(f"/proc/{pid or tid}/task/{tid}/comm", "rb") as fh:
+            return fh.read(64).decode(errors="replace").rstrip("\n") or None
+    except OSError:
+        return None
+
+
 @dataclass
 class Outcome:
     experiment_id: str
@@ -279,6 +291,13 @@ class Run(Evaluation):
             feed = None
             if self.metrics is not None:  # the steps' fires, read back from the database
                 feed = MetricsFeed(self.db_path, self.metrics, self._step_runs).start()
+            burns = None
+            if self.metrics is not None and exp.slos and load is not None and exp.load:
+                # lazy: pyctl.experiment.burn_feed only for a file with [[slo]] and --metrics-addr
+                from pyctl.experiment.burn_feed import BurnFeed
+
+                burns = BurnFeed(exp.slos, load, self.metrics, lambda: self.phase_at.get(
+                    "baseline"), self._phase_of, settle=exp.load.timeout).start()  # fmt: skip
             try:
                 self._phases(facts, probes, load, probe_threads)
             except Exception as e:  # noqa: BLE001 - cleaned up, recorded, raised below
@@ -299,6 +318,8 @@ class Run(Evaluation):
                     signal.signal(signum, h)
                 if feed is not None:
                     feed.stop()  # a last look: every fire counted before the verdict
+                if burns is not None:
+                    burns.stop()
             if proc is not None and proc.proc.poll() is not None:
                 self.target_died = died(proc)
                 self.echo(f"  {self.target_died}")
@@ -322,6 +343,8 @@ class Run(Evaluation):
             if self.metrics is not None:
                 for term, phase, value, ok in self.slo_values:
                     self.metrics.set_slo(term, phase, value, ok)
+                for peak in getattr(self, "slo_burn_peaks", ()):
+                    self.metrics.set_burn(*peak)
                 self.metrics.set_verdict(verdict.verdict)
             ended = time.time()
             return Outcome(
@@ -453,6 +476,11 @@ class Run(Evaluation):
                 if s.pid or s.tid:  # where its faults went (traffic has neither)
                     who = self.who.get(s.idx)
                     sr.fault_pid, sr.fault_tid = who if who else (None, None)
+                # Another node's step: its pid/tid are that node's, not ours to read.
+                local = s.agent is None
+                sr.thread_name = (thread_name(sr.fault_pid, sr.fault_tid) if local else None) or (
+                    s.thread
+                )
                 aborted = self.stop_event.is_set()
             self._active(+1)
             if aborted:

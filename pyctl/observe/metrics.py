@@ -15,17 +15,23 @@ unconditionally::
     m.close(final_scrape_s=3.0)   # lets Prometheus read the verdict first
 
 Series (docs/observability.md):
-    gpufault_faults_fired_total{function,code,experiment,slo_id}  counter
-    gpufault_faults_active                                        gauge
-    gpufault_probe_hits_total                                     counter
-    gpufault_lost_events_total                                    counter
-    gpufault_experiment_phase{experiment,slo_id,phase}            gauge, 1 = current
-    gpufault_experiment_verdict{experiment,slo_id,verdict}        gauge, 1 at the end
+    gpufault_faults_fired_total{function,code,experiment,slo_id,run}  counter
+    gpufault_faults_active{run}                                   gauge
+    gpufault_probe_hits_total{run}                                counter
+    gpufault_lost_events_total{run}                               counter
+    gpufault_experiment_phase{experiment,slo_id,run,phase}        gauge, 1 = current
+    gpufault_experiment_verdict{experiment,slo_id,run,verdict}    gauge, 1 at the end
     gpufault_experiment_run_verdict{experiment,slo_id,run,verdict} gauge, 1 at the end
     gpufault_experiment_slo_value{experiment,slo_id,run,term,phase} gauge (seconds, share, rate)
     gpufault_experiment_slo_ok{experiment,slo_id,run,term,phase}  gauge, 1 met, 0 breached
-The `run` label is the experiment's id (x1a2b3c4d): two runs of one file
-are two series, not one overwritten.
+    gpufault_experiment_slo_burn_rate{experiment,slo_id,run,alert,window,phase} gauge
+    gpufault_experiment_slo_alert_fired{experiment,slo_id,run,alert,phase} gauge, 1 fired
+    gpufault_experiment_slo_burn_rate_now{experiment,slo_id,run,alert,window} gauge, live
+    gpufault_experiment_slo_alert_firing{experiment,slo_id,run,alert}  gauge, live 1 firing
+Every series has the `run` label, the experiment's id (x1a2b3c4d; empty
+outside an experiment): two runs of one file are two series, not one
+overwritten. A burn-rate SLO's series carry its own id ([[slo]] id) as
+slo_id.
 """
 
 from __future__ import annotations
@@ -109,7 +115,7 @@ class Metrics:
 
     def _serve(self, host: str, port: int) -> None:
         reg = CollectorRegistry(auto_describe=True)
-        lab = ["experiment", "slo_id"]
+        lab = ["experiment", "slo_id", "run"]
         self.registry = reg
         self._fired = Counter(
             "gpufault_faults_fired",
@@ -117,13 +123,16 @@ class Metrics:
             ["function", "code", *lab],
             registry=reg,
         )
-        self._active = Gauge("gpufault_faults_active", "fault specs armed now", registry=reg)
+        self._active = Gauge(
+            "gpufault_faults_active", "fault specs armed now", ["run"], registry=reg
+        )
         self._hits_c = Counter(
-            "gpufault_probe_hits", "calls the probes saw (fired or not)", registry=reg
+            "gpufault_probe_hits", "calls the probes saw (fired or not)", ["run"], registry=reg
         )
         self._lost_c = Counter(
             "gpufault_lost_events",
             "events the BPF side dropped (ring full, map full)",
+            ["run"],
             registry=reg,
         )
         self._phase_g = Gauge(
@@ -141,19 +150,45 @@ class Metrics:
         self._run_verdict_g = Gauge(
             "gpufault_experiment_run_verdict",
             "1 for a finished experiment run's verdict (run: the experiment's id)",
-            [*lab, "run", "verdict"],
+            [*lab, "verdict"],
             registry=reg,
         )
         self._slo_value_g = Gauge(
             "gpufault_experiment_slo_value",
             "a load hypothesis term's value over a phase (latencies in seconds)",
-            [*lab, "run", "term", "phase"],
+            [*lab, "term", "phase"],
             registry=reg,
         )
         self._slo_ok_g = Gauge(
             "gpufault_experiment_slo_ok",
             "1 when the term's bound held in the phase (its quorum of 1 s windows), else 0",
-            [*lab, "run", "term", "phase"],
+            [*lab, "term", "phase"],
+            registry=reg,
+        )
+        self._burn_g = Gauge(
+            "gpufault_experiment_slo_burn_rate",
+            "a burn-rate SLO's worst burn rate in a phase over an alert's long or short "
+            "window (bad share / error budget; slo_id: the [[slo]]'s id)",
+            [*lab, "alert", "window", "phase"],
+            registry=reg,
+        )
+        self._burn_now_g = Gauge(
+            "gpufault_experiment_slo_burn_rate_now",
+            "a burn-rate SLO's burn rate over an alert's long or short window ending at the "
+            "latest settled 1 s window, while the experiment runs",
+            [*lab, "alert", "window"],
+            registry=reg,
+        )
+        self._firing_now_g = Gauge(
+            "gpufault_experiment_slo_alert_firing",
+            "1 while the burn-rate alert pair fires (both windows above its factor), live",
+            [*lab, "alert"],
+            registry=reg,
+        )
+        self._alert_g = Gauge(
+            "gpufault_experiment_slo_alert_fired",
+            "1 when the burn-rate alert pair fired in the phase (both windows above its factor)",
+            [*lab, "alert", "phase"],
             registry=reg,
         )
         app = make_wsgi_app(reg)
@@ -220,6 +255,7 @@ class Metrics:
         return {
             "experiment": self.experiment if experiment is None else experiment,
             "slo_id": self.slo_id if slo_id is None else slo_id,
+            "run": self.run,
         }
 
     def set_experiment(self, experiment: str, slo_id: str = "") -> None:
@@ -235,7 +271,7 @@ class Metrics:
         """One load hypothesis term of a phase (before, during, after)."""
         if not self.enabled:
             return
-        lab = {**self._labels(None, None), "run": self.run, "term": term, "phase": phase}
+        lab = {**self._labels(None, None), "term": term, "phase": phase}
         self._slo_value_g.labels(**lab).set(value)
         self._slo_ok_g.labels(**lab).set(1 if ok else 0)
 
@@ -260,7 +296,7 @@ class Metrics:
 
     def set_faults_active(self, n: int) -> None:
         if self.enabled:
-            self._active.set(n)
+            self._active.labels(run=self.run).set(n)
 
     def set_totals(self, *, probe_hits: float | None = None, lost: float | None = None) -> None:
         """Cumulative totals as the engine keeps them (stats.events, the sum of
@@ -268,15 +304,15 @@ class Metrics:
         if not self.enabled:
             return
         if probe_hits is not None and probe_hits > self._hits:
-            self._hits_c.inc(probe_hits - self._hits)
+            self._hits_c.labels(run=self.run).inc(probe_hits - self._hits)
             self._hits = probe_hits
         if lost is not None and lost > self._lost:
-            self._lost_c.inc(lost - self._lost)
+            self._lost_c.labels(run=self.run).inc(lost - self._lost)
             self._lost = lost
 
     def probe_hit(self, n: int = 1) -> None:
         if self.enabled and n > 0:
-            self._hits_c.inc(n)
+            self._hits_c.labels(run=self.run).inc(n)
             self._hits += n
 
     def set_phase(
@@ -290,6 +326,29 @@ class Metrics:
             self._phase_g.labels(**lab, phase=p).set(1 if p == phase else 0)
         self._phase = (lab["experiment"], lab["slo_id"], phase)
 
+    def set_burn_now(
+        self, slo_id: str, alert: str, long_burn: float, short_burn: float, firing: bool
+    ) -> None:
+        """A burn-rate SLO's alert pair as of the latest settled window (live)."""
+        if not self.enabled:
+            return
+        lab = {**self._labels(None, slo_id), "alert": alert}
+        self._burn_now_g.labels(**lab, window="long").set(long_burn)
+        self._burn_now_g.labels(**lab, window="short").set(short_burn)
+        self._firing_now_g.labels(**lab).set(1 if firing else 0)
+
+    def set_burn(
+        self, slo_id: str, alert: str, phase: str, long_burn: float, short_burn: float,
+        fired: bool,
+    ) -> None:  # fmt: skip
+        """One burn-rate SLO's alert pair over a phase (its worst burn rates)."""
+        if not self.enabled:
+            return
+        lab = {**self._labels(None, slo_id), "alert": alert, "phase": phase}
+        self._burn_g.labels(**lab, window="long").set(long_burn)
+        self._burn_g.labels(**lab, window="short").set(short_burn)
+        self._alert_g.labels(**lab).set(1 if fired else 0)
+
     def set_verdict(
         self, verdict: str, *, experiment: str | None = None, slo_id: str | None = None
     ) -> None:
@@ -299,7 +358,7 @@ class Metrics:
         lab = self._labels(experiment, slo_id)
         for v in {*VERDICTS, verdict}:
             self._verdict_g.labels(**lab, verdict=v).set(1 if v == verdict else 0)
-            self._run_verdict_g.labels(**lab, run=self.run, verdict=v).set(1 if v == verdict else 0)
+            self._run_verdict_g.labels(**lab, verdict=v).set(1 if v == verdict else 0)
         for p in PHASES:
             self._phase_g.labels(**lab, phase=p).set(0)
         self._phase = None

@@ -5,7 +5,9 @@ and under each step a span per fault it fired (linked by the step's
 run_id), each with its real start and end (Unix times from the store:
 experiments.started_at/ended_at, experiment_steps.started_at/ended_at,
 faults.wall + latency). Every span carries `slo_id` and `verdict`; a fault
-span carries its Xids and anchors as span events.
+span carries its Xids and anchors as span events. A burn-rate SLO
+([[slo]]) is a span of its own under the experiment's, `slo_id` its id,
+its alerts' firing and resolving as events.
 
 Sent to an OTLP/HTTP endpoint (opentelemetry-exporter-otlp-proto-http;
 `http://host:4318`, /v1/traces is added) when one is given, else written to
@@ -208,13 +210,70 @@ def build_spans(db: Any, experiment_id: str) -> tuple[Any, list[Any]]:
                     )
             fs.end(end_time=_ns(w + lat))
         span.end(end_time=_ns(max(s1, s0)))
+    if _has(db, "slo_windows"):
+        _slo_spans(db, tracer, root_ctx, e, common, Status, StatusCode)
     root.end(end_time=_ns(max(t_end, t_start)))
     spans = list(mem.get_finished_spans())
     provider.shutdown()
     # Parents first (the SDK finishes children first).
-    order = {"experiment": 0, "step": 1, "fault": 2}
+    order = {"experiment": 0, "step": 1, "slo": 1, "fault": 2}
     spans.sort(key=lambda s: (order.get(s.name.split()[0], 3), s.start_time))
     return resource, spans
+
+
+def _slo_spans(
+    db: Any, tracer: Any, ctx: Any, e: dict[str, Any], common: dict[str, Any],
+    Status: Any, StatusCode: Any,
+) -> None:  # fmt: skip
+    """A span per burn-rate SLO ([[slo]]) under the experiment's, over its
+    windows, with slo_id its own id; each alert pair's firing and
+    resolving as events at the windows' ends."""
+    xid = e["id"]
+    for (sid,) in (db.conn if hasattr(db, "conn") else db).execute(
+        "SELECT DISTINCT slo_id FROM slo_windows WHERE experiment_id = ? ORDER BY slo_id", (xid,)
+    ):
+        wins = _rows(db, "SELECT * FROM slo_windows WHERE experiment_id = ? AND slo_id = ? "
+                     "ORDER BY start", (xid, sid))  # fmt: skip
+        burns = _rows(db, "SELECT * FROM slo_burns WHERE experiment_id = ? AND slo_id = ? "
+                      "ORDER BY alert, at", (xid, sid))  # fmt: skip
+        total = sum(w["total"] or 0 for w in wins)
+        good = sum(w["good"] or 0 for w in wins)
+        fired = any(b["firing"] for b in burns)
+        span = tracer.start_span(
+            f"slo {sid}",
+            context=ctx,
+            start_time=_ns(wins[0]["start"]),
+            attributes=_attrs({
+                **common,
+                "slo_id": sid,
+                "gpufault.slo.file_slo_id": e.get("slo_id") or None,
+                "gpufault.slo.requests": total,
+                "gpufault.slo.good_requests": good,
+                "gpufault.slo.alert_fired": fired,
+                "gpufault.slo.max_burn_rate": max(
+                    (min(b["long_burn"] or 0, b["short_burn"] or 0) for b in burns), default=0.0
+                ),
+            }),
+        )  # fmt: skip
+        was: dict[str, bool] = {}
+        for b in burns:
+            now = bool(b["firing"])
+            if now != was.get(b["alert"], False):
+                span.add_event(
+                    "alert fired" if now else "alert resolved",
+                    timestamp=_ns(b["at"]),
+                    attributes=_attrs({
+                        "slo_id": sid, "alert": b["alert"], "factor": b["factor"],
+                        "long_burn": b["long_burn"], "short_burn": b["short_burn"],
+                        "phase": b.get("phase"),
+                    }),
+                )  # fmt: skip
+            was[b["alert"]] = now
+        if fired:
+            span.set_status(Status(StatusCode.ERROR, f"slo {sid}: a burn-rate alert fired"))
+        else:
+            span.set_status(Status(StatusCode.OK))
+        span.end(end_time=_ns(wins[-1]["end"]))
 
 
 def traces_url(endpoint: str) -> str:

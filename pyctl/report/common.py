@@ -151,3 +151,29 @@ def linked(chain: dict[str, Any]) -> list[str]:
     for ln in chain.get("links") or []:
         out.append(f"{ln.get('kind')} {json.dumps(ln.get('detail'))} [{ln.get('rule')}]")
     return out
+
+
+def step_thread(st: dict[str, Any]) -> str:
+    """Which thread a step went to, by the target's own name for it
+    (experiment_steps.thread_name, read from /proc/PID/task/TID/comm when it
+    armed) and its tid; "all" when the step had the whole process."""
+    tid = None
+    raw = st.get("spec")
+    if raw:
+        try:
+            spec = json.loads(raw)
+        except ValueError:
+            spec = None
+        if isinstance(spec, dict):
+            tid = spec.get("tid")
+    name = st.get("thread_name")
+    if tid and name:
+        return f"{name} (tid {tid})"
+    return str(name) if name else (f"tid {tid}" if tid else "all")
+
+
+def fault_thread(f: dict[str, Any]) -> str:
+    """The thread a fault fired on, with the name the target gave it (the
+    comm the probe read at the fire)."""
+    who = f"pid {f.get('pid')} tid {f.get('tid')}"
+    return f"{who} ({f.get('comm')})" if f.get("comm") else who

@@ -20,7 +20,12 @@ from pyctl.evidence import query
 from pyctl.exceptions import BadInput
 from pyctl.observe.names import short_function
 
-MAX_CHAINS = 50  # evidence chains shown in full per experiment; the rest are counted
+MAX_CHAINS = 50
+# The steady state's streamed and throughput terms the report draws.
+TOKEN_TERMS = (
+    "ttft_p50", "ttft_p95", "ttft_p99", "itl_p50", "itl_p95", "itl_p99",
+    "min_throughput", "output_tokens_per_s",
+)  # fmt: skip  # evidence chains shown in full per experiment; the rest are counted
 
 
 class ReportError(BadInput):
@@ -59,6 +64,8 @@ class ExperimentData:
     chains_left_out: int = 0
     # probe name -> [(at, ok)], in time order (probe_samples)
     probes: dict[str, list[tuple[float, bool | None]]] = field(default_factory=dict)
+    # A burn-rate SLO's alert pairs at each window's end (slo_burns, schema 8)
+    slo_burns: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def id(self) -> str:
@@ -134,6 +141,56 @@ class ExperimentData:
                 unit = m.group(2) or ("%" if k == "error_rate" else "s")
                 out[k] = float(m.group(1)) * {"ms": 0.001, "s": 1.0, "%": 0.01}[unit]
         return out
+
+    def token_bounds(self) -> dict[str, tuple[str, float]]:
+        """The streamed and throughput bounds of the steady state, as
+        (direction, value): ("<=", seconds) for ttft_*/itl_*, (">=", per
+        second) for min_throughput and output_tokens_per_s; {} when none."""
+        try:
+            steady = json.loads(self.exp.get("settings") or "{}")["file"]["steady_state"]
+        except (ValueError, KeyError, TypeError):
+            return {}
+        if not isinstance(steady, dict):
+            return {}
+        out: dict[str, tuple[str, float]] = {}
+        for k in TOKEN_TERMS:
+            v = steady.get(k)
+            m = re.fullmatch(r"\s*([<>]=?)\s*(\d+(?:\.\d+)?)\s*(ms|s)?\s*", str(v)) if v else None
+            if not m:
+                continue
+            scale = {"ms": 0.001, "s": 1.0, None: 1.0}[m.group(3)]
+            out[k] = (m.group(1)[0] + "=", float(m.group(2)) * scale)
+        return out
+
+    def token_breaches(self, w: dict[str, Any]) -> list[str]:
+        """The streamed/throughput bounds one window broke."""
+        out = []
+        for k, (op, bound) in self.token_bounds().items():
+            col = "throughput" if k == "min_throughput" else k
+            v = w.get(col)
+            if v is None or (v <= bound if op == "<=" else v >= bound):
+                continue
+            if k.startswith(("ttft", "itl")):
+                out.append(f"{k} {1000 * v:.0f} ms > {1000 * bound:g} ms")
+            else:
+                out.append(f"{col} {v:.3g}/s < {bound:g}/s")
+        return out
+
+    def burn_summary(self) -> list[dict[str, Any]]:
+        """Per burn-rate SLO and alert pair: worst burns, the first firing."""
+        out: dict[tuple[str, str], dict[str, Any]] = {}
+        for b in self.slo_burns:
+            k = (b["slo_id"], b["alert"])
+            r = out.setdefault(k, {"slo_id": k[0], "alert": k[1], "factor": b.get("factor"),
+                                   "long": 0.0, "short": 0.0, "fired_at": None,
+                                   "fired_phase": None, "firing_windows": 0})  # fmt: skip
+            r["long"] = max(r["long"], b.get("long_burn") or 0.0)
+            r["short"] = max(r["short"], b.get("short_burn") or 0.0)
+            if b.get("firing"):
+                r["firing_windows"] += 1
+                if r["fired_at"] is None:
+                    r["fired_at"], r["fired_phase"] = b["at"], b.get("phase")
+        return list(out.values())
 
     def breaches(self, w: dict[str, Any]) -> list[str]:
         """The bounds one load window broke ("p99 412 ms > 250 ms", ...)."""
@@ -274,6 +331,9 @@ def load(db: Any, experiment_id: str) -> ExperimentData:
         if r.get("at") is not None:
             ok = None if r.get("ok") is None else bool(r["ok"])
             d.probes.setdefault(str(r["probe"]), []).append((float(r["at"]), ok))
+    d.slo_burns = _rows(
+        db, "SELECT * FROM slo_burns WHERE experiment_id = ? ORDER BY slo_id, alert, at", eid
+    )
     d.markers = _markers(db, d, run_ids)
     return d
 
@@ -293,7 +353,8 @@ def _markers(db: Any, d: ExperimentData, run_ids: list[str]) -> list[Marker]:
                 float(f["wall"]),
                 f"#{seq}" if seq is not None else f["fault_id"],
                 f"fault {f['fault_id']}: {short_function(str(f.get('function')))} "
-                f"{f.get('action')}",
+                f"{f.get('action')} on tid {f.get('tid')}"
+                + (f" ({f['comm']})" if f.get("comm") else ""),
                 f["fault_id"],
             )
         )

@@ -13,6 +13,7 @@ from pyctl.report import common
 from pyctl.report.data import ExperimentData, load
 from pyctl.report.exploremap import ExploreMap, map_html
 from pyctl.report.svg import timeline
+from pyctl.report.svg_load import load_panels
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,"Liberation Sans",sans-serif;
@@ -142,13 +143,35 @@ def _steps(d: ExperimentData) -> str:
                 _td(common.secs(st.get("planned_duration")), "nowrap"),
                 _td(common.rel(st.get("started_at"), d.t0), "nowrap"),
                 _td(common.rel(st.get("ended_at"), d.t0), "nowrap"),
+                _td(common.step_thread(st), "nowrap"),
                 _td(st.get("fires"), "num"),
                 _td(st.get("status")),
             ]
         )
     return _table(
-        ["#", "step", "fault", "run", "planned", "for", "started", "ended", "fires", "status"], rows
-    )
+        ["#", "step", "fault", "run", "planned", "for", "started", "ended", "thread", "fires",
+         "status"],
+        rows,
+    )  # fmt: skip
+
+
+def _load_panels(d: ExperimentData) -> str:
+    svg = load_panels(d)
+    out = f"<h3>Throughput and token latency</h3><div class=\"plot\">{svg}</div>" if svg else ""
+    rows = []
+    for r in d.burn_summary():
+        fired = (
+            f"+{r['fired_at'] - d.t0:.1f} s ({r['fired_phase']}), {r['firing_windows']} windows"
+            if r["fired_at"] is not None
+            else "never"
+        )
+        rows.append([_td(r["slo_id"]), _td(r["alert"]), _td(f"{r['long']:.3g}x", "num"),
+                     _td(f"{r['short']:.3g}x", "num"), _td(fired)])  # fmt: skip
+    if rows:
+        out += "<h3>Burn-rate SLOs</h3>" + _table(
+            ["slo_id", "alert", "worst long burn", "worst short burn", "fired"], rows
+        )
+    return out
 
 
 def _hypothesis(d: ExperimentData) -> str:
@@ -255,7 +278,7 @@ def _chains(d: ExperimentData) -> str:
                 _fn_td(f),
                 _td(common.code_of(f), "nowrap"),
                 _td(f.get("action")),
-                _td(f"pid {f.get('pid')} tid {f.get('tid')} ({f.get('comm')})", "nowrap"),
+                _td(common.fault_thread(f), "nowrap"),
                 _td(common.rel(f.get("wall"), d.t0), "nowrap"),
                 "<td>"
                 + (
@@ -296,6 +319,7 @@ def experiment_html(d: ExperimentData) -> str:
         + _facts(d)
         + "<h3>Timeline</h3>"
         + f'<div class="plot">{timeline(d)}</div>'
+        + _load_panels(d)
         + "<h3>Fault steps</h3>"
         + _steps(d)
         + "<h3>Steady-state hypothesis</h3>"

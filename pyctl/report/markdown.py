@@ -61,6 +61,75 @@ def _phase_summary(d: ExperimentData) -> list[list[Any]]:
     return rows
 
 
+def _med(xs: list[float]) -> float:
+    return sorted(xs)[len(xs) // 2]
+
+
+def _tokens(d: ExperimentData) -> list[str]:
+    """Throughput and, for a streamed load, TTFT/ITL by phase; the token
+    bounds and the windows that broke them (the HTML's panels, in words)."""
+    by: dict[str, list[dict[str, Any]]] = {}
+    for w in d.windows:
+        by.setdefault(w.get("phase") or "-", []).append(w)
+    streamed = any(w.get("itl_p99") is not None or w.get("ttft_p99") is not None
+                   for w in d.windows)  # fmt: skip
+    if not by:
+        return []
+
+    def ms(ws: list[dict[str, Any]], k: str, f: Any) -> str:
+        v = [w[k] for w in ws if w.get(k) is not None]
+        return f"{1000 * f(v):.1f} ms" if v else "-"
+
+    def rate(ws: list[dict[str, Any]], k: str) -> str:
+        v = [w[k] for w in ws if w.get(k) is not None]
+        return f"{_med(v):.1f}/s" if v else "-"
+
+    rows = []
+    for ph, ws in by.items():
+        r = [ph, rate(ws, "throughput"), rate(ws, "output_tokens_per_s")]
+        if streamed:
+            r += [ms(ws, "ttft_p50", _med), ms(ws, "ttft_p99", max), ms(ws, "itl_p50", _med),
+                  ms(ws, "itl_p99", max)]  # fmt: skip
+        rows.append(r)
+    head = ["phase", "answers", "output tokens"]
+    if streamed:
+        head += ["TTFT p50", "worst TTFT p99", "ITL p50", "worst ITL p99"]
+    out = ["### Throughput and token latency by phase (medians, worst p99)", ""]
+    out += _table(head, rows)
+    bounds = d.token_bounds()
+    if bounds:
+        words = [
+            f"{k} {op} {1000 * v:g} ms" if k.startswith(("ttft", "itl")) else f"{k} {op} {v:g}/s"
+            for k, (op, v) in bounds.items()
+        ]
+        breached = [(w, why) for w in d.windows if (why := d.token_breaches(w))]
+        out.append(f"- token SLO per 1 s window: {', '.join(words)}; "
+                   f"{len(breached)} of {len(d.windows)} windows broke it")  # fmt: skip
+        for w, why in breached[:20]:
+            out.append(f"  - {common.rel(w['start'], d.t0)} ({w.get('phase')}): {'; '.join(why)}")
+        if len(breached) > 20:
+            out.append(f"  - {len(breached) - 20} more")
+        out.append("")
+    return out
+
+
+def _burns(d: ExperimentData) -> list[str]:
+    rows = []
+    for r in d.burn_summary():
+        fired = (
+            f"+{r['fired_at'] - d.t0:.1f} s ({r['fired_phase']}), {r['firing_windows']} windows"
+            if r["fired_at"] is not None
+            else "never"
+        )
+        rows.append([f"`{r['slo_id']}`", r["alert"], f"{r['long']:.3g}x", f"{r['short']:.3g}x",
+                     fired])  # fmt: skip
+    if not rows:
+        return []
+    return ["### Burn-rate SLOs", ""] + _table(
+        ["slo_id", "alert", "worst long burn", "worst short burn", "fired"], rows
+    )
+
+
 def experiment_md(d: ExperimentData) -> list[str]:
     e = d.exp
     rec = d.recovery_s()
@@ -93,9 +162,11 @@ def experiment_md(d: ExperimentData) -> list[str]:
         out.append("")
     out += ["### Load by phase (median p50, worst p99, worst error rate)", ""]
     out += _table(["phase", "window", "p50", "p99", "errors"], _phase_summary(d))
+    out += _tokens(d)
+    out += _burns(d)
     out += ["### Fault steps", ""]
     out += _table(
-        ["#", "step", "fault", "run", "started", "ended", "fires", "status"],
+        ["#", "step", "fault", "run", "started", "ended", "thread", "fires", "status"],
         [
             [
                 st["idx"] + 1,  # step 1 is the first, as the CLI says
@@ -104,6 +175,7 @@ def experiment_md(d: ExperimentData) -> list[str]:
                 st.get("run_id"),
                 common.rel(st.get("started_at"), d.t0),
                 common.rel(st.get("ended_at"), d.t0),
+                common.step_thread(st),
                 st.get("fires"),
                 st.get("status"),
             ]
@@ -175,7 +247,7 @@ def experiment_md(d: ExperimentData) -> list[str]:
                 common.function_of(c["fault"])[0],
                 common.code_of(c["fault"]),
                 c["fault"].get("action"),
-                f"pid {c['fault'].get('pid')} tid {c['fault'].get('tid')}",
+                common.fault_thread(c["fault"]),
                 common.rel(c["fault"].get("wall"), d.t0),
                 "; ".join(common.linked(c)) or "nothing linked",
             ]

@@ -73,6 +73,10 @@ class StepRun:
     fires: list[tuple[str, float]] = field(default_factory=list)
     fault_pid: int | None = None  # where its faults went (the step's pid/tid)
     fault_tid: int | None = None
+    # The target's own name of that thread, read when the step armed (a
+    # thread renamed or gone later keeps the name it had), or the comm the
+    # step was limited to; None: every thread of the process.
+    thread_name: str | None = None
 
 
 class EndsOnItsOwn:
