@@ -498,7 +498,9 @@ _CALL_RECORD_SQL = schema.call_insert_sql()
 # Records per multi-row insert: 48 * 18 values stay under the 999 bound
 # variables an SQLite older than 3.32 allows a statement (a distribution's
 # Python may link one); larger statements bought nothing more here.
-CALL_ROWS_PER_INSERT = 48
+# GPUFAULT_CALL_ROWS_PER_INSERT=1 is the one-record insert of before, for
+# bench/bench_sustained.py's side-by-side runs.
+CALL_ROWS_PER_INSERT = max(1, int(os.environ.get("GPUFAULT_CALL_ROWS_PER_INSERT", "48")))
 _CALL_RECORDS_SQL = schema.call_insert_sql(CALL_ROWS_PER_INSERT)
 _CALL_WIDTH = len(abi.CALL_SCALARS)
 
@@ -509,7 +511,7 @@ def insert_call_records(db: Database, run_id: str, records: list[tuple]) -> None
     if not all(c in "0123456789abcdef" for c in run_id):
         raise ValueError("run ids are hex")
     k = CALL_ROWS_PER_INSERT
-    full = len(records) // k * k
+    full = len(records) // k * k if k > 1 else 0
     if full:
         # One flat list of every value, sliced into statements: C loops only.
         flat = list(itertools.chain.from_iterable(records[:full]))
