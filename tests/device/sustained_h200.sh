@@ -20,3 +20,6 @@ for dir in $DIRS; do
         echo "dir=$dir k=$k rc=$?"; python3 -c "$S" $OUT/s-$tag.json
     done
 done
+# Where the consumer's time goes there: one short run under cProfile.
+timeout 200 python3 -m cProfile -s tottime bench/bench_sustained.py 300000 15 2>&1 \
+    | grep -A14 "Ordered by" | cut -c1-120
