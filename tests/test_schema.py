@@ -236,6 +236,36 @@ def test_calls_insert_is_derived_from_the_call_record(tmp_path: Path) -> None:
         assert row[n] == vals[n], n
 
 
+@pytest.mark.parametrize("n", [0, 1, 47, 48, 49, 96, 4096 + 5])
+def test_call_records_insert_in_statements_of_many_rows(tmp_path: Path, n: int) -> None:
+    # store.insert_call_records binds CALL_ROWS_PER_INSERT records a
+    # statement and the rest one by one: every record one row, in order,
+    # each column what the record says.
+    fmt = struct.Struct(abi.CALL_RECORD_FMT)
+    recs = []
+    for i in range(n):
+        vals = {name: (i * 31 + j) % 997 for j, name in enumerate(abi.CALL_SCALARS)}
+        vals["cookie"] = abi.cookie(i % 3, i % 7)
+        vals["fault_seq"] = i if i % 5 == 0 else 0
+        vals["ret"] = -i
+        vals["arg1"] = -(1 << 63) + i  # a u64 above 2^63, as read (signed)
+        recs.append(fmt.unpack(fmt.pack(*(vals[name] for name in abi.CALL_SCALARS))))
+    con = sqlite3.connect(tmp_path / "gf.db")
+    schema.ensure_schema(con)
+    with con:
+        store.insert_call_records(store.Database(con), "1a2b3c4d", recs)
+    cur = con.execute("SELECT * FROM calls ORDER BY rowid")
+    names = [c[0] for c in cur.description]
+    got = [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+    assert len(got) == n
+    for rec, row in zip(recs, got, strict=True):
+        v = dict(zip(abi.CALL_SCALARS, rec, strict=True))
+        want = {k: v[k] for k in names if k in v}
+        want |= {"run_id": "1a2b3c4d", "spec": v["cookie"] >> 32, "func": v["cookie"] & 0xFFFFFFFF,
+                 "fault_id": f"1a2b3c4d-{v['fault_seq']}" if v["fault_seq"] else None}  # fmt: skip
+        assert row == want
+
+
 def test_experiment_tables_script_makes_the_schemas_tables() -> None:
     con = sqlite3.connect(":memory:")
     con.executescript(schema.script(schema.EXPERIMENT_TABLES))

@@ -139,22 +139,31 @@ def _call_columns() -> tuple[tuple[str, str], ...]:
 CALL_COLUMNS = _call_columns()
 
 
-def call_insert_sql() -> str:
+def call_insert_sql(rows: int = 1) -> str:
     """The calls insert for raw ring records, with {run} left for the run id.
 
     Ring records go straight from struct.iter_unpack to SQLite with no
-    Python per row: each record binds, in order, to the plain `?`s of a
-    one-row SELECT (one per abi.CALL_SCALARS, named after it), and the
-    outer SELECT computes the columns. Not numbered parameters (?3, ?5
-    ...) with a sequence: Python 3.12 warns per binding and row (10x
-    slower: 23k rows/s on the H200 machine) and 3.14 refuses them.
+    Python per row: each record binds, in order, to the plain `?`s of one
+    row of a VALUES table (one per abi.CALL_SCALARS, columnN in SQLite's
+    naming), and the outer SELECT computes the columns. Not numbered
+    parameters (?3, ?5 ...) with a sequence: Python 3.12 warns per binding
+    and row (10x slower: 23k rows/s on the H200 machine) and 3.14 refuses
+    them.
+
+    rows > 1: one statement inserts that many records, bound as one flat
+    sequence of rows * len(CALL_SCALARS) values (store.insert_call_records).
+    Per statement SQLite and the sqlite3 module pay a reset, a step's
+    set-up and a commit of the statement journal; per row only the binds
+    and the B-tree inserts. 48 rows a statement stored 2.4-3x the rows/s
+    of one (bench/bench_sustained.py, docs/benchmarks.md).
     """
-    names = {n: f"c_{n}" for n in abi.CALL_SCALARS}
+    n = len(abi.CALL_SCALARS)
+    col = {name: f"column{i + 1}" for i, name in enumerate(abi.CALL_SCALARS)}
     cols = ", ".join(["run_id", *(c.split()[0] for c, _ in CALL_COLUMNS)])
-    exprs = ", ".join(["'{run}'", *(sql.format(run="{run}", **names) for _, sql in CALL_COLUMNS)])
-    inner = ", ".join(f"? AS {names[n]}" for n in abi.CALL_SCALARS)
+    exprs = ", ".join(["'{run}'", *(sql.format(run="{run}", **col) for _, sql in CALL_COLUMNS)])
+    one = "(" + ", ".join("?" * n) + ")"
     # Braces of the run id survive format() above; the caller fills them.
-    return f"INSERT INTO calls ({cols}) SELECT {exprs} FROM (SELECT {inner})"
+    return f"INSERT INTO calls ({cols}) SELECT {exprs} FROM (VALUES {', '.join([one] * rows)})"
 
 
 # ---- the tables ------------------------------------------------------------
