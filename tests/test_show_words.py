@@ -104,8 +104,8 @@ def test_faults_columns_and_filters(evidence: dict) -> None:
     short = {ln.split()[0] for ln in term[1:]}
     assert short == {f[8:] for f in evidence["faults"]}
     for sid in short:
-        rc, out = gf("show", sid, "--db", evidence["db"], "--json")
-        assert rc == 0 and json.loads(out)["fault"]["fault_id"] == evidence["run"] + sid[8:]
+        rc, shown = gf("show", sid, "--db", evidence["db"], "--json")
+        assert rc == 0 and json.loads(shown)["fault"]["fault_id"] == evidence["run"] + sid[8:]
     assert "libcuda.so.1" in out and re.search(r"\d\d:\d\d:\d\d", lines[1])
     _, out = gf("faults", "--function", "cuMem*", "--db", evidence["db"])
     assert [ln.split()[0] for ln in out.splitlines()[1:]] == [evidence["faults"][0]]
