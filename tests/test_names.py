@@ -141,7 +141,7 @@ def test_every_reader_says_the_one_name(tmp_path: Path) -> None:
         labels = {"function": "cuMemAlloc_v2", "code": "CUDA_ERROR_OUT_OF_MEMORY"}
         assert (
             m.registry.get_sample_value(
-                "gpufault_faults_fired_total", {**labels, "experiment": "", "slo_id": ""}
+                "gpufault_faults_fired_total", {**labels, "experiment": "", "slo_id": "", "run": ""}
             )
             == 1.0
         )
