@@ -5,16 +5,17 @@ process (`trace`, `inject`), whose start-up is the time to probes live.
 The load runs on a thread (pyctl/bpf/main_object.py says why and when its
 object is used) while click and the CLI are imported; so this module
 imports nothing heavy and scans argv by hand, before click exists.
-GPUFAULT_NO_EARLY_LOAD=1 turns it off. Before that, a `--pid` run is
-handed to `gpufault serve` when one listens (pyctl/resident/client.py):
-then nothing else here runs.
+GPUFAULT_NO_EARLY_LOAD=1 turns it off. A plain `trace --pid` goes further:
+its probes are attached before click is imported (pyctl/early.py).
+Before that, a `--pid` run is handed to `gpufault serve` when one listens
+(pyctl/resident/client.py): then nothing else here runs.
 """
 
 from __future__ import annotations
 
 import sys
 
-from pyctl.argv import command_of
+from pyctl.argv import command_of, plain_trace
 
 # The commands whose start-up is the time to probes live (pyctl/cli: they
 # also register alone instead of importing every command module).
@@ -31,6 +32,25 @@ def servable(argv: list[str]) -> bool:
     serve` runs: a `-- CMD` run keeps its command in this terminal's
     process group, so it stays in-process."""
     return attaches(argv) and "--" not in argv and "--version" not in argv
+
+
+def attach_early(argv: list[str]) -> None:
+    """A plain `trace --pid`: its probes in now, before click and the CLI
+    are imported (pyctl/early.py); any other line, or an early start that
+    fails, leaves the run to the CLI alone."""
+    plain = plain_trace(argv)
+    if plain is None:
+        return
+    # lazy: keeps pyctl.early (the engine, +40 modules) off every other command's start
+    from pyctl import early
+
+    try:
+        early.attach(plain)
+    except KeyboardInterrupt:  # Ctrl-C before the CLI's handlers: as the CLI says it
+        from pyctl.errors import EXIT_INTERRUPTED  # lazy: only on this way out
+
+        print("gpufault: interrupted", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)
 
 
 def main() -> None:
@@ -52,6 +72,8 @@ def main() -> None:
         from pyctl.bpf import main_object
 
         main_object.start_early(command_of(argv) or "inject")
+        if servable(argv):
+            attach_early(argv)
     # lazy: pyctl.cli (ast, click, +49 modules, ~300 ms) only when this runs
     from pyctl.cli import main as cli_main
 

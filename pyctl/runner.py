@@ -186,6 +186,67 @@ def _options(options: RunOptions | None, settings: dict[str, Any]) -> RunOptions
     return RunOptions(**settings)
 
 
+# An engine whose probes the entry attached before the CLI was imported
+# (pyctl/early.py), with the run it was started for.
+_early: tuple[tuple[list[FaultSpec], RunOptions, int | None, int | None], Engine] | None = None
+
+
+# SIGINT/SIGTERM from when the early probes go in until run() takes over:
+# remembered (the handlers they replaced kept here), not raised. Raised,
+# a Ctrl-C in the CLI's imports ended the process with the calls the ring
+# already held never stored; remembered, run() starts the run and ends it
+# at once, and they are stored (as a Ctrl-C right after the start-up line).
+_held_handlers: dict[int, Any] = {}
+_stop_held = False
+
+
+def _remember_stop(_signo: int, _frame: Any) -> None:
+    global _stop_held
+    _stop_held = True
+
+
+def hold_stop_signals() -> None:
+    """From now until run(): Ctrl-C and SIGTERM end the run once it starts."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        if sig not in _held_handlers:
+            _held_handlers[sig] = signal.signal(sig, _remember_stop)
+
+
+def release_stop_signals() -> bool:
+    """The handlers hold_stop_signals replaced, back; was a stop asked for?"""
+    global _stop_held
+    for sig, h in _held_handlers.items():
+        signal.signal(sig, h)
+    _held_handlers.clear()
+    asked, _stop_held = _stop_held, False
+    return asked
+
+
+def offer_early(
+    specs: list[FaultSpec], options: RunOptions, pid: int | None, tid: int | None, eng: Engine
+) -> None:
+    """Hold eng, started with store_later for this run, for the runner."""
+    global _early
+    _early = ((list(specs), options, pid, tid), eng)
+
+
+def take_early(
+    specs: list[FaultSpec], options: RunOptions, pid: int | None, tid: int | None
+) -> Engine | None:
+    """The early engine when it was started for this very run (equal specs,
+    settings, pid and tid); else None, and an early one is closed: it
+    wrote nothing, so nothing of it is left."""
+    global _early
+    held, _early = _early, None
+    if held is None:
+        return None
+    run, eng = held
+    if run == (list(specs), options, pid, tid):
+        return eng
+    eng.close(status="refused")
+    return None
+
+
 class Runner:
     def __init__(
         self,
@@ -260,7 +321,11 @@ class Runner:
             os.write(w, b"go\n")
             os.close(w)
         else:
-            eng = Engine(self.specs, options=self.options, pid=pid, tid=t.tid)
+            # The probes may be in already (pyctl/early.py): then start()
+            # opens the store and writes the run's rows.
+            eng = take_early(self.specs, self.options, pid, t.tid) or Engine(
+                self.specs, options=self.options, pid=pid, tid=t.tid
+            )
             eng.start()
         self.engine = eng
         eng.on_notice = self.echo
@@ -347,6 +412,9 @@ class Runner:
             old_term = signal.signal(signal.SIGTERM, self.request_stop)
             old_usr1 = signal.signal(signal.SIGUSR1, self.release_stalls)
         t0 = time.monotonic()
+        # --duration counts from the arm, as the kernel's deadlines do: a
+        # trace attached early (pyctl/early.py) was armed well before this.
+        t_end = (eng.armed_at_s() or t0) + self.duration
         last = 0.0
         last_maps = 0.0
         rc = 0
@@ -370,7 +438,7 @@ class Runner:
                 if now - last_maps >= (0.05 if now - t0 < 2 else 2.0):
                     last_maps = now
                     eng.refresh_maps()
-                if self.duration and now - t0 >= self.duration:
+                if self.duration and now >= t_end:
                     break
                 if self.child is not None and self._child_exited():
                     break
@@ -457,6 +525,7 @@ def run(
     """Start, loop, finish: one run of `specs` against `target` with the
     run's settings (`options`, or RunOptions' fields by keyword)."""
     r = Runner(specs, target, _options(options, settings), on_xid=on_xid)
+    stop_asked = release_stop_signals()
     # Ctrl-C and SIGTERM end the run cleanly from before it starts until it
     # is closed: on_start prints "Ctrl-C to end" before loop() runs, and a
     # signal there must not skip finish() (the run row would stay
@@ -464,6 +533,8 @@ def run(
     old_handlers = {
         sig: signal.signal(sig, r.request_stop) for sig in (signal.SIGINT, signal.SIGTERM)
     }
+    if stop_asked:  # while the early probes waited for the CLI (hold_stop_signals)
+        r.request_stop()
     try:
         eng = r.start()
 

@@ -177,6 +177,8 @@ class Engine:
         self._tgid_of: dict[int, int] = {}  # tid -> tgid, for the copilot's maps reads
         self._caller_ranges: dict[int, Any] = {}  # spec -> callers.Range
         self._armed_at = 0
+        self._armed_wall: float | None = None  # time.time() at arm()
+        self._store_later = False  # start(store_later=True): the store comes second
         self._ep: select.epoll | None = None
         self._fires_ring_bytes = FIRES_RING_BYTES
         self.write_error: str | None = None
@@ -215,8 +217,20 @@ class Engine:
         return self.evidence.db_bytes()
 
     # ---- set-up -------------------------------------------------------
-    def start(self) -> None:
-        """Resolve, load, arm, attach; on any error undo everything and raise."""
+    def start(self, *, store_later: bool = False) -> None:
+        """Resolve, load, arm, attach; on any error undo everything and raise.
+
+        store_later (pyctl/early.py: `trace --pid` attaching from the entry,
+        before the CLI is imported): the probes go in first and the
+        database and the run's rows come with a second start(), once the
+        command line is parsed. Only for a run nothing fires in
+        (stores_later_ok): its calls wait in the ring meanwhile, and the
+        run row says when the probes were armed (its `started`)."""
+        if self.attached and self.db is None and self._store_later:
+            self._start_store()
+            return
+        if store_later and not self.stores_later_ok():
+            raise EngineError("store_later: only for a run whose specs never fire")
         if os.geteuid() != 0:
             raise EngineError("gpufault needs root (BPF, uprobes, ptrace): run it with sudo")
         if not MAIN_OBJ.exists():
@@ -272,41 +286,29 @@ class Engine:
             self._try_signal()
         self._check_not_loaded()
         self._check_init_signals()
+        if store_later:
+            # Nothing can fire (stores_later_ok), so nothing waits for the
+            # run row: the probes first. A bad --db is still refused, by the
+            # second start(), which detaches them again.
+            self._store_later = True
+            try:
+                self._load()
+                self.arm()
+                self._attach()
+            except BaseException:
+                self.close(status="refused")
+                raise
+            return
         # The database is opened and checked (writable, SQLite, gpufault's or
         # new) before anything is loaded: a bad --db must not be found with
         # faults already armed. A file we create here goes again if the
         # start is refused, so a refused command leaves no database.
-        try:
-            self.db = store.open_db(self.db_path)
-        except store.StoreError as e:
-            raise EngineError(str(e)) from None
-        self._db_created = bool(getattr(self.db, "gf_created", False))
+        self._open_db()
         try:
             self._load()
             if self.plan.needs_copilot():
                 self._start_copilot()
-            try:
-                self.run_id = store.new_run(
-                    self.db,
-                    self.argv,
-                    self.kind,
-                    mechanism=self.mechanism,
-                    capabilities={
-                        "regs": self.regs,
-                        "copilot_signal": self.copilot_signal,
-                        **({"signal": self.plan.signal} if self.use_signal else {}),
-                        **({"signal_refusal": self.signal_refusal} if self.signal_refusal else {}),
-                    },
-                )
-                self.evidence.write_plan(self.pid, self.tid, self.duration)
-                if self.pid:
-                    # lazy: only a run with a process target reads its identity
-                    from pyctl.targets import identity
-
-                    row = identity.of(self.pid, self.tid or None, self.target_labels)
-                    self.evidence.write_target(row)
-            except sqlite3.Error as e:
-                raise EngineError(f"{self.db_path}: {e}") from None
+            self._write_run_rows()
             self._open_anchors()
             # Snapshot the maps now: a process that crashes on its first fault
             # is gone before its fire record is read. A run that keeps no
@@ -325,6 +327,67 @@ class Engine:
         except BaseException:
             self.close(status="refused")
             if self._db_created and not self.attached:
+                store.remove_db(Path(self.db_path))
+            raise
+
+    def stores_later_ok(self) -> bool:
+        """start(store_later=True) is allowed: every spec only records (a
+        trace), so no fault can fire before the run row exists, and no
+        copilot, signal helper or stack copy needs the store at start."""
+        return (
+            all(sp.action == "observe" for sp in self.specs)
+            and not self.plan.needs_copilot()
+            and not self.use_signal
+            and not self.plan.copies_stacks()
+            and not any(sp.caller for sp in self.specs)
+        )
+
+    def _open_db(self) -> None:
+        try:
+            self.db = store.open_db(self.db_path)
+        except store.StoreError as e:
+            raise EngineError(str(e)) from None
+        self._db_created = bool(getattr(self.db, "gf_created", False))
+
+    def _write_run_rows(self, started: float | None = None) -> None:
+        """The run row, its specs and probe sites, the target's identity."""
+        try:
+            self.run_id = store.new_run(
+                self.db,
+                self.argv,
+                self.kind,
+                mechanism=self.mechanism,
+                capabilities={
+                    "regs": self.regs,
+                    "copilot_signal": self.copilot_signal,
+                    **({"signal": self.plan.signal} if self.use_signal else {}),
+                    **({"signal_refusal": self.signal_refusal} if self.signal_refusal else {}),
+                },
+                started=started,
+            )
+            self.evidence.write_plan(self.pid, self.tid, self.duration)
+            if self.pid:
+                # lazy: only a run with a process target reads its identity
+                from pyctl.targets import identity
+
+                row = identity.of(self.pid, self.tid or None, self.target_labels)
+                self.evidence.write_target(row)
+        except sqlite3.Error as e:
+            raise EngineError(f"{self.db_path}: {e}") from None
+
+    def _start_store(self) -> None:
+        """The second half of a start(store_later=True): the database, the
+        run's rows (started: when the specs were armed, before the first
+        call the ring holds), gpufa.ko's anchors. Refused here (a bad --db),
+        the probes are detached and a database this created is removed, as
+        a refused start leaves no file."""
+        try:
+            self._open_db()
+            self._write_run_rows(started=self._armed_wall)
+            self._open_anchors()
+        except BaseException:
+            self.close(status="refused")
+            if self._db_created:
                 store.remove_db(Path(self.db_path))
             raise
 
@@ -466,10 +529,15 @@ class Engine:
         never ends later than asked)."""
         assert self.links is not None
         self._armed_at = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        self._armed_wall = time.time()
         self._resolve_callers()
         for i in range(len(self.specs)):
             self._write_spec(i)
         self.armed = True
+
+    def armed_at_s(self) -> float:
+        """When arm() ran, on time.monotonic()'s clock (CLOCK_MONOTONIC); 0 before."""
+        return self._armed_at / 1e9
 
     def _write_spec(self, i: int) -> None:
         assert self.links is not None

@@ -468,9 +468,11 @@ def new_run(
     *,
     mechanism: str = "",
     capabilities: dict[str, Any] | None = None,
+    started: float | None = None,
 ) -> str:
     """Insert a run row and return its run id: the host part and 8 random
-    hex digits (pyctl/evidence/hostid.py)."""
+    hex digits (pyctl/evidence/hostid.py). started: the run's start (Unix
+    time) when it began before this row (a trace attached first); else now."""
     run_id = _fresh_run_id(db)
     facts = host_facts()
     with db.conn:
@@ -483,7 +485,7 @@ def new_run(
                 "host": facts["host"],
                 "mechanism": mechanism,
                 "capabilities": json.dumps(capabilities or {}, sort_keys=True),
-                "started": time.time(),
+                "started": time.time() if started is None else started,
                 "status": "running",
             }
         )

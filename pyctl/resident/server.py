@@ -45,6 +45,7 @@ PRELOAD = (
     "pyctl.cli.root",
     "pyctl.engine",
     "pyctl.runner",
+    "pyctl.early",
     "pyctl.symbols.resolve",
     "pyctl.evidence.store",
     "pyctl.calls.summary",
@@ -251,6 +252,7 @@ def _controller(conn: socket.socket, fds: list[int], cwd: str, umask: int,
     threading.Thread(target=_watch, args=(conn, done), name="gf-client", daemon=True).start()
     status = 0
     try:
+        _attach_early(argv)
         command(argv)
     except SystemExit as e:
         status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
@@ -268,6 +270,23 @@ def _controller(conn: socket.socket, fds: list[int], cwd: str, umask: int,
     except OSError:
         pass
     os._exit(status)
+
+
+def _attach_early(argv: list[str]) -> None:
+    """A plain `trace --pid`: its probes in before click parses the line
+    (pyctl/early.py), as in-process (pyctl/entry.py)."""
+    # lazy: both imported by the server's preload (the engine, the argv reader)
+    from pyctl import early
+    from pyctl.argv import plain_trace
+
+    plain = plain_trace(argv)
+    if plain is None:
+        return
+    try:
+        early.attach(plain)
+    except KeyboardInterrupt:  # Ctrl-C before the CLI's handlers: as the CLI says it
+        print("gpufault: interrupted", file=sys.stderr)
+        raise SystemExit(errors.EXIT_INTERRUPTED) from None
 
 
 def _watch(conn: socket.socket, done: threading.Event) -> None:
