@@ -21,6 +21,13 @@ effect measured under the same load.
 in a torch process instead; `--installed` runs the gpufault on sys.path
 (the wheel) rather than this checkout; `--no-bpftrace` where it is not
 installed (the GPU image has none).
+`--fns 1,100`: the same rounds for each count of probed functions (N > 1:
+a library of N functions built with cc, probed by one glob in both tools,
+the target calling the first); the JSON's top level is the first count's,
+`by_functions` has each. Columns besides cold and warm: the early attach
+off (GPUFAULT_NO_EARLY_ATTACH=1, pyctl/early.py), both early steps off,
+`python -S -m pyctl` (no `site`), through `gpufault serve` (with and
+without -S in the client), the clean venv's.
 Prints JSON; `--md` appends a table to docs/benchmarks.md. Needs root.
 """
 
@@ -40,6 +47,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 REPS = int(os.environ.get("GF_BENCH_ATTACH_REPS", "5"))
@@ -75,13 +83,52 @@ TARGETS = {  # --target: (program, library as mapped, function)
 }
 
 
+# `--fns N` (N > 1): a library of N functions, all probed by one glob in
+# both tools; the target calls the first. Distinct bodies, so that no two
+# are folded into one address (-fipa-icf at -O2).
+MANY_PREFIX = "gfb_fn"
+MANY_TARGET = """
+import ctypes, sys, time
+f = ctypes.CDLL(sys.argv[1]).gfb_fn000
+f.restype = ctypes.c_long
+f.argtypes = [ctypes.c_long]
+print("ready", flush=True)
+while True:
+    f(64)
+    time.sleep(0.0002)
+"""
+
+
+def many_functions(where: Path, n: int) -> Path:
+    """libgfbN.so with gfb_fn000 .. gfb_fn{n-1}, built with cc."""
+    src = where / f"gfb{n}.c"
+    src.write_text(
+        "".join(
+            f"__attribute__((noinline)) long {MANY_PREFIX}{i:03d}(long x) "
+            f"{{ return x * {i + 3} + (x >> {i % 7 + 1}); }}\n"
+            for i in range(n)
+        )
+    )
+    lib = where / f"libgfb{n}.so"
+    subprocess.run(["cc", "-O1", "-fno-ipa-icf", "-shared", "-fPIC", "-o", str(lib), str(src)],
+                   check=True)  # fmt: skip
+    return lib
+
+
 def mono_ns() -> int:
     return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
 
 
-def start_target(kind: str = "libz") -> tuple[subprocess.Popen[str], str]:
+def start_target(
+    kind: str = "libz", many: Path | None = None
+) -> tuple[subprocess.Popen[str], str]:
+    """The target and the library path as it maps it; many: the library
+    of --fns N (MANY_TARGET calls its first function)."""
     prog, mapped, _fn = TARGETS[kind]
-    p = subprocess.Popen([sys.executable, "-c", prog], stdout=subprocess.PIPE, text=True)
+    args = [sys.executable, "-c", prog]
+    if many is not None:
+        args, mapped = [sys.executable, "-c", MANY_TARGET, str(many)], many.name
+    p = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
     assert p.stdout is not None and p.stdout.readline().strip() == "ready"
     maps = Path(f"/proc/{p.pid}/maps").read_text().splitlines()
     lib = next(ln.split()[-1] for ln in maps if mapped in ln)
@@ -98,13 +145,14 @@ def gpufault_once(
     *,
     python: str = sys.executable,
     env_extra: dict[str, str] | None = None,
+    flags: tuple[str, ...] = (),
 ) -> dict[str, float]:
     """tree None: the gpufault `python` imports (the wheel on the GPU host,
-    the clean venv's)."""
+    the clean venv's). flags: the interpreter's (-S: no `site`)."""
     env = {**os.environ, "GPUFAULT_CACHE_DIR": str(cache), **(env_extra or {})}
     if tree is not None:
         env["PYTHONPATH"] = str(tree)
-    argv = [python, "-m", "pyctl", "trace", "--pid", str(pid), "--lib", lib,
+    argv = [python, *flags, "-m", "pyctl", "trace", "--pid", str(pid), "--lib", lib,
             "--fn", fn, "--no-stack", "--db", str(db)]  # fmt: skip
     t0 = mono_ns()
     p = subprocess.Popen(
@@ -144,16 +192,18 @@ def gpufault_once(
     }
 
 
-def imports_once(tree: Path | None = REPO, python: str = sys.executable) -> dict[str, float]:
+def imports_once(
+    tree: Path | None = REPO, python: str = sys.executable, flags: tuple[str, ...] = ()
+) -> dict[str, float]:
     """The floor under gpufault's number: the interpreter's start and the
     imports of `trace` (its --help), without resolving or loading."""
     env = dict(os.environ)
     if tree is not None:
         env["PYTHONPATH"] = str(tree)
     t0 = mono_ns()
-    subprocess.run([python, "-c", "pass"], check=True)
+    subprocess.run([python, *flags, "-c", "pass"], check=True)
     t1 = mono_ns()
-    subprocess.run([python, "-m", "pyctl", "trace", "--help"], check=True, env=env,
+    subprocess.run([python, *flags, "-m", "pyctl", "trace", "--help"], check=True, env=env,
                    stdout=subprocess.DEVNULL, cwd=tree or "/")  # fmt: skip
     t2 = mono_ns()
     return {"python_start_ms": (t1 - t0) / 1e6, "trace_help_ms": (t2 - t1) / 1e6}
@@ -248,6 +298,32 @@ def _opt(name: str, default: str | None = None) -> str | None:
     return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else default
 
 
+class Column:
+    """One round's gpufault runs against one target, into r[name]."""
+
+    def __init__(self, r: dict[str, list[dict[str, float]]], pid: int, lib: str, fn: str,
+                 cache: Path, db: Path, tree: Path | None) -> None:  # fmt: skip
+        self.r, self.pid, self.lib, self.fn = r, pid, lib, fn
+        self.cache, self.db, self.tree = cache, db, tree
+
+    def __call__(self, name: str, cache: Path | None = None, d: Path | None = None,
+                 tree: Path | None | str = "", **kw: Any) -> None:  # fmt: skip
+        t = self.tree if tree == "" else tree
+        run = gpufault_once(self.pid, cache or self.cache, d or self.db, t,  # type: ignore[arg-type]
+                            self.lib, self.fn, **kw)  # fmt: skip
+        self.r.setdefault(name, []).append(run)
+
+
+def ratio(xs: list[dict[str, float]], ys: list[dict[str, float]]) -> float:
+    """Per round, first call of xs over ys: the median."""
+    return round(
+        statistics.median(
+            x["first_call_ms"] / y["first_call_ms"] for x, y in zip(xs, ys, strict=True)
+        ),
+        3,
+    )
+
+
 def main() -> int:
     if os.geteuid() != 0:
         print("bench_attach: needs root (BPF)", file=sys.stderr)
@@ -256,7 +332,15 @@ def main() -> int:
     if kind not in TARGETS:
         print(f"bench_attach: --target {kind}: use one of {', '.join(TARGETS)}", file=sys.stderr)
         return 2
-    fn = TARGETS[kind][2]
+    # --fns 1,100: the same rounds for each count of probed functions (1:
+    # the target's crc32; N > 1: a library of N, one glob in both tools).
+    try:
+        counts = [int(x) for x in (_opt("--fns", "1") or "1").split(",")]
+    except ValueError:
+        counts = []
+    if not counts or any(c < 1 for c in counts) or (kind != "libz" and counts != [1]):
+        print("bench_attach: --fns: counts such as 1,100 (libz target only)", file=sys.stderr)
+        return 2
     # --installed: the gpufault on sys.path (the wheel on the GPU host), not
     # this checkout, which has sources only there.
     tree: Path | None = None if "--installed" in sys.argv else REPO
@@ -281,14 +365,20 @@ def main() -> int:
     for t in (Path(pyctl.__file__).parent.parent if tree is None else tree, baseline):
         if t is not None:
             compileall.compile_dir(t / "pyctl", quiet=1)
-    target, lib = start_target(kind)
+    load_before = round(os.getloadavg()[0], 2)
     tmp = Path(tempfile.mkdtemp(prefix="gf-bench-attach-"))
+    servers: list[Server] = []
+    targets: list[subprocess.Popen[str]] = []
+    runs: dict[int, dict[str, list[dict[str, float]]]] = {}
+    where: dict[int, tuple[int, str, str]] = {}  # count -> (pid, library, --fn)
+    sizes: dict[int, int] = {}
     try:
-        # Interleaved, so load on the machine falls on every column alike.
-        cold, warm, bpft, floor, base = [], [], [], [], []
-        serial, venv, venv_floor = [], [], []  # early load off; the clean venv
-        served, venv_served = [], []  # through `gpufault serve` (docs/resident.md)
-        servers: list[Server] = []
+        for n in counts:
+            many = many_functions(tmp, n) if n > 1 else None
+            target, lib = start_target(kind, many)
+            targets.append(target)
+            where[n] = (target.pid, lib, f"{MANY_PREFIX}*" if many else TARGETS[kind][2])
+            sizes[n] = os.path.getsize(lib)
         warm_cache = tmp / "warm-cache"
         db = tmp / "gf.db"
         # The warm column's own store, as the baseline has its own: the
@@ -296,123 +386,118 @@ def main() -> int:
         # where a run's "known whole" note (pyctl/evidence/store.py) is not
         # found, so each warm start re-read a store six columns had grown.
         warm_db = tmp / "warm.db"
-        gpufault_once(target.pid, warm_cache, warm_db, tree, lib, fn)  # fills the cache, the db
-        gpufault_once(target.pid, warm_cache, db, tree, lib, fn)
-        if baseline is not None:  # its own cache and db: its formats may differ
-            gpufault_once(target.pid, tmp / "base-cache", tmp / "base.db", baseline, lib, fn)
+        for pid, lib, fn in where.values():  # fill the cache, the dbs
+            gpufault_once(pid, warm_cache, warm_db, tree, lib, fn)
+            gpufault_once(pid, warm_cache, db, tree, lib, fn)
+            if baseline is not None:  # its own cache and db: its formats may differ
+                gpufault_once(pid, tmp / "base-cache", tmp / "base.db", baseline, lib, fn)
         vpy = clean_venv(tmp / "venv", tree) if tree is not None else None
-        no_early = {"GPUFAULT_NO_EARLY_LOAD": "1"}
         run_dir, venv_run_dir = tmp / "run", tmp / "venv-run"
         servers.append(Server(sys.executable, tree, run_dir).started())
         via_server = {"GPUFAULT_RUN_DIR": str(run_dir)}
         via_venv_server = {"GPUFAULT_RUN_DIR": str(venv_run_dir)}
         if vpy is not None:
             servers.append(Server(vpy, None, venv_run_dir).started())
+        serial = {"GPUFAULT_NO_EARLY_LOAD": "1", "GPUFAULT_NO_EARLY_ATTACH": "1"}
+        no_site = ("-S",) if tree is not None else ()  # -m pyctl under -S: PYTHONPATH finds it
         for i in range(REPS):
-            cold.append(gpufault_once(target.pid, tmp / f"cold-cache-{i}", db, tree, lib, fn))
-            warm.append(gpufault_once(target.pid, warm_cache, warm_db, tree, lib, fn))
-            serial.append(
-                gpufault_once(target.pid, warm_cache, db, tree, lib, fn, env_extra=no_early)
-            )
-            served.append(
-                gpufault_once(target.pid, warm_cache, db, tree, lib, fn, env_extra=via_server)
-            )
-            if vpy is not None:
-                venv.append(gpufault_once(target.pid, warm_cache, db, None, lib, fn, python=vpy))
-                venv_floor.append(imports_once(None, vpy))
-                venv_served.append(
-                    gpufault_once(
-                        target.pid, warm_cache, db, None, lib, fn, python=vpy,
-                        env_extra=via_venv_server,
-                    )
-                )  # fmt: skip
-            if have_bpftrace:
-                bpft.append(bpftrace_once(target.pid, lib, fn))
-            floor.append(imports_once(tree))
-            if baseline is not None:
-                base_db = tmp / "base.db"
-                base.append(
-                    gpufault_once(target.pid, tmp / "base-cache", base_db, baseline, lib, fn)
-                )
+            # Interleaved, so load on the machine falls on every column alike.
+            for n, (pid, lib, fn) in where.items():
+                r = runs.setdefault(n, {})
+                col = Column(r, pid, lib, fn, warm_cache, db, tree)
+
+                if n == 1:
+                    col("gpufault_cold", tmp / f"cold-cache-{i}")
+                col("gpufault_warm", d=warm_db)
+                col("gpufault_warm_early_attach_off", env_extra={"GPUFAULT_NO_EARLY_ATTACH": "1"})
+                if n == 1:  # neither early step: the start before both
+                    col("gpufault_warm_early_load_off", env_extra=serial)
+                if no_site:
+                    col("gpufault_warm_no_site", flags=no_site)
+                col("gpufault_served", env_extra=via_server)
+                if no_site:
+                    col("gpufault_served_no_site", env_extra=via_server, flags=no_site)
+                if vpy is not None:
+                    col("gpufault_warm_clean_venv", tree=None, python=vpy)
+                    col("gpufault_served_clean_venv", tree=None, python=vpy,
+                        env_extra=via_venv_server)  # fmt: skip
+                if have_bpftrace:
+                    r.setdefault("bpftrace", []).append(bpftrace_once(pid, lib, fn))
+                if n == counts[0]:
+                    r.setdefault("floor", []).append(imports_once(tree))
+                    if no_site:
+                        r.setdefault("floor_no_site", []).append(imports_once(tree, flags=no_site))
+                    if vpy is not None:
+                        r.setdefault("floor_clean_venv", []).append(imports_once(None, vpy))
+                if baseline is not None:
+                    col("baseline_warm", tmp / "base-cache", tmp / "base.db", tree=baseline)
     finally:
         for srv in servers:
             srv.stop()
         served_by = [srv.served() for srv in servers]
-        target.kill()
-        target.wait()
+        for t in targets:
+            t.kill()
+            t.wait()
         shutil.rmtree(tmp, ignore_errors=True)
     # A run the server refused (other code: a file edited meanwhile) would
     # have run in-process and measured nothing of the server.
-    if served_by != [len(served), len(venv_served)][: len(servers)]:
-        print(f"bench_attach: the servers served {served_by} of {len(served)} runs each: "
+    per_server = (("gpufault_served", "gpufault_served_no_site"), ("gpufault_served_clean_venv",))
+    want = [sum(len(r.get(c, [])) for r in runs.values() for c in cols) for cols in per_server]
+    want = want[: len(servers)]
+    if served_by != want:
+        print(f"bench_attach: the servers served {served_by} of {want} runs: "
               "was pyctl edited during the bench?", file=sys.stderr)  # fmt: skip
         return 1
-    res = {
-        "machine": {
-            "kernel": platform.release(),
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-        },  # fmt: skip
-        "function": f"{lib}:{fn}",
-        "library_bytes": os.path.getsize(lib),
-        "reps": REPS,
-        "gpufault_cold": median(cold),
-        "gpufault_warm": median(warm),
-        # The same warm run with the BPF object loaded after the imports,
-        # not beside them (GPUFAULT_NO_EARLY_LOAD=1): what the early load buys.
-        "gpufault_warm_early_load_off": median(serial),
-        "gpufault_warm_clean_venv": median(venv) if venv else None,
-        # Handed to a running `gpufault serve` of the same interpreter.
-        "gpufault_served": median(served),
-        "ratio_served_to_warm": round(
-            statistics.median(
-                v["first_call_ms"] / w["first_call_ms"] for v, w in zip(served, warm, strict=True)
-            ),
-            3,
-        ),
-        "gpufault_served_clean_venv": median(venv_served) if venv_served else None,
-        "bpftrace": median(bpft) if bpft else None,
-        "floor": median(floor),
-        "floor_clean_venv": median(venv_floor) if venv_floor else None,
-        "load_avg_1m": round(os.getloadavg()[0], 2),
-        "raw": {"gpufault_cold": cold, "gpufault_warm": warm, "bpftrace": bpft, "floor": floor,
-                "gpufault_warm_early_load_off": serial, "gpufault_warm_clean_venv": venv,
-                "gpufault_served": served, "gpufault_served_clean_venv": venv_served},
-    }  # fmt: skip
-    res["ratio_early_load_on_to_off"] = round(
-        statistics.median(
-            w["first_call_ms"] / s["first_call_ms"] for w, s in zip(warm, serial, strict=True)
-        ),
-        3,
-    )
+    machine = {"kernel": platform.release(), "cpus": os.cpu_count(),
+               "python": platform.python_version()}  # fmt: skip
+    by_count = {n: summarize(r) for n, r in runs.items()}
+    for n, res in by_count.items():
+        pid, lib, fn = where[n]
+        res["function"] = f"{lib}:{fn}"
+        res["functions"] = n
+        res["library_bytes"] = sizes[n]
+    first = by_count[counts[0]]
+    out = {"machine": machine, "reps": REPS, "load_avg_1m_before": load_before,
+           "load_avg_1m": round(os.getloadavg()[0], 2), **first}  # fmt: skip
     if baseline is not None:
-        res["baseline"] = {"tree": str(baseline), "warm": median(base)}
-        res["raw"]["baseline_warm"] = base
-        # Per round, this tree against the baseline measured seconds apart.
-        res["ratio_to_baseline_warm"] = round(
-            statistics.median(
-                w["first_call_ms"] / b["first_call_ms"] for w, b in zip(warm, base, strict=True)
-            ),
-            3,
-        )
-    if bpft:
-        b = res["bpftrace"]["first_call_ms"]
-        res["ratio_to_bpftrace"] = {
-            "cold": round(res["gpufault_cold"]["first_call_ms"] / b, 2),
-            "warm": round(res["gpufault_warm"]["first_call_ms"] / b, 2),
-        }
-        res["ratio_to_bpftrace"]["served"] = round(res["gpufault_served"]["first_call_ms"] / b, 2)
-        if venv:
-            res["ratio_to_bpftrace"]["warm_clean_venv"] = round(
-                res["gpufault_warm_clean_venv"]["first_call_ms"] / b, 2
-            )
-            res["ratio_to_bpftrace"]["served_clean_venv"] = round(
-                res["gpufault_served_clean_venv"]["first_call_ms"] / b, 2
-            )
-    print(json.dumps(res, indent=2))
-    if "--md" in sys.argv and bpft:
-        md(res)
+        out["baseline"] = {"tree": str(baseline), "warm": first.get("baseline_warm")}
+    if len(counts) > 1:
+        out["by_functions"] = {str(n): res for n, res in by_count.items()}
+    print(json.dumps(out, indent=2))
+    if "--md" in sys.argv and "bpftrace" in first:
+        md(out)
     return 0
+
+
+def summarize(r: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
+    """Medians per column, per-round ratios, the raw runs."""
+    res: dict[str, Any] = {k: median(v) for k, v in r.items()}
+    warm = r["gpufault_warm"]
+    res["ratio_served_to_warm"] = ratio(r["gpufault_served"], warm)
+    res["ratio_early_attach_on_to_off"] = ratio(warm, r["gpufault_warm_early_attach_off"])
+    if "gpufault_warm_early_load_off" in r:
+        res["ratio_early_load_on_to_off"] = ratio(
+            r["gpufault_warm_early_attach_off"], r["gpufault_warm_early_load_off"]
+        )
+    if "baseline_warm" in r:
+        # Per round, this tree against the baseline measured seconds apart.
+        res["ratio_to_baseline_warm"] = ratio(warm, r["baseline_warm"])
+    if "bpftrace" in r:
+        b = r["bpftrace"]
+        # Per round (the same seconds), and of the medians.
+        res["ratio_to_bpftrace"] = {
+            k.removeprefix("gpufault_"): ratio(v, b)
+            for k, v in r.items()
+            if k.startswith("gpufault_")
+        }
+        bm = res["bpftrace"]["first_call_ms"]
+        res["ratio_of_medians_to_bpftrace"] = {
+            k.removeprefix("gpufault_"): round(res[k]["first_call_ms"] / bm, 2)
+            for k in r
+            if k.startswith("gpufault_")
+        }
+    res["raw"] = r
+    return res
 
 
 def md(res: dict) -> None:
