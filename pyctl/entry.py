@@ -54,8 +54,8 @@ def attach_early(argv: list[str]) -> None:
 
 
 def main() -> None:
-    # lazy: pyctl.outchan (+2 modules) only when this runs
-    from pyctl.outchan import fill_std_fds
+    # lazy: pyctl.stdfds only when this runs
+    from pyctl.stdfds import fill_std_fds
 
     # Before anything opens a file: a closed 0/1/2 would be given to it.
     fill_std_fds()

@@ -15,7 +15,7 @@ wait on it.
 No O_NONBLOCK on the descriptor: the flag belongs to the open file, which
 the target of `-- CMD` shares as its own stderr; it would get EAGAIN.
 SIGPIPE: Python ignores it (a write returns EPIPE instead), and
-`fill_std_fds` makes sure of it for the controller; the `-- CMD` child
+`pyctl.stdfds.fill_std_fds` makes sure of it for the controller; the `-- CMD` child
 gets the default back (subprocess's restore_signals).
 """
 
@@ -26,8 +26,6 @@ import errno
 import io
 import os
 import select
-import signal
-import stat
 import sys
 import threading
 from collections import deque
@@ -204,40 +202,3 @@ def echo(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
     except (OSError, ValueError, AttributeError):
         pass
-
-
-def _is_null_device(fd: int) -> bool:
-    st = os.fstat(fd)
-    return stat.S_ISCHR(st.st_mode) and os.major(st.st_rdev) == 1 and os.minor(st.st_rdev) == 3
-
-
-def fill_std_fds() -> None:
-    """Descriptors 0, 1 and 2 open before anything else is: started with one
-    closed (`2>&-`), the next file gpufault opened (the database, a BPF map)
-    took its number, so a line for stderr, or the `-- CMD` target's own
-    stderr, would have written into it. A closed one gets /dev/null
-    (checked to be the null device on the descriptor), and sys.std* that
-    Python left None for it become streams on it. SIGPIPE is ignored
-    (Python's default, made sure of): a dead reader is EPIPE, not death."""
-    try:
-        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    except (ValueError, OSError):
-        pass  # not the main thread: Python set it at start-up
-    for fd in (0, 1, 2):
-        try:
-            os.fstat(fd)
-            continue
-        except OSError:
-            pass
-        nul = os.open("/dev/null", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
-        if not _is_null_device(nul):
-            sys.exit("gpufault: /dev/null is not the null device: fix the system's /dev")
-        if nul != fd:
-            os.dup2(nul, fd)
-            os.close(nul)
-        os.set_inheritable(fd, True)  # as it would have been: `-- CMD` inherits it
-    if sys.stdin is None:
-        sys.stdin = open(0, closefd=False)  # noqa: SIM115 - lives as long as the process
-    for name, fd in (("stdout", 1), ("stderr", 2)):
-        if getattr(sys, name) is None:
-            setattr(sys, name, open(fd, "w", closefd=False, errors="backslashreplace"))  # noqa: SIM115

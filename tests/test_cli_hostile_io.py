@@ -177,7 +177,7 @@ def test_closed_std_fds_get_dev_null_before_anything_opens() -> None:
     meant for stderr (ours, libbpf's, a `-- CMD` target's) went into it."""
     code = (
         "import os\n"
-        "from pyctl.outchan import fill_std_fds\n"
+        "from pyctl.stdfds import fill_std_fds\n"
         "fill_std_fds()\n"
         "fd = os.open('/proc/self/stat', os.O_RDONLY)\n"
         "print(fd, os.readlink('/proc/self/fd/2'), flush=True)\n"
