@@ -16,17 +16,48 @@ import sys
 NEEDED = ("click", "rust_demangler")
 
 
+def _venv() -> tuple[str, bool] | None:
+    """(prefix, system site-packages too) of the venv this interpreter
+    runs in, read from its pyvenv.cfg as site.venv() reads it; None
+    outside one."""
+    import os
+
+    exe_dir = os.path.dirname(os.path.abspath(sys.executable))
+    prefix = os.path.dirname(exe_dir)
+    for conf in (os.path.join(exe_dir, "pyvenv.cfg"), os.path.join(prefix, "pyvenv.cfg")):
+        if os.path.isfile(conf):
+            system = True
+            with open(conf, encoding="utf-8") as f:
+                for line in f:
+                    key, eq, value = line.partition("=")
+                    if eq and key.strip().lower() == "include-system-site-packages":
+                        system = value.strip().lower() == "true"
+            return prefix, system
+    return None
+
+
 def site_paths() -> None:
-    """Under -S: site-packages on sys.path, or `site` run after all."""
+    """Under -S: the directories `site` would add (a venv's first, the
+    user's, the interpreter's) on sys.path, or `site` run after all."""
+    import os
     import site
     from importlib.machinery import PathFinder
 
-    before = list(sys.path)
-    dirs = [site.getusersitepackages()] if site.check_enableusersite() else []
-    dirs += site.getsitepackages()
-    sys.path.extend(d for d in dirs if d not in sys.path)
+    before = (list(sys.path), sys.prefix, sys.exec_prefix)
+    venv = _venv()
+    dirs: list[str] = []
+    user = site.check_enableusersite()
+    if venv is not None:  # as site.venv(): the venv is sys.prefix from here on
+        sys.prefix = sys.exec_prefix = venv[0]
+        dirs += site.getsitepackages([venv[0]])
+        user = user and venv[1]
+    if user:
+        dirs.append(site.getusersitepackages())
+    if venv is None or venv[1]:
+        dirs += site.getsitepackages([sys.base_prefix, sys.base_exec_prefix])
+    sys.path.extend(d for d in dict.fromkeys(dirs) if d not in sys.path and os.path.isdir(d))
     if any(PathFinder.find_spec(m) is None for m in NEEDED):
-        sys.path[:] = before
+        sys.path[:], sys.prefix, sys.exec_prefix = before
         site.main()
 
 
