@@ -28,8 +28,10 @@ import os
 import sys
 
 from pyctl.argv import PlainTrace
+from pyctl.bpf import warmup
+from pyctl.capabilities import MAIN_OBJ
 from pyctl.engine import Engine
-from pyctl.evidence.store import DEFAULT_DB
+from pyctl.paths import DEFAULT_DB
 from pyctl.run_options import DEFAULT_MAX_DB_BYTES, RunOptions
 from pyctl.runner import (
     check_pid_namespace,
@@ -75,6 +77,9 @@ def attach(p: PlainTrace) -> bool:
     if os.environ.get("GPUFAULT_NO_EARLY_ATTACH") or os.environ.get("GPUFAULT_METRICS_ADDR"):
         return False
     try:
+        # In a served controller, which forked without it (the in-process
+        # entry started it with the early load: then this is a no-op).
+        warmup.start(str(MAIN_OBJ))
         spec, options = trace_run(p)
         check_pid_namespace()
         check_target_pid(p.pid)

@@ -19,6 +19,9 @@ import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent
+# The evidence database a run writes by default (pyctl/evidence/store.py
+# exports it): here so that what only names it imports no store.
+DEFAULT_DB = Path("/var/lib/gpufault/gpufault.db")
 DATA = PACKAGE / "data"
 DOUBLES = DATA / "doubles"
 PRELOAD = DATA / "preload"

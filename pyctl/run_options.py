@@ -18,14 +18,14 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pyctl.evidence import store
+from pyctl.paths import DEFAULT_DB
 
 DEFAULT_MAX_DB_BYTES = 1 << 30  # --max-db-size: call rows stop here (faults do not)
 
 
 @dataclass(frozen=True)
 class RunOptions:
-    db_path: str | os.PathLike[str] = store.DEFAULT_DB
+    db_path: str | os.PathLike[str] = DEFAULT_DB
     kind: str = "inject"  # the run row's kind: trace, inject, template:NAME@vN, demo
     argv: Sequence[str] = ()  # the command line, recorded in the run row
     duration: float = 0.0  # seconds; 0: until Ctrl-C or the target's end

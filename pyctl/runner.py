@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import sqlite3
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -20,12 +19,16 @@ from typing import TYPE_CHECKING, Any
 
 from pyctl import outchan, procstate
 from pyctl.engine import Engine, EngineError, StoreWriteError
+from pyctl.lazymod import OnFirstUse
 from pyctl.run_options import RunOptions
 from pyctl.sigmask import original_sigmask
 from pyctl.spec import FaultSpec
 
 if TYPE_CHECKING:
+    import sqlite3
     import subprocess
+else:
+    sqlite3 = OnFirstUse("sqlite3")  # not before an early trace's probes are in
 
 
 @dataclass

@@ -23,7 +23,7 @@ import signal
 import threading
 from dataclasses import dataclass, replace
 
-from pyctl.bpf import abi
+from pyctl.bpf import abi, warmup
 from pyctl.bpf.features import MAIN_OBJ, engine_programs, regs_writable, uprobe_multi, user_writable
 from pyctl.bpf.libbpf import BPF_TRACE_UPROBE_MULTI, BpfError, Object
 from pyctl.bpf.names import Main
@@ -153,9 +153,11 @@ class _Early:
 _early: _Early | None = None
 
 
-def start_early(command: str = "inject") -> None:
+def start_early(command: str = "inject", *, warm: bool = True) -> None:
     """Begin loading with command's default settings (root only: others
-    cannot load, and their run ends at its root check)."""
+    cannot load, and their run ends at its root check); warm: and warm up
+    the kernel's uprobe registration until the run attaches
+    (pyctl/bpf/warmup.py)."""
     global _early
     if _early is not None or os.geteuid() != 0 or os.environ.get("GPUFAULT_NO_EARLY_LOAD"):
         return
@@ -166,6 +168,8 @@ def start_early(command: str = "inject") -> None:
         return
     _early = _Early(settings, obj)
     _early.thread.start()
+    if warm:
+        warmup.start(str(MAIN_OBJ))
 
 
 def take_early(s: LoadSettings) -> Object | None:
@@ -188,7 +192,7 @@ def preload() -> None:
     """Load the default object now, on this thread's behalf, for `gpufault
     serve` (pyctl/resident/server.py): the controller it forks next takes
     it with take_early, and no load thread is running at the fork."""
-    start_early()
+    start_early(warm=False)  # a warm-up thread would be running at the fork
     if _early is not None:
         _early.thread.join()
 

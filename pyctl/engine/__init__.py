@@ -25,13 +25,12 @@ import ctypes as C
 import os
 import select
 import signal
-import sqlite3
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pyctl.bpf import abi, main_object
+from pyctl.bpf import abi, main_object, warmup
 from pyctl.bpf.libbpf import BpfError, Object
 from pyctl.bpf.ringbuf import RingReader
 from pyctl.capabilities import MAIN_OBJ, regs_writable, uprobe_multi, user_writable
@@ -46,11 +45,22 @@ from pyctl.engine.evidence import (
 )
 from pyctl.engine.links import Links
 from pyctl.engine.mechanism import Attachment, Plan, needs_return_probe, plan
-from pyctl.evidence import store
+from pyctl.lazymod import OnFirstUse
+from pyctl.paths import DEFAULT_DB
 from pyctl.run_options import DEFAULT_MAX_DB_BYTES, RunOptions
 from pyctl.spec import FaultSpec, SpecError, check_stack_copy
 from pyctl.symbols import resolve
 from pyctl.symbols.symbolize import Symbolizer, read_maps
+
+if TYPE_CHECKING:
+    import sqlite3
+
+    from pyctl.evidence import store
+else:
+    # Opened after an early trace's probes are in (pyctl/early.py): not
+    # imported before (pyctl/lazymod.py).
+    sqlite3 = OnFirstUse("sqlite3")
+    store = OnFirstUse("pyctl.evidence.store")
 
 DEFAULT_COPILOT_SIGNAL = main_object.DEFAULT_COPILOT_SIGNAL
 # One drain pass: about this long (then the caller sees its deadline and
@@ -103,7 +113,7 @@ class Engine:
         self,
         specs: Sequence[FaultSpec],
         *,
-        db_path: str | os.PathLike[str] = store.DEFAULT_DB,
+        db_path: str | os.PathLike[str] = DEFAULT_DB,
         pid: int | None = None,
         argv: Sequence[str] = (),
         kind: str = "inject",
@@ -599,7 +609,10 @@ class Engine:
         specs that have return probes say so (F_RETPROBE), the same
         config otherwise: a call is entry-only until then."""
         assert self.links is not None
-        self.links.attach(self.atts, self._attach_pid())
+        try:
+            self.links.attach(self.atts, self._attach_pid())
+        finally:
+            warmup.done()  # the registrations it kept warm are made
         self.attached = True
         for i in range(len(self.specs)):
             if any(a.retprobe for a in self.atts if a.spec == i):
@@ -821,6 +834,7 @@ class Engine:
 
     def close(self, status: str = "done", exit_code: int | None = None) -> None:
         """Detach everything, finish the copilot, write the run's end. Idempotent."""
+        warmup.done()  # a start refused before its attach
         if self.obj is not None:
             try:
                 self.disarm()

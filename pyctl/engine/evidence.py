@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import importlib
-import json
 import os
 import queue
 import signal as _signal
@@ -41,28 +39,27 @@ from pyctl import outchan
 from pyctl.bpf import abi
 from pyctl.bpf.ringbuf import split_span
 from pyctl.engine.mechanism import Attachment, needs_return_probe
-from pyctl.evidence import store, words
+from pyctl.lazymod import OnFirstUse
+from pyctl.paths import DEFAULT_DB
 from pyctl.spec import FaultSpec
 from pyctl.symbols.demangle import demangle
 from pyctl.symbols.symbolize import Symbolizer
 
 if TYPE_CHECKING:
+    import json
+
+    from pyctl.evidence import store, words
     from pyctl.symbols import pystack
     from pyctl.symbols.mapwatch import MapWatch
 else:
-
-    class _OnFirstUse:
-        """A module imported when first used: the Python-frame reader
-        (~4 ms) is needed only at a fire in a Python process, not on
-        trace's way to its first call (bench/bench_attach.py)."""
-
-        def __init__(self, name: str) -> None:
-            self._name = name
-
-        def __getattr__(self, attr: str) -> Any:
-            return getattr(importlib.import_module(self._name), attr)
-
-    pystack = _OnFirstUse("pyctl.symbols.pystack")
+    # The Python-frame reader (~4 ms) is needed only at a fire in a Python
+    # process, not on trace's way to its first call (bench/bench_attach.py).
+    pystack = OnFirstUse("pyctl.symbols.pystack")
+    # The store and its json: used once a run writes, after an early
+    # trace's probes are in (pyctl/early.py).
+    json = OnFirstUse("json")
+    store = OnFirstUse("pyctl.evidence.store")
+    words = OnFirstUse("pyctl.evidence.words")
 
 CALL_REC = struct.Struct(abi.CALL_RECORD_FMT)
 # Tuple indices of a call record's fields (abi.CALL_IX), named once here
@@ -245,7 +242,7 @@ class EvidenceWriter:
         self,
         specs: Sequence[FaultSpec],
         *,
-        db_path: str | os.PathLike[str] = store.DEFAULT_DB,
+        db_path: str | os.PathLike[str] = DEFAULT_DB,
         max_db_bytes: int = 0,
         stats: RunStats | None = None,
     ) -> None:

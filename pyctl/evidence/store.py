@@ -36,8 +36,7 @@ from pyctl.evidence import dbfile, hostid, schema
 from pyctl.evidence.schema import SCHEMA_VERSION
 from pyctl.evidence.sqlitedb import Database
 from pyctl.exceptions import BadInput
-
-DEFAULT_DB = Path("/var/lib/gpufault/gpufault.db")
+from pyctl.paths import DEFAULT_DB
 
 
 def fault_id(run_id: str, seq: int) -> str:
