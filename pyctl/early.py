@@ -77,8 +77,8 @@ def attach(p: PlainTrace) -> bool:
     if os.environ.get("GPUFAULT_NO_EARLY_ATTACH") or os.environ.get("GPUFAULT_METRICS_ADDR"):
         return False
     try:
-        # In a served controller, which forked without it (the in-process
-        # entry started it with the early load: then this is a no-op).
+        # The kernel's uprobe registration, warm by the attach below
+        # (pyctl/bpf/warmup.py): its grace period passes meanwhile.
         warmup.start(str(MAIN_OBJ))
         spec, options = trace_run(p)
         check_pid_namespace()

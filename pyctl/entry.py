@@ -13,9 +13,10 @@ Before that, a `--pid` run is handed to `gpufault serve` when one listens
 
 from __future__ import annotations
 
+import os
 import sys
 
-from pyctl.argv import command_of, plain_trace
+from pyctl.argv import PlainTrace, command_of, plain_trace
 
 # The commands whose start-up is the time to probes live (pyctl/cli: they
 # also register alone instead of importing every command module).
@@ -34,13 +35,10 @@ def servable(argv: list[str]) -> bool:
     return attaches(argv) and "--" not in argv and "--version" not in argv
 
 
-def attach_early(argv: list[str]) -> None:
+def attach_early(plain: PlainTrace) -> None:
     """A plain `trace --pid`: its probes in now, before click and the CLI
-    are imported (pyctl/early.py); any other line, or an early start that
-    fails, leaves the run to the CLI alone."""
-    plain = plain_trace(argv)
-    if plain is None:
-        return
+    are imported (pyctl/early.py); an early start that fails leaves the
+    run to the CLI alone."""
     # lazy: keeps pyctl.early (the engine, +40 modules) off every other command's start
     from pyctl import early
 
@@ -71,9 +69,13 @@ def main() -> None:
         # lazy: keeps pyctl.bpf.main_object (+25 modules, ~200 ms) off `trace --help`
         from pyctl.bpf import main_object
 
-        main_object.start_early(command_of(argv) or "inject")
-        if servable(argv):
-            attach_early(argv)
+        on = servable(argv) and not os.environ.get("GPUFAULT_NO_EARLY_ATTACH")
+        plain = plain_trace(argv) if on else None
+        # A plain trace attaches from here (pyctl/early.py): its uprobe
+        # registration warmed up meanwhile (pyctl/bpf/warmup.py).
+        main_object.start_early(command_of(argv) or "inject", warm=plain is not None)
+        if plain is not None:
+            attach_early(plain)
     # lazy: pyctl.cli (ast, click, +49 modules, ~300 ms) only when this runs
     from pyctl.cli import main as cli_main
 

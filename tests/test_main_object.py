@@ -10,7 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from pyctl.bpf import main_object
+from pyctl.bpf import main_object, warmup
+from pyctl.bpf.features import MAIN_OBJ
 from pyctl.bpf.names import Main
 
 pytestmark = [pytest.mark.root]
@@ -44,6 +45,20 @@ def test_other_settings_get_none_and_the_early_object_is_closed() -> None:
     other = dataclasses.replace(main_object.default_settings(), ring_bytes=16 << 20)
     assert main_object.take_early(other) is None
     assert _fds() == before  # its maps, programs and BTF: all closed
+
+
+def test_the_warmup_closes_its_dummy_uprobes_when_done() -> None:
+    """pyctl/bpf/warmup.py: the perf uprobes it keeps the kernel's
+    registration warm with are gone once the run's probes are in."""
+    before = _fds()
+    warmup.start(str(MAIN_OBJ))
+    w = warmup._current
+    assert w is not None
+    while not w.fds and w.thread.is_alive():  # its first registration
+        w._done.wait(0.001)
+    assert w.fds and _fds() > before
+    warmup.done(wait=True)
+    assert _fds() == before and not w.thread.is_alive()
 
 
 def test_gpufault_no_early_load_starts_nothing(monkeypatch: pytest.MonkeyPatch) -> None:

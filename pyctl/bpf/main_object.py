@@ -153,11 +153,10 @@ class _Early:
 _early: _Early | None = None
 
 
-def start_early(command: str = "inject", *, warm: bool = True) -> None:
+def start_early(command: str = "inject", *, warm: bool = False) -> None:
     """Begin loading with command's default settings (root only: others
-    cannot load, and their run ends at its root check); warm: and warm up
-    the kernel's uprobe registration until the run attaches
-    (pyctl/bpf/warmup.py)."""
+    cannot load, and their run ends at its root check); warm: also warm up
+    the kernel's uprobe registration for the attach (pyctl/bpf/warmup.py)."""
     global _early
     if _early is not None or os.geteuid() != 0 or os.environ.get("GPUFAULT_NO_EARLY_LOAD"):
         return
@@ -192,7 +191,7 @@ def preload() -> None:
     """Load the default object now, on this thread's behalf, for `gpufault
     serve` (pyctl/resident/server.py): the controller it forks next takes
     it with take_early, and no load thread is running at the fork."""
-    start_early(warm=False)  # a warm-up thread would be running at the fork
+    start_early()
     if _early is not None:
         _early.thread.join()
 

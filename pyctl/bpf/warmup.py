@@ -1,20 +1,25 @@
-"""The kernel's uprobe registration, warmed up while a run starts (issue 26).
+"""The kernel's uprobe registration, warmed up while a trace starts (issue 26).
 
 Registering a uprobe (a uprobe_multi link, a perf uprobe) takes the
 kernel's dup_mmap_sem for writing, a per-CPU rw-semaphore: the first
 writer after a quiet spell waits for an RCU grace period (rcu_sync),
 5-15 ms on the 2-vCPU dev VM, which was nearly all of a trace's attach
-(the entry link: 5-15 ms, the return link right after it: 0.05 ms). A
-writer within about a grace period of the last one skips the wait. So
-from the early load on (pyctl/bpf/main_object.py start_early) a thread
-registers a uprobe no process can hit, every few milliseconds, until the
-run's own probes are in (done()): a perf uprobe on the BPF object file,
-which no process maps as code, so no breakpoint is written anywhere. The
-run's registration then finds the semaphore warm (0.05-0.1 ms measured).
-The thread closes its dummies afterwards (each close waits a grace
-period of its own, off the way to the first call). Best effort: where
-perf uprobes are refused, nothing is warmed and nothing is said.
-GPUFAULT_NO_WARMUP=1 turns it off.
+(the entry link: 5-15 ms; the return link right after it: 0.05 ms). A
+writer within about a grace period of the last one's end skips the wait.
+
+So when a trace starts (its early load, pyctl/bpf/main_object.py; a
+served controller's early attach, pyctl/early.py), a thread registers a
+uprobe no process can hit, a disabled perf uprobe on the BPF object file
+(no process maps it as code: no breakpoint is written anywhere), and a
+few more, each about one grace period (the first one's wait) after the
+last, while the main thread imports the engine and resolves: its own
+registration, 20-60 ms later, then finds the semaphore warm (0.05-0.1 ms
+measured). Few on purpose: closing a perf uprobe waits for grace periods
+of its own (60-150 ms each seen under load), which the thread does after
+the run's probes are in (done()), and a process that exits first pays
+at its exit. Best effort: where perf uprobes are
+refused nothing is warmed and nothing is said. GPUFAULT_NO_WARMUP=1
+turns it off.
 """
 
 from __future__ import annotations
@@ -23,13 +28,15 @@ import ctypes as C
 import os
 import struct
 import threading
+import time
 
 # perf_event_open(2): the syscall number by machine (the wheel is x86-64).
 _NR_PERF_EVENT_OPEN = {"x86_64": 298, "aarch64": 241}
 _PMU_TYPE = "/sys/bus/event_source/devices/uprobe/type"
 PERF_FLAG_FD_CLOEXEC = 8
-EVERY_S = 0.003  # well inside a grace period: the semaphore never cools
-MAX_S = 2.0  # a start that never says done() (it failed) stops here
+COUNT = 4  # registrations: the first waits the grace period, the rest keep it warm
+MIN_EVERY_S = 0.003  # apart: the first one's wait (a grace period), at least this
+MAX_S = 2.0  # a start that never says done() (it failed) closes them here
 
 
 class Warmup:
@@ -60,11 +67,17 @@ class Warmup:
                 pmu = int(f.read())
             syscall = C.CDLL(None, use_errno=True).syscall
             syscall.restype = C.c_long
-            waited = 0.0
-            while self._open(syscall, nr, pmu) and waited < MAX_S:
-                if self._done.wait(EVERY_S):
+            every = 0.0
+            for _ in range(COUNT):
+                t0 = time.monotonic()
+                if not self._open(syscall, nr, pmu):
                     break
-                waited += EVERY_S
+                # The semaphore stays warm about one grace period after a
+                # writer: the first registration's wait is one.
+                every = every or max(MIN_EVERY_S, time.monotonic() - t0)
+                if self._done.wait(every):
+                    break
+            self._done.wait(MAX_S)
         except (KeyError, OSError, ValueError):
             pass
         finally:
@@ -89,9 +102,12 @@ def start(path: str) -> None:
     _current.thread.start()
 
 
-def done() -> None:
-    """Stop warming (the probes are in); the dummies close on the thread."""
+def done(wait: bool = False) -> None:
+    """Stop warming (the probes are in); the dummies close on the thread
+    (wait: before this returns, for a caller that counts descriptors)."""
     global _current
     w, _current = _current, None
     if w is not None:
         w.done()
+        if wait:
+            w.thread.join()
