@@ -26,7 +26,6 @@ ElfError (a ValueError), never struct.error or IndexError.
 
 from __future__ import annotations
 
-import lzma
 import os
 import stat as _stat
 import struct
@@ -476,6 +475,9 @@ class ElfFile:
         data = self.section_data(".gnu_debugdata")
         if not data:
             return None
+        # lazy: lzma (+2 modules) only for a file with MiniDebugInfo, not on
+        # a warm trace's way to its probes (its symbol tables are cached)
+        import lzma
 
         try:
             return ElfFile.from_bytes(lzma.decompress(data), f"{self.name}[.gnu_debugdata]")
