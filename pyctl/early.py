@@ -76,6 +76,8 @@ def attach(p: PlainTrace) -> bool:
     do everything (and to say what is wrong)."""
     if os.environ.get("GPUFAULT_NO_EARLY_ATTACH") or os.environ.get("GPUFAULT_METRICS_ADDR"):
         return False
+    if os.geteuid() != 0:  # the CLI's start says "needs root" in its words
+        return False
     try:
         # The kernel's uprobe registration, warm by the attach below
         # (pyctl/bpf/warmup.py): its grace period passes meanwhile.

@@ -294,3 +294,38 @@ def test_no_site_falls_back_to_site_when_a_dependency_needs_a_pth(tmp_path: Path
     v = subprocess.run([py, "-S", "-m", "pyctl", "--version"], capture_output=True, text=True,
                        env=env, cwd=tmp_path)  # fmt: skip
     assert v.returncode == 0 and "gpufault" in v.stdout, v
+
+
+# `gpufault serve` whose controllers say what runner.take_early handed over
+# (forked from it: the patched module is theirs too).
+SERVER = WRAP.replace('sys.argv[0] = "gpufault"', 'sys.argv = ["gpufault", "serve"]')
+
+
+@pytest.mark.root
+def test_a_served_plain_trace_attaches_before_its_cli_too(tmp_path: Path) -> None:
+    # lazy: test_resident's server helpers (a module of tests: only here)
+    from test_resident import _env as served_env
+    from test_resident import served_line, server
+
+    run_dir, db = tmp_path / "run", tmp_path / "gf.db"
+    t = Target()
+    try:
+        with server(run_dir, SERVER) as srv:
+            argv = [sys.executable, "-m", "pyctl", "trace", "--pid", str(t.pid), "--lib",
+                    str(LIB), "--fn", "gf_victim", "--db", str(db)]  # fmt: skip
+            ctl, lines = start_controller(argv, env=served_env(run_dir), stdout=subprocess.PIPE,
+                                          cwd=REPO)  # fmt: skip
+            _client, controller, _cmd = served_line(srv)
+            assert len(t.victim(7)) == 7
+            ctl.send_signal(signal.SIGINT)
+            out, err = finish(ctl, timeout=60)
+            assert ctl.returncode == 0, err
+    finally:
+        t.p.kill()
+        t.p.wait()
+    said = "".join(lines) + err
+    assert "early-taken True" in said, said
+    assert "calls 7" in out, out
+    with sqlite3.connect(db) as con:
+        seqs = [r[0] for r in con.execute("SELECT call_seq FROM calls ORDER BY call_seq")]
+    assert seqs == list(range(1, 8))
