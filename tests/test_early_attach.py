@@ -144,8 +144,7 @@ def test_the_early_run_stores_what_the_clis_own_start_stores(tmp_path: Path) -> 
         err_early, out_early = _trace(t, db, None, 5)
         err_cli, out_cli = _trace(t, db, OFF, 5)
     finally:
-        t.p.kill()
-        t.p.wait()
+        t.close()
     assert "early-taken True" in err_early, err_early
     assert "early-taken False" in err_cli, err_cli
     early, cli = _run_ids(db)
@@ -201,8 +200,7 @@ def test_each_option_the_reader_takes_builds_the_same_run(
         r = subprocess.run(_gf(args), env=_env(), capture_output=True, text=True, cwd=REPO,
                            timeout=60)  # fmt: skip
     finally:
-        t.p.kill()
-        t.p.wait()
+        t.close()
     assert r.returncode == 0, r.stderr
     assert "early-taken True" in r.stderr, r.stderr
 
@@ -236,8 +234,7 @@ def test_a_bad_line_ends_in_the_same_one_line_and_leaves_nothing(
             got.append((r.returncode, lines))
         assert len(t.victim(2)) == 2  # the target runs on, unharmed
     finally:
-        t.p.kill()
-        t.p.wait()
+        t.close()
     (rc, lines), (rc_off, lines_off) = got
     assert rc == 2 and len(lines) == 1 and lines[0].startswith("gpufault: "), got
     assert (rc, lines) == (rc_off, lines_off)
@@ -321,8 +318,7 @@ def test_a_served_plain_trace_attaches_before_its_cli_too(tmp_path: Path) -> Non
             out, err = finish(ctl, timeout=60)
             assert ctl.returncode == 0, err
     finally:
-        t.p.kill()
-        t.p.wait()
+        t.close()
     said = "".join(lines) + err
     assert "early-taken True" in said, said
     assert "calls 7" in out, out
