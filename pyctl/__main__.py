@@ -2,12 +2,14 @@
 
 `python -S -m pyctl` starts without `site` (on the dev VM its `.pth`
 hooks, an editable install's finder and a sandbox's certifi import, were
-20-27 ms of every start; a clean venv's `site` ~2 ms): the site-packages
+25-35 ms of every start; a clean venv's `site` ~2 ms): the site-packages
 directories go on sys.path as `site` puts them there, without running
 their `.pth` files. Where the dependencies are not found that way (an
 editable install of one, a path a `.pth` adds), `site` runs after all,
 as without -S: never a start that fails for the want of it.
 """
+
+from __future__ import annotations
 
 import sys
 

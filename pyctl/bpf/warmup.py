@@ -40,6 +40,8 @@ MAX_S = 2.0  # a start that never says done() (it failed) closes them here
 
 
 class Warmup:
+    """One start's dummy registrations, made and closed by its thread."""
+
     def __init__(self, path: str) -> None:
         self.path = C.create_string_buffer(os.fsencode(path))
         self.fds: list[int] = []
@@ -54,6 +56,8 @@ class Warmup:
         struct.pack_into("=IIQ", attr, 0, pmu, 128, 0)
         struct.pack_into("=Q", attr, 40, 1)
         struct.pack_into("=QQ", attr, 56, C.addressof(self.path), 0)
+        # pid -1, cpu 0: any process on CPU 0 (a registration with no task
+        # filter; no process maps the file as code, so none is probed).
         fd = syscall(nr, attr, -1, 0, -1, PERF_FLAG_FD_CLOEXEC)
         if fd < 0:
             return False
