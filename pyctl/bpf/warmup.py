@@ -29,6 +29,7 @@ import os
 import struct
 import threading
 import time
+from typing import Any
 
 # perf_event_open(2): the syscall number by machine (the wheel is x86-64).
 _NR_PERF_EVENT_OPEN = {"x86_64": 298, "aarch64": 241}
@@ -40,25 +41,37 @@ MAX_S = 2.0  # a start that never says done() (it failed) closes them here
 
 
 class Warmup:
-    """One start's dummy registrations, made and closed by its thread."""
+    """One start's dummy registrations, made and closed by its thread.
+    Everything but the syscalls is prepared here, on the caller's thread:
+    the warm-up thread holds the GIL for as little as it can (each time it
+    wants it back, the importing main thread may wait for it)."""
 
     def __init__(self, path: str) -> None:
-        self.path = C.create_string_buffer(os.fsencode(path))
         self.fds: list[int] = []
         self._done = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="gf-uprobe-warmup", daemon=True)
-
-    def _open(self, syscall: C._FuncPointer, nr: int, pmu: int) -> bool:
-        attr = C.create_string_buffer(128)
+        self._path = C.create_string_buffer(os.fsencode(path))
+        self._attr = C.create_string_buffer(128)
+        self._syscall: Any = None
+        try:
+            self._nr = _NR_PERF_EVENT_OPEN[os.uname().machine]
+            with open(_PMU_TYPE) as f:
+                pmu = int(f.read())
+            self._syscall = C.CDLL(None, use_errno=True).syscall
+            self._syscall.restype = C.c_long
+        except (KeyError, OSError, ValueError):
+            pmu = 0
         # type, size, config (0: an entry probe), then flags at 40 (bit 0:
         # disabled: it counts nothing); config1 (the path) at 56, config2
         # (the offset) at 64.
-        struct.pack_into("=IIQ", attr, 0, pmu, 128, 0)
-        struct.pack_into("=Q", attr, 40, 1)
-        struct.pack_into("=QQ", attr, 56, C.addressof(self.path), 0)
+        struct.pack_into("=IIQ", self._attr, 0, pmu, 128, 0)
+        struct.pack_into("=Q", self._attr, 40, 1)
+        struct.pack_into("=QQ", self._attr, 56, C.addressof(self._path), 0)
+        self.thread = threading.Thread(target=self._run, name="gf-uprobe-warmup", daemon=True)
+
+    def _open(self) -> bool:
         # pid -1, cpu 0: any process on CPU 0 (a registration with no task
         # filter; no process maps the file as code, so none is probed).
-        fd = syscall(nr, attr, -1, 0, -1, PERF_FLAG_FD_CLOEXEC)
+        fd = self._syscall(self._nr, self._attr, -1, 0, -1, PERF_FLAG_FD_CLOEXEC)
         if fd < 0:
             return False
         self.fds.append(fd)
@@ -66,15 +79,10 @@ class Warmup:
 
     def _run(self) -> None:
         try:
-            nr = _NR_PERF_EVENT_OPEN[os.uname().machine]
-            with open(_PMU_TYPE) as f:
-                pmu = int(f.read())
-            syscall = C.CDLL(None, use_errno=True).syscall
-            syscall.restype = C.c_long
             every = 0.0
-            for _ in range(COUNT):
+            for _ in range(COUNT if self._syscall is not None else 0):
                 t0 = time.monotonic()
-                if not self._open(syscall, nr, pmu):
+                if not self._open():
                     break
                 # The semaphore stays warm about one grace period after a
                 # writer: the first registration's wait is one.
@@ -82,8 +90,6 @@ class Warmup:
                 if self._done.wait(every):
                     break
             self._done.wait(MAX_S)
-        except (KeyError, OSError, ValueError):
-            pass
         finally:
             fds, self.fds = self.fds, []
             for fd in fds:
