@@ -59,7 +59,21 @@ S64_MIN = -(2**63)
 # adds it to a u64 CLOCK_MONOTONIC in ns, so keep far below 2**64 ns (584 y).
 MAX_DURATION_S = 10 * 365 * 86400.0
 
-_DUR_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(ns|us|ms|s|m|h|d)")
+class _LazyRe:
+    """A pattern compiled at its first use: the four of this module were
+    ~1.5 ms of every start, and a plain trace's uses none of them."""
+
+    def __init__(self, pattern: str, flags: int = 0) -> None:
+        self._args = (pattern, flags)
+        self._re: re.Pattern[str] | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._re is None:
+            self._re = re.compile(*self._args)
+        return getattr(self._re, name)
+
+
+_DUR_PART = _LazyRe(r"(\d+(?:\.\d*)?|\.\d+)\s*(ns|us|ms|s|m|h|d)")
 _DUR_SCALE = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
@@ -183,7 +197,7 @@ def parse_signal(name: str, what: str = "--signal") -> int:
     )
 
 
-_PRED = re.compile(r"\s*arg([1-6])\s*(==|!=|<=|>=|<|>|&)\s*(\S+)\s*$")
+_PRED = _LazyRe(r"\s*arg([1-6])\s*(==|!=|<=|>=|<|>|&)\s*(\S+)\s*$")
 
 
 def parse_predicate(text: str) -> tuple[int, int, int]:
@@ -197,7 +211,7 @@ def parse_predicate(text: str) -> tuple[int, int, int]:
     return int(m.group(1)), abi.PRED_OPS[m.group(2)], val & U64_MAX
 
 
-_CORRUPT = re.compile(
+_CORRUPT = _LazyRe(
     r"\s*arg([1-6])(?:\+(\w+))?\s*(?::\s*(zero|xor|set)(?:=(\S+))?)?(?::(\d))?\s*$"
 )
 
@@ -237,7 +251,7 @@ FIELDS = frozenset({
 # (catalog library name, code text) -> value; pyctl.catalog.code_value by default.
 CodeLookup = Callable[[str, str], int]
 
-_FLOAT = re.compile(r"\s*[-+]?(\d+\.\d*|\.\d+|\d+(\.\d*)?[eE][-+]?\d+|inf|nan)\s*", re.I)
+_FLOAT = _LazyRe(r"\s*[-+]?(\d+\.\d*|\.\d+|\d+(\.\d*)?[eE][-+]?\d+|inf|nan)\s*", re.I)
 
 
 class ReturnCode(NamedTuple):
