@@ -122,6 +122,27 @@ def _read(p: str, max_bytes: int) -> bytes:
     return b"".join(chunks)
 
 
+def parse_messages(m: Any, name: str) -> tuple[tuple[str, str], ...]:
+    """An OpenAI chat list, checked: a non-empty list of {role, content}
+    with a known role and a string content (ValueError says what is wrong,
+    `name` first: a JSONL line and a TOML case word it their own way)."""
+    if not isinstance(m, list) or not m:
+        raise ValueError(f'{name}: expected a non-empty list of {{"role", "content"}}')
+    out = []
+    for i, x in enumerate(m, 1):
+        if (
+            not isinstance(x, dict)
+            or set(x) != {"role", "content"}
+            or x["role"] not in ROLES
+            or not isinstance(x["content"], str)
+        ):
+            raise ValueError(
+                f'{name}[{i}]: expected {{"role": one of {", ".join(ROLES)}, "content": a string}}'
+            )
+        out.append((x["role"], x["content"]))
+    return tuple(out)
+
+
 def _entry(p: str, n: int, raw: bytes) -> PromptEntry:
     def bad(what: str) -> PromptSetError:
         return PromptSetError(f"{p}: line {n}: {what}")
@@ -145,23 +166,10 @@ def _entry(p: str, n: int, raw: bytes) -> PromptEntry:
         raise bad('"prompt": expected a string')
     messages = None
     if "messages" in obj:
-        m = obj["messages"]
-        if not isinstance(m, list) or not m:
-            raise bad('"messages": expected a non-empty list of {"role", "content"}')
-        out = []
-        for i, x in enumerate(m, 1):
-            if (
-                not isinstance(x, dict)
-                or set(x) != {"role", "content"}
-                or x["role"] not in ROLES
-                or not isinstance(x["content"], str)
-            ):
-                raise bad(
-                    f'"messages"[{i}]: expected {{"role": one of {", ".join(ROLES)}, '
-                    '"content": a string}'
-                )
-            out.append((x["role"], x["content"]))
-        messages = tuple(out)
+        try:
+            messages = parse_messages(obj["messages"], '"messages"')
+        except ValueError as e:
+            raise bad(str(e)) from None
     mt = obj.get("max_tokens")
     if mt is not None and (isinstance(mt, bool) or not isinstance(mt, int) or mt < 1):
         raise bad(f'"max_tokens": {mt!r}: give an integer >= 1')
@@ -171,4 +179,11 @@ def _entry(p: str, n: int, raw: bytes) -> PromptEntry:
     return PromptEntry(prompt=prompt, messages=messages, max_tokens=mt, reference=ref)
 
 
-__all__ = ["MAX_BYTES", "PromptEntry", "PromptSet", "PromptSetError", "read_prompt_set"]
+__all__ = [
+    "MAX_BYTES",
+    "PromptEntry",
+    "PromptSet",
+    "PromptSetError",
+    "parse_messages",
+    "read_prompt_set",
+]
