@@ -19,15 +19,14 @@ the file and the line number.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
-import stat
 from dataclasses import dataclass
 from typing import Any
 
 from pyctl.exceptions import BadInput
+from pyctl.safefile import SafeFileError, read_checked
 
 MAX_BYTES = 32 * 1024 * 1024  # a prompt set, not a data set: 32 MiB
 MAX_LINES = 100_000
@@ -93,33 +92,19 @@ def read_prompt_set(path: str | os.PathLike[str], *, max_bytes: int = MAX_BYTES)
 
 def _read(p: str, max_bytes: int) -> bytes:
     try:
-        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise PromptSetError(f"{p}: is a symbolic link: name the file itself") from None
-        raise PromptSetError(f"{p}: cannot open it ({e.strerror}): check the path") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise PromptSetError(f"{p}: not a regular file: give a JSONL file")
-        if st.st_size > max_bytes:
-            raise PromptSetError(
-                f"{p}: {st.st_size} bytes, over the {max_bytes} byte limit: use a smaller set"
-            )
-        chunks, got = [], 0
-        while got <= max_bytes:  # the size may grow after fstat: read at most the limit + 1
-            b = os.read(fd, min(1 << 20, max_bytes + 1 - got))
-            if not b:
-                break
-            chunks.append(b)
-            got += len(b)
-    except OSError as e:
-        raise PromptSetError(f"{p}: cannot read it ({e.strerror})") from None
-    finally:
-        os.close(fd)
-    if got > max_bytes:
-        raise PromptSetError(f"{p}: over the {max_bytes} byte limit: use a smaller set")
-    return b"".join(chunks)
+        return read_checked(p, max_bytes)
+    except SafeFileError as e:
+        raise PromptSetError(f"{p}: {_WHY[e.why].format(d=e.detail, max=max_bytes)}") from None
+
+
+# SafeFileError.why -> this reader's words
+_WHY = {
+    "link": "is a symbolic link: name the file itself",
+    "open": "cannot open it ({d}): check the path",
+    "type": "not a regular file: give a JSONL file",
+    "size": "{d} bytes, over the {max} byte limit: use a smaller set",
+    "read": "cannot read it ({d})",
+}
 
 
 def parse_messages(m: Any, name: str) -> tuple[tuple[str, str], ...]:
