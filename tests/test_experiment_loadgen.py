@@ -347,7 +347,14 @@ def _sched_thread_policy(load: OpenLoopLoad) -> int:
     """The scheduler thread's policy, read from the kernel while it runs."""
     t = load._sched
     assert t is not None and t.native_id is not None
-    return os.sched_getscheduler(t.native_id)
+    return _policy(t.native_id)
+
+
+def _policy(tid: int) -> int:
+    """A thread's policy; SCHED_FIFO threads carry SCHED_RESET_ON_FORK."""
+    p = os.sched_getscheduler(tid)
+    assert p == os.SCHED_OTHER or p & os.SCHED_RESET_ON_FORK, p
+    return p & ~os.SCHED_RESET_ON_FORK
 
 
 @pytest.mark.root
@@ -364,7 +371,7 @@ def test_the_load_threads_are_real_time_and_nothing_else_is():
         while load.counts()["answered"] == 0 and time.monotonic() < deadline:
             time.sleep(0.01)
         policy = _sched_thread_policy(load)
-        workers = {os.sched_getscheduler(t.native_id or 0) for t in load._threads}
+        workers = {_policy(t.native_id or 0) for t in load._threads}
         assert load.wait(30)
         load.stop()
     assert policy == os.SCHED_FIFO and workers == {os.SCHED_FIFO}
@@ -381,7 +388,7 @@ def test_a_closed_loop_stays_normal():
         deadline = time.monotonic() + 10
         while load.counts()["answered"] == 0 and time.monotonic() < deadline:
             time.sleep(0.01)
-        workers = {os.sched_getscheduler(t.native_id or 0) for t in load._threads}
+        workers = {_policy(t.native_id or 0) for t in load._threads}
         assert load.wait(30)
         load.stop()
     assert workers == {os.SCHED_OTHER}
@@ -480,3 +487,24 @@ def test_realtime_slice_gives_every_load_thread_the_short_slice_only():
     assert load.counts()["sched_policy"] == "other, 0.1 ms slice (realtime = slice)"
     with pytest.raises(LoadError, match='give true, false or "slice"'):
         OpenLoopLoad("http://127.0.0.1:9", 5, realtime="fifo")
+
+
+@pytest.mark.root
+def test_a_process_forked_by_a_real_time_load_thread_starts_normal():
+    """SCHED_RESET_ON_FORK: nothing a load thread starts inherits its priority."""
+    from pyctl.experiment import threadsched
+
+    got: list[object] = []
+
+    def thread() -> None:
+        got.append(threadsched.fifo())
+        out = subprocess.run(
+            [sys.executable, "-I", "-c", "import os; print(os.sched_getscheduler(0))"],
+            capture_output=True, text=True, check=True, timeout=30,
+        ).stdout  # fmt: skip
+        got.append(int(out))
+
+    t = threading.Thread(target=thread)
+    t.start()
+    t.join()
+    assert got == [None, os.SCHED_OTHER]

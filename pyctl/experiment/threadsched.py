@@ -40,9 +40,11 @@ def _syscall(nr: int, buf: ctypes.Array[ctypes.c_char], *rest: int) -> int:
 
 
 def fifo() -> str | None:
-    """SCHED_FIFO for this thread; None, or why not."""
+    """SCHED_FIFO for this thread; None, or why not. With
+    SCHED_RESET_ON_FORK: a process this thread forks starts normal."""
     try:
-        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(FIFO_PRIORITY))
+        policy = os.SCHED_FIFO | os.SCHED_RESET_ON_FORK
+        os.sched_setscheduler(0, policy, os.sched_param(FIFO_PRIORITY))
     except OSError as e:
         return e.strerror or str(e)
     return None
