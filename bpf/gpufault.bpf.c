@@ -25,6 +25,9 @@ struct gf_regs {
 
 /* Load-time settings (the controller fills .rodata before load). */
 const volatile __u32 copilot_signo = 23;	/* SIGURG: ignored by default */
+/* The gfsig helper's signal (GF_F_SIGNAL specs): the copilot's, unless a run
+ * has both (then another one, which the copilot passes on). */
+const volatile __u32 helper_signo = 23;
 const volatile __u64 events_wake_bytes = 256 * 1024;
 /* Pages of user stack copied at a fire of a GF_F_CAP_USTACK spec (0 to
  * GF_USTACK_PAGES): a constant to the verifier, so the record's size is. */
@@ -503,7 +506,7 @@ static __always_inline void fire_at_entry(struct gf_regs *ctx, const struct gf_s
 			stat_add(GF_STAT_SIGNAL_ERR);
 	} else if (s->action == GF_ACT_STALL && (s->flags & GF_F_SIGNAL)) {
 		/* The helper's handler waits on its own clock (pyctl/fastpath). */
-		if (bpf_send_signal_thread(copilot_signo))
+		if (bpf_send_signal_thread(helper_signo))
 			stat_add(GF_STAT_SIGNAL_ERR);
 	} else if (s->action == GF_ACT_STALL) {
 		to_copilot(ctx, s, w, 0);
@@ -511,7 +514,7 @@ static __always_inline void fire_at_entry(struct gf_regs *ctx, const struct gf_s
 		if (!regs_ok && (s->flags & GF_F_SIGNAL)) {
 			/* The helper's handler returns at once (pyctl/fastpath):
 			 * it knows each site's entry sp from its probed insn. */
-			if (bpf_send_signal_thread(copilot_signo))
+			if (bpf_send_signal_thread(helper_signo))
 				stat_add(GF_STAT_SIGNAL_ERR);
 			return;
 		}
@@ -815,7 +818,7 @@ int gf_signal_deliver(__u64 *ctx)
 
 	if (!bpf_map_lookup_elem(&watched, &tgid))
 		return 0;
-	if (sig == (int)copilot_signo)	/* our own hand-off signal */
+	if (sig == (int)copilot_signo || sig == (int)helper_signo)	/* our own hand-offs */
 		return 0;
 	if (info)
 		code = BPF_CORE_READ(info, si_code);
