@@ -367,19 +367,30 @@ class Engine:
         # lazy: the fast path's loader (ptrace, ELF) only for a run that tries it
         from pyctl.fastpath import FastpathError, SignalTaken, load_for
 
-        cands = self.plan.signal_candidates()
         self.signal_copilot_specs = {
             i: why
             for i in range(len(self.specs))
             if self.specs[i].action in ("fail", "stall")
             and (why := self.plan.spec_signal_refusal(i)) is not None
         }
-        why = None if cands else self.plan.signal_refusal()
-        tried = False
-        if strict and why is None and self.signal_copilot_specs:
-            why = next(iter(self.signal_copilot_specs.values()))
-        if why is None and (self.pid is None or not self.resolve_in_target):
+        cands: list[int] = []
+        command = self.pid is None or not self.resolve_in_target
+        for i in [] if command else self.plan.signal_candidates():
+            # The helper finds a site by its address in the target: a library
+            # the target has not mapped yet has none. The copilot fires it
+            # once a dlopen maps it (said once: _check_not_loaded).
+            if all(a.lib.mapped for a in self.atts if a.spec == i):
+                cands.append(i)
+            else:
+                self.signal_copilot_specs[i] = "its library is not loaded in the target yet"
+        why = None
+        if command:
             why = "the signal path loads its helper into a running process: give --pid"
+        elif not cands:
+            why = self.plan.signal_refusal() or next(iter(self.signal_copilot_specs.values()))
+        elif strict and self.signal_copilot_specs:
+            why = next(iter(self.signal_copilot_specs.values()))
+        tried = False
         if why is None:
             tried = True
             # With specs left on the copilot, the helper needs a signal of
