@@ -821,7 +821,7 @@ def test_mechanism_signal_refuses_in_one_line_leaving_nothing(tmp_path: Path) ->
         rows = t.victim(2)
     finally:
         t.close()
-    assert r.returncode != 0
+    assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "--mechanism signal" in lines[0] and "seccomp" in lines[0], lines
     assert after == before and after["TracerPid"] == "0" and not mapped
