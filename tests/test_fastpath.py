@@ -923,3 +923,23 @@ def test_api_mechanism_keyword(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
             gpufault.arm(f, t.pid, db=tmp_path / "d.db", mechanism="fast")
     finally:
         t.close()
+
+
+@root
+def test_doctor_says_which_mechanism_this_kernel_gets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`default mechanism`: signal by trial where BPF cannot write registers
+    (this kernel), the copilot once GPUFAULT_SIGNAL=0 turns it off."""
+    from pyctl.api import doctor
+    from pyctl.capabilities import regs_writable
+
+    def line() -> str:
+        (c,) = [c for c in doctor.checks() if c.name == "default mechanism"]
+        return c.detail
+
+    monkeypatch.delenv("GPUFAULT_SIGNAL", raising=False)
+    want = "regs" if regs_writable() else "signal, by trial"
+    assert line().startswith(want), line()
+    if not regs_writable():
+        assert "seccomp" in line() and "--mechanism copilot" in line()
+        monkeypatch.setenv("GPUFAULT_SIGNAL", "0")
+        assert line().startswith("copilot: GPUFAULT_SIGNAL=0"), line()

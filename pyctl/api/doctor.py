@@ -319,6 +319,11 @@ def _mechanism_check(regs: bool) -> Check:
             name, True, "copilot: GPUFAULT_SIGNAL=0 in this environment turns the signal "
             "fast path off (--mechanism signal still asks for it)",
         )  # fmt: skip
+    if ptrace_scope() >= 3:
+        return Check(
+            name, True, "none for fail and stall: ptrace_scope 3 forbids both the signal "
+            "helper's loader and the ptrace copilot (see `ptrace`)",
+        )  # fmt: skip
     if platform.machine() != "x86_64":
         return Check(name, True, f"copilot: the signal fast path is x86-64 only, not "
                      f"{platform.machine()}")  # fmt: skip
@@ -333,11 +338,12 @@ def _mechanism_check(regs: bool) -> Check:
         name,
         True,
         "signal, by trial: no BPF register writes here, and gfsig.so is ready; a run of "
-        "fail-skips and timed stalls on a --pid target loads it once (~3-5 us per fail, no "
-        "ptrace stop); a target it cannot serve (static or musl, a seccomp filter, both "
-        "SIGURG and SIGWINCH its own, no thread in a blocking call) and the specs it does "
-        "not do (a hang, fail after, corrupt) and `-- CMD` get the copilot, the reason in "
-        "the run row (capabilities.signal_refusal); --mechanism copilot forces the copilot",
+        "fail-skips and timed stalls on a --pid target loads it once (~1.5 us per fail "
+        "on the dev VM, no ptrace stop); a target it cannot serve (static or musl, a "
+        "seccomp filter, both SIGURG and SIGWINCH its own, no thread in a blocking call) "
+        "and the specs it does not do (a hang, fail after, corrupt) and `-- CMD` get the "
+        "copilot, the reason in the run row (capabilities.signal_refusal); "
+        "--mechanism copilot forces the copilot",
     )
 
 
