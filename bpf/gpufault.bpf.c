@@ -354,7 +354,8 @@ static __always_inline void emit_ustack(__u64 sp, __u64 fault_seq)
 			break;
 	}
 	u->got = i ? (__s32)(i * GF_USTACK_PAGE) : -14;	/* -EFAULT */
-	/* No wake-up: the fire record right after it wakes the consumer. */
+	/* No wake-up: the fire record right after it wakes the consumer
+	 * (a signal-path fire when this ring or its own crosses a quarter). */
 	bpf_ringbuf_submit(u, BPF_RB_NO_WAKEUP);
 }
 
@@ -397,9 +398,19 @@ static __always_inline void emit_fire(struct gf_regs *ctx, const struct gf_spec 
 	if (w->mech == GF_MECH_SIGNAL) {
 		__u64 avail = bpf_ringbuf_query(&fires, BPF_RB_AVAIL_DATA);
 		__u64 q = bpf_ringbuf_query(&fires, BPF_RB_RING_SIZE) / 4;
+		bool wake = avail >= q && avail < q + sizeof(*e) + 8;
 
-		bpf_ringbuf_submit(e, avail >= q && avail < q + sizeof(*e) + 8 ?
-				   BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
+		/* The stack copies' ring (~500 copies) fills long before the
+		 * fires' does: its crossing wakes the consumer too. */
+		if (s->flags & GF_F_CAP_USTACK && ustack_pages) {
+			__u64 rec = sizeof(struct gf_ustack_event) +
+				    ustack_pages * GF_USTACK_PAGE + 8;
+			__u64 ua = bpf_ringbuf_query(&ustacks, BPF_RB_AVAIL_DATA);
+			__u64 uq = bpf_ringbuf_query(&ustacks, BPF_RB_RING_SIZE) / 4;
+
+			wake = wake || (ua >= uq && ua < uq + rec);
+		}
+		bpf_ringbuf_submit(e, wake ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
 		return;
 	}
 	bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
