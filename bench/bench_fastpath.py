@@ -44,6 +44,9 @@ from pyctl.spec import FaultSpec  # noqa: E402
 
 N = int(os.environ.get("GF_BENCH_FAILS", "20000"))
 PAT = re.compile(r"n=(\d+) p50=(\d+) p99=(\d+) max=(\d+) failed=(\d+)")
+# GF_LOOP_SCHED=1 (--sched): what the scheduler did inside the timed calls.
+SCHED = re.compile(r"(preempted|voluntary|p99_unpreempted|p50_preempted)=(\d+)")
+HOWS = ("none", "libfiu", "shim", "signal", "copilot")
 # shape -> threads: the server shape with as many threads as this machine
 # has CPUs (2) and with twice as many (threads preempt each other mid-call).
 SHAPES = {"plain": 1, "server2": 2, "server4": 4}
@@ -64,7 +67,7 @@ def build(out: Path) -> Path:
     return exe
 
 
-def one(exe: Path, shape: str, how: str, db: Path) -> dict:
+def one(exe: Path, shape: str, how: str, db: Path, drain: bool = True) -> dict:
     threads = SHAPES[shape]
     env = dict(os.environ)
     argv = [str(exe), shape.rstrip("0123456789"), str(threads), str(N // threads)]
@@ -83,14 +86,12 @@ def one(exe: Path, shape: str, how: str, db: Path) -> dict:
                 lib=str(DOUBLE_LIBCUDA), fn="cuMemAlloc_v2", action="fail", ret=2, every=1,
                 capture_stack=False, tgid=pid,
             )  # fmt: skip
-            eng = Engine(
-                [spec], db_path=db, pid=pid, argv=["bench-fastpath"], use_signal=how == "signal"
-            )
+            eng = Engine([spec], db_path=db, pid=pid, argv=["bench-fastpath"], mechanism=how)
             eng.start()
             assert eng.mechanism == how, (eng.mechanism, eng.signal_refusal)
         done = threading.Event()
         drainer = None
-        if eng is not None:
+        if eng is not None and drain:
             # The controller's share: fires become evidence while the calls
             # run (a full fires ring would skip fires, exactly counted).
             def drain(e: Engine = eng) -> None:
@@ -120,6 +121,7 @@ def one(exe: Path, shape: str, how: str, db: Path) -> dict:
     n, p50, p99, mx, failed = (int(x) for x in m.groups())
     r = {"calls": n, "p50_ns": p50, "p99_ns": p99, "max_ns": mx, "failed": failed}
     r["wall_s"] = round(wall, 3)
+    r.update({k: int(v) for k, v in SCHED.findall(line)})
     if eng is not None:
         r["fires_skipped"] = r_lost.get("fires_skipped", 0)
     if eng is not None and how == "signal":
@@ -130,7 +132,16 @@ def one(exe: Path, shape: str, how: str, db: Path) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("-o", "--output", type=Path)
+    ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated subset")
+    ap.add_argument("--hows", default=",".join(HOWS), help="comma-separated subset")
+    ap.add_argument("--sched", action="store_true",
+                    help="count preempted and sleeping calls inside the timed window "
+                    "(GF_LOOP_SCHED=1: two getrusage calls per iteration, outside it)")
+    ap.add_argument("--no-drain", action="store_true",
+                    help="the controller reads no fires during the calls (after them)")
     args = ap.parse_args()
+    if args.sched:
+        os.environ["GF_LOOP_SCHED"] = "1"
     out: dict = {
         "kernel": platform.release(),
         "cpus": os.cpu_count(),
@@ -140,19 +151,22 @@ def main() -> None:
     }
     with tempfile.TemporaryDirectory() as d:
         exe = build(Path(d))
-        for shape in SHAPES:
+        for shape in args.shapes.split(","):
             res: dict = {}
-            for how in ("none", "libfiu", "shim", "signal", "copilot"):
-                res[how] = one(exe, shape, how, Path(d) / f"{shape}-{how}.db")
+            for how in args.hows.split(","):
+                res[how] = one(exe, shape, how, Path(d) / f"{shape}-{how}.db", not args.no_drain)
                 r = res[how]
                 if how != "none":  # exact: what the target saw = what was fired
                     assert r["failed"] == r["calls"] - r.get("fires_skipped", 0), (how, r)
                 if how == "signal":
                     assert r["helper"]["handled"] == r["failed"], r
-            sig = res["signal"]
-            res["signal_over_libfiu_p50"] = round(sig["p50_ns"] / res["libfiu"]["p50_ns"], 1)
-            res["signal_over_shim_p50"] = round(sig["p50_ns"] / res["shim"]["p50_ns"], 1)
-            res["copilot_over_signal_p50"] = round(res["copilot"]["p50_ns"] / sig["p50_ns"], 1)
+            if set(HOWS) <= set(res):
+                sig = res["signal"]
+                res["signal_over_libfiu_p50"] = round(sig["p50_ns"] / res["libfiu"]["p50_ns"], 1)
+                res["signal_over_shim_p50"] = round(sig["p50_ns"] / res["shim"]["p50_ns"], 1)
+                res["copilot_over_signal_p50"] = round(
+                    res["copilot"]["p50_ns"] / sig["p50_ns"], 1
+                )
             out[shape] = res
     out["loadavg_end"] = os.getloadavg()[0]
     text = json.dumps(out, indent=2)

@@ -30,6 +30,10 @@ class RunOptions:
     argv: Sequence[str] = ()  # the command line, recorded in the run row
     duration: float = 0.0  # seconds; 0: until Ctrl-C or the target's end
     copilot_signal: int | None = None  # None: the engine's default (SIGURG)
+    # --mechanism: how fails and stalls are carried out where BPF cannot
+    # write registers: auto (the signal helper by trial, else the copilot),
+    # signal (the helper or refuse), copilot; None: auto (GPUFAULT_SIGNAL=0: copilot).
+    mechanism: str | None = None
     quiet: bool = False  # no per-fire lines, no status line
     xids: bool = True  # record NVIDIA Xids beside the run where the tracepoint exists
     max_db_bytes: int = DEFAULT_MAX_DB_BYTES  # 0: no cap

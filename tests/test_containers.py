@@ -469,8 +469,10 @@ def test_python_frames_of_a_python_process_in_a_container(kind: str, tmp_path: P
                    binds={"/py": str(prefix)}) as c:  # fmt: skip
         assert c.p.stdin is not None and c.p.stdout is not None
         db = tmp_path / "gf.db"
+        # The copilot holds the thread while its Python frames are read; on
+        # the signal path (the default) the call has returned by then.
         with gpufault.arm(Fault.fail("libgftarget", "gf_victim", ret=-4, nth=2), c.pid, db=db,
-                          duration=30) as s:  # fmt: skip
+                          duration=30, mechanism="copilot") as s:  # fmt: skip
             c.p.stdin.write("3\n")
             c.p.stdin.flush()
             assert c.p.stdout.readline().split() == ["2", "-4", "4"]

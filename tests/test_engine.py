@@ -351,7 +351,9 @@ def test_a_stall_stores_the_held_time_show_prints(target: Target, tmp_db: Path) 
     import json
 
     s = spec(action="stall", stall_ms=20, nth=1, capture_stack=False)
-    with armed(tmp_db, target.pid, s) as eng:
+    # The copilot's held time (its stop and resume): the signal path, the
+    # default for a timed stall, has no stop to time (tests/test_fastpath.py).
+    with armed(tmp_db, target.pid, s, mechanism="copilot") as eng:
         target.victim(2)
         eng.drain()
     ((ret, lat, outcome),) = q(tmp_db, "SELECT ret, latency_ns, outcome FROM faults")

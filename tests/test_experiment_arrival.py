@@ -210,6 +210,22 @@ def test_load_arrival_keys(tmp_path: Path) -> None:
     assert e.load.plan() == Arrival("constant", rate=7)
 
 
+def test_load_realtime_key(tmp_path: Path) -> None:
+    """The scheduler's real-time policy is on unless the file says no; a
+    value that is not a boolean is one line."""
+    e = _exp(tmp_path, "[load]\nrate = 7\n")
+    assert e.load is not None and e.load.realtime is True
+    e = _exp(tmp_path, "[load]\nrate = 7\nrealtime = false\n")
+    assert e.load is not None and e.load.realtime is False
+    e = _exp(tmp_path, '[load]\nrate = 7\nrealtime = "slice"\n')
+    assert e.load is not None and e.load.realtime == "slice"
+    for bad in ('"yes"', "1"):
+        with pytest.raises(ExperimentError) as ei:
+            _exp(tmp_path, f"[load]\nrealtime = {bad}\n")
+        msg = str(ei.value)
+        assert "load.realtime" in msg and 'give true, false or "slice"' in msg and "\n" not in msg
+
+
 def test_a_poisson_load_without_a_seed_gets_one_into_the_stored_file(tmp_path: Path) -> None:
     e = _exp(tmp_path, '[load]\nrate = 50\narrival = "poisson"\n')
     assert e.load is not None and e.load.arrival is not None

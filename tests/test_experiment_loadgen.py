@@ -4,13 +4,18 @@ local HTTP server of known delay (tests/delay_server.py)."""
 from __future__ import annotations
 
 import math
+import os
+import shutil
 import socket
+import subprocess
+import sys
 import threading
 import time
 
 import pytest
 from delay_server import DelayServer
 
+from pyctl.experiment.arrival import Arrival
 from pyctl.experiment.loadgen import LoadError, OpenLoopLoad, Sample, window_stats, windows
 
 
@@ -336,3 +341,170 @@ def test_arrival_is_the_kernels_stamp():
                 assert status == 200 and not close and t0 + 0.009 < at <= t1
         finally:
             c.close()
+
+
+def _sched_thread_policy(load: OpenLoopLoad) -> int:
+    """The scheduler thread's policy, read from the kernel while it runs."""
+    t = load._sched
+    assert t is not None and t.native_id is not None
+    return _policy(t.native_id)
+
+
+def _policy(tid: int) -> int:
+    """A thread's policy; SCHED_FIFO threads carry SCHED_RESET_ON_FORK."""
+    p = os.sched_getscheduler(tid)
+    assert p == os.SCHED_OTHER or p & os.SCHED_RESET_ON_FORK, p
+    return p & ~os.SCHED_RESET_ON_FORK
+
+
+@pytest.mark.root
+def test_the_load_threads_are_real_time_and_nothing_else_is():
+    """As root the scheduler and the workers run SCHED_FIFO (a normal
+    thread wakes up milliseconds late on a busy host: docs/benchmarks.md
+    "Arrivals"); the caller's thread is never changed."""
+    with DelayServer(0.002) as srv:
+        load = OpenLoopLoad(srv.url, 50, duration=1.0, concurrency=4)
+        load.start()
+        # the threads set their policy first thing: wait for the first
+        # answer rather than for a time
+        deadline = time.monotonic() + 10
+        while load.counts()["answered"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        policy = _sched_thread_policy(load)
+        workers = {_policy(t.native_id or 0) for t in load._threads}
+        assert load.wait(30)
+        load.stop()
+    assert policy == os.SCHED_FIFO and workers == {os.SCHED_FIFO}
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER
+    assert load.counts()["sched_policy"] == "fifo"
+
+
+@pytest.mark.root
+def test_a_closed_loop_stays_normal():
+    """A closed loop has no schedule to keep: its clients stay normal."""
+    with DelayServer(0.002) as srv:
+        load = OpenLoopLoad(srv.url, 1, arrival=Arrival("closed", clients=2), duration=0.5)
+        load.start()
+        deadline = time.monotonic() + 10
+        while load.counts()["answered"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        workers = {_policy(t.native_id or 0) for t in load._threads}
+        assert load.wait(30)
+        load.stop()
+    assert workers == {os.SCHED_OTHER}
+
+
+@pytest.mark.parametrize(
+    "kw, why",
+    [({"realtime": False}, "other (realtime = false)"), ({"rate": 800.0}, "above the 500/s")],
+)
+def test_the_scheduler_stays_normal_when_told_or_too_fast(kw: dict[str, object], why: str):
+    rate = float(kw.pop("rate", 50.0))  # type: ignore[arg-type]
+    with DelayServer(0.001) as srv:
+        load = OpenLoopLoad(srv.url, rate, duration=0.05, concurrency=4, **kw)  # type: ignore[arg-type]
+        _run(load)
+    assert why in load.counts()["sched_policy"]
+
+
+@pytest.mark.root
+def test_without_cap_sys_nice_the_scheduler_says_why(tmp_path):
+    """Root without CAP_SYS_NICE (a container's usual bounding set; the GPU
+    host's root has not got it) gets a normal thread with a 0.1 ms EEVDF
+    slice, read back from the kernel, and the reason; the load runs all
+    the same."""
+    code = (
+        "import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]\n"
+        "from delay_server import DelayServer\n"
+        "from pyctl.experiment.loadgen import OpenLoopLoad\n"
+        "with DelayServer(0.001) as srv:\n"
+        "    load = OpenLoopLoad(srv.url, 50, duration=0.2, concurrency=2)\n"
+        "    load.start(); load.wait(30); load.stop()\n"
+        "    c = load.counts()\n"
+        "print(c['sched_policy'], c['ok'])\n"
+    )
+    here = os.path.dirname(os.path.abspath(__file__))
+    if shutil.which("setpriv") is None:
+        pytest.skip("needs setpriv (util-linux) to drop CAP_SYS_NICE")
+    out = subprocess.run(
+        ["setpriv", "--bounding-set=-sys_nice", sys.executable, "-I", "-c", code]
+        + [os.path.dirname(here), here],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        check=True,
+    ).stdout.split()
+    said = " ".join(out[:-1])
+    assert said == "other, 0.1 ms slice (SCHED_FIFO: Operation not permitted)", said
+    assert int(out[-1]) >= 9
+
+
+def test_a_short_slice_is_read_back_from_the_kernel():
+    """threadsched.short_slice sets a SCHED_OTHER thread's EEVDF slice and
+    counts it only when sched_getattr gives it back (this 6.18 kernel does;
+    one before 6.12 would take the call and ignore the slice)."""
+    from pyctl.experiment import threadsched
+
+    got: list[object] = []
+
+    def thread() -> None:
+        got.append(threadsched.short_slice(250_000))
+        got.append(os.sched_getscheduler(0))
+        got.append(_slice_of_this_thread())
+
+    t = threading.Thread(target=thread)
+    t.start()
+    t.join()
+    assert got == [None, os.SCHED_OTHER, 250_000]
+    assert _slice_of_this_thread() != 250_000  # the caller's thread untouched
+
+
+def _slice_of_this_thread(tid: int = 0) -> int:
+    import ctypes
+    import struct
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    buf = ctypes.create_string_buffer(56)
+    assert libc.syscall(315, tid, buf, 56, 0) == 0, os.strerror(ctypes.get_errno())
+    return struct.unpack("=IIQiIQQQII", buf.raw)[5]
+
+
+def test_realtime_slice_gives_every_load_thread_the_short_slice_only():
+    """realtime = "slice": no real-time policy, the 0.1 ms slice on the
+    scheduler and the workers (what a user without CAP_SYS_NICE gets)."""
+    with DelayServer(0.002) as srv:
+        load = OpenLoopLoad(srv.url, 50, duration=1.0, concurrency=3, realtime="slice")
+        load.start()
+        deadline = time.monotonic() + 10
+        while load.counts()["answered"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        threads = [load._sched, *load._threads]
+        got = {(os.sched_getscheduler(t.native_id), _slice_of_this_thread(t.native_id))
+               for t in threads if t is not None and t.native_id is not None}  # fmt: skip
+        assert load.wait(30)
+        load.stop()
+    assert got == {(os.SCHED_OTHER, 100_000)}
+    assert load.counts()["sched_policy"] == "other, 0.1 ms slice (realtime = slice)"
+    with pytest.raises(LoadError, match='give true, false or "slice"'):
+        OpenLoopLoad("http://127.0.0.1:9", 5, realtime="fifo")
+
+
+@pytest.mark.root
+def test_a_process_forked_by_a_real_time_load_thread_starts_normal():
+    """SCHED_RESET_ON_FORK: nothing a load thread starts inherits its priority."""
+    from pyctl.experiment import threadsched
+
+    got: list[object] = []
+
+    def thread() -> None:
+        got.append(threadsched.fifo())
+        out = subprocess.run(
+            [sys.executable, "-I", "-c", "import os; print(os.sched_getscheduler(0))"],
+            capture_output=True, text=True, check=True, timeout=30,
+        ).stdout  # fmt: skip
+        got.append(int(out))
+
+    t = threading.Thread(target=thread)
+    t.start()
+    t.join()
+    assert got == [None, os.SCHED_OTHER]

@@ -196,7 +196,7 @@ duration = "1s"
     assert t is not None and t.prompt_set is not None and len(t.prompt_set.entries) == 2
     assert t.plan().kind == "poisson" and t.plan().seed == 3
     # a traffic step's drawn seed is stored too, in its own table
-    e = F.load_file(_file(tmp_path, text.replace(', seed = 3', '')))
+    e = F.load_file(_file(tmp_path, text.replace(", seed = 3", "")))
     t = e.steps[0].traffic
     assert t is not None and t.arrival is not None and t.arrival.drawn
     stored = e.expanded["method"][0]["traffic"]
@@ -212,11 +212,23 @@ def test_quality_cases_from_a_jsonl_file(tmp_path: Path) -> None:
     q = '[load]\n[quality]\nmetric = "exact"\nexact_drop_pct = "<= 5"\ncases = "refs.jsonl"\n'
     e = F.load_file(_file(tmp_path, q))
     assert e.quality is not None and e.quality.cases == [("ka tu", " sa"), ("mi", None)]
+    # A chat line is a chat case: sent as the [load] chat body's "$messages"
     _jsonl(tmp_path / "refs.jsonl", [{"prompt": "a"}, {"messages": LINES[1]["messages"]}])
     with pytest.raises(ExperimentError) as ei:
-        F.load_file(_file(tmp_path, q))
+        F.load_file(_file(tmp_path, q))  # ... which a completions [load] has not
     msg = str(ei.value)
-    assert "\n" not in msg and "quality.cases" in msg and "entry 2 has chat messages" in msg
+    assert "\n" not in msg and "quality.cases[2]" in msg and "give [load] a chat body" in msg
+    chat_load = (
+        '[load]\nurl = "http://127.0.0.1:9/v1/chat/completions"\n'
+        'body = { messages = "$messages", max_tokens = "$max_tokens" }\n'
+    )
+    e = F.load_file(_file(tmp_path, q.replace("[load]\n", chat_load)))
+    assert e.quality is not None and e.quality.chats == [None, LINES[1]["messages"]]
+    users = [m["content"] for m in LINES[1]["messages"] if m["role"] == "user"]
+    assert e.quality.cases[1] == (users[-1], None)
+    _jsonl(tmp_path / "refs.jsonl", [{"prompt": "a", "max_tokens": 3}])
+    with pytest.raises(ExperimentError, match="entry 1 has its own max_tokens"):
+        F.load_file(_file(tmp_path, q))
     (tmp_path / "refs.jsonl").write_text('{"prompt": "a", "referense": "b"}\n')
     with pytest.raises(ExperimentError, match="refs.jsonl: line 1: unknown key 'referense'"):
         F.load_file(_file(tmp_path, q))

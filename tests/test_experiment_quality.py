@@ -97,6 +97,20 @@ cases = [{ prompt = "a", reference = "b" }, { prompt = "c" }]
             "quality.cases[1].ref: unknown key",
         ),
         ('[quality]\nbleu_drop_pct = "<= 5"\ncases = [{ prompt = "a" }]\nn = 1\n', "quality.n"),
+        (
+            '[quality]\nbleu_drop_pct = "<= 5"\ncases = [{ prompt = "a", messages = [] }]\n',
+            "quality.cases[1]: give prompt",
+        ),
+        (
+            '[quality]\nbleu_drop_pct = "<= 5"\ncases = [{ messages = [{ role = "x", '
+            'content = "a" }] }]\n',
+            "quality.cases[1].messages[1]: expected",
+        ),
+        (
+            '[quality]\nbleu_drop_pct = "<= 5"\ncases = [{ messages = [{ role = "user", '
+            'content = "a" }] }]\n',
+            "quality.cases[1]: a chat case is sent as the [load]'s",
+        ),
     ],
 )
 def test_bad_quality_tables_are_one_line(tmp_path: Path, text: str, words: str) -> None:
@@ -106,7 +120,32 @@ def test_bad_quality_tables_are_one_line(tmp_path: Path, text: str, words: str) 
     assert "\n" not in msg and words in msg, msg
 
 
-def test_the_probe_reads_plain_streamed_and_chat_answers_of_the_service() -> None:
+CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "ka tu ro"}]
+
+
+def _chat_quality_file(d: Path, url: str) -> Path:
+    """A file whose [load] and [quality] both speak chat completions."""
+    p = d / "chat.toml"
+    p.write_text(
+        BASE.replace("http://127.0.0.1:9", url)
+        + f'[load]\nurl = "{url}/v1/chat/completions"\n'
+        + """body = { messages = "$messages", max_tokens = "$max_tokens" }
+[quality]
+metric = "exact"
+exact_drop_pct = "<= 5"
+cases = [
+  { messages = [
+    { role = "system", content = "Be brief." },
+    { role = "user", content = "ka tu ro" },
+  ] },
+  { messages = [{ role = "user", content = "mi" }] },
+]
+"""
+    )
+    return p
+
+
+def test_the_probe_reads_plain_streamed_and_chat_answers_of_the_service(tmp_path: Path) -> None:
     s = ServiceProc("--batch-wait", "0")
     try:
         e = F.load("quality-bleu-bitflip")
@@ -120,6 +159,15 @@ def test_the_probe_reads_plain_streamed_and_chat_answers_of_the_service() -> Non
         L.body["max_tokens"] = "$max_tokens"
         chat = Q.QualityProbe.build(q, s.url, L, {}).one_round()
         assert chat.errors == 0 and all(len(t) > 0 for t in chat.texts), chat
+        # Chat cases: each sent as the body's "$messages", read back as text
+        L.body = {"messages": "$messages", "max_tokens": "$max_tokens", "stream": True}
+        qc = F.load_file(_chat_quality_file(tmp_path, s.url))
+        assert qc.quality is not None and qc.load is not None
+        sent: list[bytes] = Q.QualityProbe.build(qc.quality, s.url, qc.load, {}).bodies
+        mi = [{"role": "user", "content": "mi"}]
+        assert [json.loads(b)["messages"] for b in sent] == [CHAT, mi]
+        crnd = Q.QualityProbe.build(qc.quality, s.url, qc.load, {}).one_round()
+        assert crnd.errors == 0 and all(len(t) > 0 for t in crnd.texts), crnd
         # In rounds until told to stop (an event, not a sleep).
         done = threading.Event()
         th = plain.start(done)

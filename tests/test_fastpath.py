@@ -650,3 +650,296 @@ def test_the_loader_writes_only_a_new_sealable_memfd(tmp_path: Path) -> None:
         for fd in [ok, *bad]:
             os.close(fd)
     assert ro.read_text() == "keep"
+
+
+# ---- the default: the signal path by trial, the copilot as fallback --------
+def _seccomp_so(tmp_path: Path) -> Path:
+    """A preload whose constructor installs an allow-everything seccomp
+    filter (the target then shows Seccomp: 2, as under a container runtime)."""
+    src = tmp_path / "seccomp.c"
+    src.write_text(
+        "#include <linux/filter.h>\n#include <linux/seccomp.h>\n#include <sys/prctl.h>\n"
+        "__attribute__((constructor)) static void init(void){\n"
+        "  struct sock_filter f[] = {BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW)};\n"
+        "  struct sock_fprog p = {1, f};\n"
+        "  prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);\n"
+        "  prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &p);\n}\n"
+    )
+    so = tmp_path / "seccomp.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(so), str(src)], check=True)
+    return so
+
+
+def _seccomp_target(tmp_path: Path) -> Target:
+    t = Target(env=dict(os.environ, LD_PRELOAD=str(_seccomp_so(tmp_path))))
+    with open(f"/proc/{t.pid}/status") as f:
+        assert "Seccomp:\t2" in f.read()
+    return t
+
+
+def _caps(db: Path) -> dict:
+    con = sqlite3.connect(db)
+    try:
+        (caps,) = con.execute("SELECT capabilities FROM runs").fetchone()
+        return json.loads(caps)
+    finally:
+        con.close()
+
+
+def _default_engine(t: Target, db: Path, *specs: object, **kw: object) -> object:
+    """An engine as a plain run gets it: no mechanism asked for."""
+    from pyctl.engine import Engine
+
+    eng = Engine(list(specs), db_path=db, pid=t.pid, argv=["default"], **kw)  # type: ignore[arg-type]
+    eng.start()
+    return eng
+
+
+def _victim_spec(t: Target, **kw: object) -> object:
+    from pyctl.spec import FaultSpec
+
+    return FaultSpec(lib=str(LIB), fn="gf_victim", capture_stack=False, tgid=t.pid, **kw)
+
+
+@root
+@needs_target
+def test_default_picks_the_signal_path_on_a_plain_target(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No mechanism asked for (and no GPUFAULT_SIGNAL): a fail-skip on a
+    running plain target is the helper's; the run row says so, each fault row
+    says 'signal' with the helper's counts in its outcome."""
+    monkeypatch.delenv("GPUFAULT_SIGNAL", raising=False)
+    t = Target()
+    db = tmp_path / "gf.db"
+    try:
+        eng = _default_engine(t, db, _victim_spec(t, action="fail", ret=-5, every=1))
+        try:
+            assert eng.mechanism == "signal", eng.signal_refusal
+            assert not eng.start_warnings
+            rows = t.victim(3)
+            eng.drain()
+        finally:
+            eng.close()
+    finally:
+        t.close()
+    assert [r[3] for r in rows] == [-5, -5, -5]
+    caps = _caps(db)
+    assert caps["signal"] is True and caps["mechanism"] == "auto" and "signal_refusal" not in caps
+    con = sqlite3.connect(db)
+    outs = [(m, json.loads(o)) for m, o in con.execute("SELECT mechanism, outcome FROM faults")]
+    assert len(outs) == 3
+    for mech, o in outs:
+        assert mech == "signal"
+        assert o["helper"] == {"signal": "SIGURG", "handled": 3, "inert": 0, "foreign": 0,
+                               "stray": 0}  # fmt: skip
+        assert o["injected"] is True
+
+
+@root
+@needs_target
+def test_gpufault_signal_0_and_mechanism_copilot_force_the_copilot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    t = Target()
+    try:
+        monkeypatch.setenv("GPUFAULT_SIGNAL", "0")
+        eng = _default_engine(t, tmp_path / "a.db", _victim_spec(t, action="fail", ret=-5, nth=1))
+        try:
+            assert eng.mechanism == "copilot" and not eng.start_warnings
+            assert [r[3] for r in t.victim(2)] == [-5, 3]
+        finally:
+            eng.close()
+        monkeypatch.delenv("GPUFAULT_SIGNAL")
+        eng = _default_engine(t, tmp_path / "b.db", _victim_spec(t, action="fail", ret=-6, nth=1),
+                              mechanism="copilot")  # fmt: skip
+        try:
+            assert eng.mechanism == "copilot" and not eng.start_warnings
+            assert [r[3] for r in t.victim(2)] == [-6, 3]
+        finally:
+            eng.close()
+        assert not _helper_mapped(t.pid)
+    finally:
+        t.close()
+    caps = _caps(tmp_path / "b.db")
+    assert caps["signal"] is False and caps["mechanism"] == "copilot"
+    assert "--mechanism copilot" in caps["signal_refusal"]
+
+
+@root
+@needs_target
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+def test_a_seccomp_filtered_target_falls_back_with_the_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seccomp: 2: refused before any ptrace call the filter could kill the
+    target for; the copilot carries the run, the reason in the run row and
+    one start-up warning; nothing of the helper in the target."""
+    monkeypatch.delenv("GPUFAULT_SIGNAL", raising=False)
+    t = _seccomp_target(tmp_path)
+    db = tmp_path / "gf.db"
+    try:
+        eng = _default_engine(t, db, _victim_spec(t, action="fail", ret=-5, every=1))
+        try:
+            assert eng.mechanism == "copilot"
+            assert len(eng.start_warnings) == 1 and "seccomp" in eng.start_warnings[0]
+            rows = t.victim(3)
+            eng.drain()
+        finally:
+            eng.close()
+        assert not _helper_mapped(t.pid)
+    finally:
+        t.close()
+    assert [r[3] for r in rows] == [-5, -5, -5]
+    caps = _caps(db)
+    assert caps["signal"] is False and "seccomp filter" in caps["signal_refusal"]
+    con = sqlite3.connect(db)
+    assert {m for (m,) in con.execute("SELECT mechanism FROM faults")} == {"copilot"}
+
+
+def _run_cli(pid: int, db: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "GPUFAULT_SIGNAL"}
+    argv = [sys.executable, "-m", "pyctl", *on_victim("inject", pid), "--action", "fail"]
+    argv += ["--ret", "-7", "--no-stack", "--db", str(db), "--duration", "5s", *extra]
+    return subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
+
+
+@root
+@needs_target
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+def test_mechanism_signal_refuses_in_one_line_leaving_nothing(tmp_path: Path) -> None:
+    """`--mechanism signal` on a target the trial refuses (a seccomp filter):
+    one line, a non-zero exit, no database, the target not traced, nothing
+    mapped into it and its signal state as before."""
+    t = _seccomp_target(tmp_path)
+    db = tmp_path / "gf.db"
+    try:
+        before = _sig_masks(t.pid)
+        r = _run_cli(t.pid, db, "--mechanism", "signal")
+        after = _sig_masks(t.pid)
+        mapped = _helper_mapped(t.pid)
+        rows = t.victim(2)
+    finally:
+        t.close()
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--mechanism signal" in lines[0] and "seccomp" in lines[0], lines
+    assert after == before and after["TracerPid"] == "0" and not mapped
+    assert not db.exists()
+    assert [x[3] for x in rows] == [2, 3]
+    bad = _run_cli(os.getpid(), db, "--mechanism", "fast")
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+
+
+@root
+@needs_target
+def test_cli_mechanism_copilot_forces_the_copilot(tmp_path: Path) -> None:
+    """`gpufault inject --mechanism copilot` on a target the helper could
+    serve: the copilot's fault rows, no helper loaded."""
+    t = Target()
+    db = tmp_path / "gf.db"
+    try:
+        argv = [sys.executable, "-m", "pyctl", *on_victim("inject", t.pid), "--action", "fail",
+                "--ret", "-7", "--no-stack", "--db", str(db), "--mechanism", "copilot"]  # fmt: skip
+        env = {k: v for k, v in os.environ.items() if k != "GPUFAULT_SIGNAL"}
+        ctl, lines = start_controller(argv, env=env, cwd=REPO)
+        rows = t.victim(4)
+        ctl.send_signal(signal.SIGINT)
+        _, err = finish(ctl, 60)
+        mapped = _helper_mapped(t.pid)
+    finally:
+        t.close()
+    assert ctl.returncode == 0, err
+    assert "mechanism copilot" in "".join(lines)
+    assert [r[3] for r in rows] == [-7] * 4 and not mapped
+    con = sqlite3.connect(db)
+    assert {m for (m,) in con.execute("SELECT mechanism FROM faults")} == {"copilot"}
+
+
+@root
+@needs_target
+def test_specs_the_helper_cannot_carry_stay_on_the_copilot_in_the_same_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fail-skip (the helper's) and a fail after the body (the copilot's)
+    in one run: each fault row names its mechanism, both values reach the
+    target, the helper takes a signal of its own (SIGWINCH, which the
+    copilot passes on), and the run row says which spec the copilot kept."""
+    monkeypatch.delenv("GPUFAULT_SIGNAL", raising=False)
+    t = Target()
+    db = tmp_path / "gf.db"
+    try:
+        t.victim(1, threads=2)  # glibc's thread handlers in place before the baseline
+        before = _sig_masks(t.pid)
+        skip = _victim_spec(t, action="fail", ret=-5, every=1)
+        after = _victim_spec(t, action="fail", mode="after", ret=-9, every=1)
+        after.fn = "gf_alloc"
+        eng = _default_engine(t, db, skip, after)
+        try:
+            assert eng.mechanism == "signal+copilot", eng.signal_refusal
+            assert eng.helper.signo == signal.SIGWINCH and not eng.start_warnings
+            rows = t.victim(3)
+            allocs = t.alloc(2)
+            eng.drain()
+        finally:
+            eng.close()
+        assert _sig_masks(t.pid) == before
+    finally:
+        t.close()
+    assert [r[3] for r in rows] == [-5, -5, -5]
+    assert [a[1] for a in allocs] == [-9, -9]
+    con = sqlite3.connect(db)
+    got = sorted(con.execute("SELECT function, mechanism FROM faults"))
+    assert got == [("gf_alloc", "copilot")] * 2 + [("gf_victim", "signal")] * 3
+    caps = _caps(db)
+    assert caps["signal"] is True and caps["helper_signal"] == signal.SIGWINCH
+    assert "fail after the body" in caps["signal_copilot_specs"]["1"]
+    assert eng.signal_counters["handled"] == 3
+
+
+@root
+@needs_target
+def test_api_mechanism_keyword(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """gpufault.arm(mechanism=...): copilot forces it, signal refuses one
+    line on a hang it cannot carry, a bad value is BadInput."""
+    import gpufault
+    from gpufault import BadInput, Fault, GpufaultError
+
+    monkeypatch.delenv("GPUFAULT_SIGNAL", raising=False)
+    t = Target()
+    try:
+        f = Fault.fail(str(LIB), "gf_victim", ret=-4, nth=1)
+        with gpufault.arm(f, t.pid, db=tmp_path / "a.db") as h:
+            assert h.mechanism == "signal"
+            assert [r[3] for r in t.victim(2)] == [-4, 3]
+        with gpufault.arm(f, t.pid, db=tmp_path / "b.db", mechanism="copilot") as h:
+            assert h.mechanism == "copilot"
+            assert [r[3] for r in t.victim(2)] == [-4, 3]
+        with pytest.raises(GpufaultError, match="--mechanism signal: a stall with no length"):
+            gpufault.arm(Fault.hang(str(LIB), "gf_victim"), t.pid, db=tmp_path / "c.db",
+                         mechanism="signal")  # fmt: skip
+        assert not (tmp_path / "c.db").exists()
+        with pytest.raises(BadInput, match="mechanism"):
+            gpufault.arm(f, t.pid, db=tmp_path / "d.db", mechanism="fast")
+    finally:
+        t.close()
+
+
+@root
+def test_doctor_says_which_mechanism_this_kernel_gets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`default mechanism`: signal by trial where BPF cannot write registers
+    (this kernel), the copilot once GPUFAULT_SIGNAL=0 turns it off."""
+    from pyctl.api import doctor
+    from pyctl.capabilities import regs_writable
+
+    def line() -> str:
+        (c,) = [c for c in doctor.checks() if c.name == "default mechanism"]
+        return c.detail
+
+    monkeypatch.delenv("GPUFAULT_SIGNAL", raising=False)
+    want = "regs" if regs_writable() else "signal, by trial"
+    assert line().startswith(want), line()
+    if not regs_writable():
+        assert "seccomp" in line() and "--mechanism copilot" in line()
+        monkeypatch.setenv("GPUFAULT_SIGNAL", "0")
+        assert line().startswith("copilot: GPUFAULT_SIGNAL=0"), line()

@@ -228,7 +228,8 @@ def test_frames_equal_py_spys_while_held(tmp_path: Path) -> None:
         gf, _ = start_ready(
             [*GF, "inject", "--pid", str(tgt.pid), "--lib", "libc", "--fn", "getpid",
              "--action", "stall", "--stall", "60s", "--nth", "1", "--duration", "120s",
-             "--db", str(db)],
+             "--db", str(db),
+             "--mechanism", "copilot"],  # the copilot's stop holds the thread
         )  # fmt: skip
         tgt.stdin.write("go\n")
         tgt.stdin.flush()
@@ -316,7 +317,8 @@ def test_a_copilot_fail_keeps_the_frames_of_the_fault(tmp_path: Path) -> None:
         gf, _ = start_ready(
             [*GF, "inject", "--pid", str(tgt.pid), "--lib", "libc", "--fn", "getpid",
              "--action", "fail", "--ret", "0", "--nth", "1", "--duration", "120s",
-             "--db", str(db)],
+             "--db", str(db),
+             "--mechanism", "copilot"],  # the copilot's stop holds the thread
         )  # fmt: skip
         tgt.stdin.write("go\n")
         tgt.stdin.flush()

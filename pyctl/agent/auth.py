@@ -13,19 +13,30 @@
 
 from __future__ import annotations
 
-import errno
 import hmac
 import os
 import socket
 import ssl
-import stat
 from dataclasses import dataclass
 
 from pyctl.api.errors import BadInput
 from pyctl.rundir import peer_cred
+from pyctl.safefile import SafeFileError, read_checked
 
 MIN_TOKEN = 16  # characters; a shorter secret is guessable over a fast link
 MAX_TOKEN_FILE = 4096
+
+
+# SafeFileError.why -> the token file's words
+_WHY = {
+    "link": " is a symbolic link: give the file itself",
+    "open": ": {d}",
+    "type": " is not a regular file",
+    "owner": " is owned by uid {d}: it must be root's",
+    "mode": " has mode {d}: others can read it (chmod 600 {p})",
+    "size": " is over " + str(MAX_TOKEN_FILE) + " bytes: one token, one line",
+    "read": ": {d}",
+}
 
 
 def read_token(path: str | os.PathLike[str]) -> str:
@@ -34,27 +45,9 @@ def read_token(path: str | os.PathLike[str]) -> str:
     open descriptor, at least MIN_TOKEN characters. BadInput otherwise."""
     p = os.fspath(path)
     try:
-        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise BadInput(f"token file {p} is a symbolic link: give the file itself") from None
-        raise BadInput(f"token file {p}: {e.strerror}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise BadInput(f"token file {p} is not a regular file")
-        if st.st_uid != 0:
-            raise BadInput(f"token file {p} is owned by uid {st.st_uid}: it must be root's")
-        if st.st_mode & 0o077:
-            raise BadInput(
-                f"token file {p} has mode {st.st_mode & 0o777:04o}: "
-                f"others can read it (chmod 600 {p})"
-            )
-        data = os.read(fd, MAX_TOKEN_FILE + 1)
-    finally:
-        os.close(fd)
-    if len(data) > MAX_TOKEN_FILE:
-        raise BadInput(f"token file {p} is over {MAX_TOKEN_FILE} bytes: one token, one line")
+        data = read_checked(p, MAX_TOKEN_FILE, owner=0, private=True)
+    except SafeFileError as e:
+        raise BadInput(f"token file {p}{_WHY[e.why].format(d=e.detail, p=p)}") from None
     try:
         token = data.decode("ascii").strip()
     except UnicodeDecodeError:

@@ -271,11 +271,11 @@ def _kernel_checks() -> list[Check]:
             True,
             "uprobe programs may write pt_regs: fail uses the regs mechanism (no stop)"
             if rw
-            else "verifier refuses pt_regs writes in uprobes: fail uses the ptrace copilot",
+            else "verifier refuses pt_regs writes in uprobes: fail and stall go through "
+            "the signal fast path or the ptrace copilot (see `default mechanism`)",
         )
     )
-    if not rw:
-        out.append(_signal_path_check())
+    out.append(_mechanism_check(rw))
     um = kf.uprobe_multi()
     out.append(
         Check(
@@ -299,24 +299,51 @@ def _kernel_checks() -> list[Check]:
     return out
 
 
-def _signal_path_check() -> Check:
-    """The signal fast path (issue 26, docs/copilot.md): informational. The
-    trial itself is per target (its libc, its handlers, a thread at a safe
-    point), so this says what the host offers and where each run's answer
-    is kept."""
+def _mechanism_check(regs: bool) -> Check:
+    """Which mechanism this kernel gives a run's fails and stalls by default,
+    and why (docs/copilot.md, "Which mechanism a run gets"): informational.
+    The signal path's trial is per target (its libc, seccomp, its handlers,
+    a thread at a safe point), so this says what the host offers and where
+    each run's answer is kept."""
+    import os
+    import platform
+
+    name = "default mechanism"
+    if regs:
+        return Check(
+            name, True, "regs: the verifier takes uprobe register writes, so a fail is "
+            "BPF's own write (no helper, no stop); a stall uses the ptrace copilot",
+        )  # fmt: skip
+    if os.environ.get("GPUFAULT_SIGNAL") == "0":
+        return Check(
+            name, True, "copilot: GPUFAULT_SIGNAL=0 in this environment turns the signal "
+            "fast path off (--mechanism signal still asks for it)",
+        )  # fmt: skip
+    if ptrace_scope() >= 3:
+        return Check(
+            name, True, "none for fail and stall: ptrace_scope 3 forbids both the signal "
+            "helper's loader and the ptrace copilot (see `ptrace`)",
+        )  # fmt: skip
+    if platform.machine() != "x86_64":
+        return Check(name, True, f"copilot: the signal fast path is x86-64 only, not "
+                     f"{platform.machine()}")  # fmt: skip
     # lazy: the fast path's loader (ptrace, ELF) only where doctor asks about it
     from pyctl.fastpath.inject import FastpathError, read_helper
 
     try:
         read_helper()
     except FastpathError as e:
-        return Check("signal fast path", True, f"not available: {e}; fail uses the copilot")
+        return Check(name, True, f"copilot: signal fast path not available ({e})")
     return Check(
-        "signal fast path",
+        name,
         True,
-        "gfsig.so ready: with GPUFAULT_SIGNAL=1 a run of fail-skips and timed stalls on a "
-        "--pid target loads it (~3-5 us per fail, no ptrace stop); a target it cannot "
-        "serve gets the copilot, the reason in its run row (capabilities.signal_refusal)",
+        "signal, by trial: no BPF register writes here, and gfsig.so is ready; a run of "
+        "fail-skips and timed stalls on a --pid target loads it once (~1.5 us per fail "
+        "on the dev VM, no ptrace stop); a target it cannot serve (static or musl, a "
+        "seccomp filter, both SIGURG and SIGWINCH its own, no thread in a blocking call) "
+        "and the specs it does not do (a hang, fail after, corrupt) and `-- CMD` get the "
+        "copilot, the reason in the run row (capabilities.signal_refusal); "
+        "--mechanism copilot forces the copilot",
     )
 
 

@@ -58,6 +58,8 @@ from pyctl.spec import FaultSpec, SpecError, check_stack_copy
 if TYPE_CHECKING:
     from pyctl.api.group import SessionGroup
 
+# mechanism=: pyctl/engine's MECHANISMS (not imported: keeps the engine off `import gpufault`)
+MECHANISMS = ("auto", "signal", "copilot")
 ARM_TIMEOUT_S = 120.0  # attach to a 600k-symbol library takes ~20 s on a slow host
 STOP_GRACE_S = 5.0  # isolated child: SIGTERM, then SIGKILL (the kernel detaches the rest)
 
@@ -92,6 +94,10 @@ class Settings:
     xids: bool = True
     max_db_bytes: int | None = None
     copilot_signal: int | None = None
+    # How fails and stalls are carried out where BPF cannot write registers:
+    # "auto" (the signal helper by trial, else the copilot), "signal" (the
+    # helper or refuse), "copilot" (docs/copilot.md).
+    mechanism: str = "auto"
     arm_timeout: float = ARM_TIMEOUT_S
     stack_copy_bytes: int | None = None  # None: the default (16 KiB); 0: frame pointers only
 
@@ -105,6 +111,7 @@ class Settings:
             argv=self.argv or ("gpufault-api", self.kind),
             duration=self.duration,
             copilot_signal=self.copilot_signal,
+            mechanism=self.mechanism,
             quiet=True,
             xids=self.xids,
             max_db_bytes=DEFAULT_MAX_DB_BYTES if self.max_db_bytes is None else self.max_db_bytes,
@@ -635,7 +642,7 @@ def _child_env(extra: dict[str, str] | None) -> dict[str, str]:
 def _settings(
     db: str | os.PathLike[str], duration: float, kind: str, xids: bool,
     max_db_bytes: int | None, copilot_signal: int | None, arm_timeout: float,
-    stack_copy_bytes: int | None,
+    stack_copy_bytes: int | None, mechanism: str = "auto",
 ) -> Settings:  # fmt: skip
     """A session's Settings from arm()'s keywords, checked (BadInput), and
     the host's prerequisites (MissingPrerequisite)."""
@@ -643,6 +650,8 @@ def _settings(
         raise BadInput(f"duration: {duration:g} is negative: give seconds, or 0 for no limit")
     if not db:
         raise BadInput("db: give the evidence database's path")
+    if mechanism not in MECHANISMS:
+        raise BadInput(f"mechanism: {mechanism!r} is not one of {', '.join(MECHANISMS)}")
     if stack_copy_bytes is not None:
         try:
             check_stack_copy(stack_copy_bytes, "stack_copy_bytes")
@@ -657,6 +666,7 @@ def _settings(
         xids=xids,
         max_db_bytes=max_db_bytes,
         copilot_signal=copilot_signal,
+        mechanism=mechanism,
         arm_timeout=arm_timeout,
         stack_copy_bytes=stack_copy_bytes,
     )
@@ -676,6 +686,7 @@ def arm(
     arm_timeout: float = ARM_TIMEOUT_S,
     on_fire: Callable[[Fire], None] | None = None,
     stack_copy_bytes: int | None = None,
+    mechanism: str = "auto",
 ) -> Session | IsolatedSession:
     """Arm `spec` (one FaultSpec or several) in `target` (a pid, an argv
     list, or a Target) and return once every probe is attached and the
@@ -684,7 +695,7 @@ def arm(
     specs = _specs(spec)
     tgt = Target.of(target)
     settings = _settings(db, duration, kind, xids, max_db_bytes, copilot_signal, arm_timeout,
-                         stack_copy_bytes)  # fmt: skip
+                         stack_copy_bytes, mechanism)  # fmt: skip
     if tgt.selector or tgt.thread_name:
         members = tgt.members(sorted({sp.lib for sp in specs if sp.lib}))
         if len(members) > 1:
@@ -713,6 +724,7 @@ def arm_all(
     arm_timeout: float = ARM_TIMEOUT_S,
     on_fire: Callable[[Fire], None] | None = None,
     stack_copy_bytes: int | None = None,
+    mechanism: str = "auto",
 ) -> SessionGroup:
     """Arm `spec` in every process `target` selects (Target.container,
     .cgroup, .pod, .comm, .ranks_of, .threads; a plain pid is a group of
@@ -728,7 +740,7 @@ def arm_all(
             "(Target.container(NAME), .comm(NAME), .ranks_of(PID), .process(PID))"
         )
     settings = _settings(db, duration, kind, xids, max_db_bytes, copilot_signal, arm_timeout,
-                         stack_copy_bytes)  # fmt: skip
+                         stack_copy_bytes, mechanism)  # fmt: skip
     members = target.members(sorted({sp.lib for sp in specs if sp.lib}))
     group = SessionGroup([IsolatedSession(specs, m, settings) for m in members])
     return group.arm_all(on_fire)

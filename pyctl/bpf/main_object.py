@@ -67,6 +67,9 @@ class LoadSettings:
     copilot_signal: int
     ustack_bytes: int = USTACK_BYTES
     ustacks_ring_bytes: int = USTACKS_RING_BYTES
+    # The gfsig helper's signal (pyctl/fastpath); 0: the copilot's. Another
+    # one only in a run that has both (the copilot passes it on).
+    helper_signal: int = 0
 
     def served_by(self, early: LoadSettings) -> bool:
         """An object loaded with `early` does for these settings: the same,
@@ -91,6 +94,7 @@ def prepare(s: LoadSettings) -> Object:
         obj.set_rodata(
             {
                 Main.COPILOT_SIGNO: ("=I", s.copilot_signal),
+                Main.HELPER_SIGNO: ("=I", s.helper_signal or s.copilot_signal),
                 Main.EVENTS_WAKE_BYTES: ("=Q", max(4096, s.ring_bytes // 8)),
                 Main.USTACK_PAGES: ("=I", ustack_pages(s.ustack_bytes)),
             }

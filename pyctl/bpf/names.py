@@ -44,9 +44,10 @@ class Main:
     PROGRAMS = (*UPROBE_PROGRAMS, SIGNAL_DELIVER, PROCESS_EXIT)
     # const volatile globals set before load
     COPILOT_SIGNO = "copilot_signo"
+    HELPER_SIGNO = "helper_signo"
     EVENTS_WAKE_BYTES = "events_wake_bytes"
     USTACK_PAGES = "ustack_pages"
-    RODATA = (COPILOT_SIGNO, EVENTS_WAKE_BYTES, USTACK_PAGES)
+    RODATA = (COPILOT_SIGNO, HELPER_SIGNO, EVENTS_WAKE_BYTES, USTACK_PAGES)
 
 
 class Xid:

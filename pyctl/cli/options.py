@@ -295,6 +295,15 @@ copilot_signal_option = click.option(
     help="signal the copilot uses (default SIGURG; pick one the target does not handle)",
 )
 
+mechanism_option = click.option(
+    "--mechanism",
+    type=click.Choice(["auto", "signal", "copilot"]),
+    default=None,
+    help="how fails and stalls are carried out where BPF cannot write registers: auto "
+    "(default: the in-target signal helper by trial, else the ptrace copilot), signal "
+    "(the helper, or refuse), copilot (GPUFAULT_SIGNAL=0 also forces it)",
+)
+
 max_db_size_option = click.option(
     "--max-db-size",
     type=SIZE,
@@ -369,6 +378,7 @@ def run_options(fn: F) -> F:
             help="stop after this long (faults expire in the kernel too), e.g. 30s, 1m30s, 2h"
         ),
         copilot_signal_option,
+        mechanism_option,
         quiet_option,
         ready_fd_option,
         metrics_addr_option,

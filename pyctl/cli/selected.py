@@ -107,6 +107,7 @@ def _run_group(
         db=str(options.db_path), duration=options.duration, kind=options.kind,
         argv=tuple(options.argv), xids=options.xids, max_db_bytes=options.max_db_bytes,
         copilot_signal=options.copilot_signal, stack_copy_bytes=options.stack_copy_bytes,
+        mechanism=options.mechanism or "auto",
     )  # fmt: skip
     stop = threading.Event()
     old = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}

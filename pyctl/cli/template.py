@@ -14,6 +14,7 @@ from pyctl.cli.options import (
     copilot_signal_option,
     db_option,
     duration_option,
+    mechanism_option,
     metrics_addr_option,
     quiet_option,
     ready_fd_option,
@@ -109,6 +110,7 @@ def show(name: str, sets: dict[str, str]) -> None:
 @db_option()
 @duration_option(help="stop after this long, e.g. 30s, 1m30s")
 @copilot_signal_option
+@mechanism_option
 @quiet_option
 @ready_fd_option
 @xids_option

@@ -129,6 +129,7 @@ class Engine:
         tid: int | None = None,
         stack_copy_bytes: int | None = None,
         use_signal: bool | None = None,
+        mechanism: str | None = None,
     ):
         if options is not None:
             # A run's settings in one object (pyctl/run_options.py): the CLI's,
@@ -139,6 +140,7 @@ class Engine:
                 copilot_signal = options.copilot_signal
             if options.stack_copy_bytes is not None:
                 stack_copy_bytes = options.stack_copy_bytes
+            mechanism = mechanism or options.mechanism
         self.stack_copy_bytes = (
             main_object.USTACK_BYTES if stack_copy_bytes is None else stack_copy_bytes
         )
@@ -169,13 +171,18 @@ class Engine:
         # False for a command we hold before exec: its maps are still ours.
         self.resolve_in_target = resolve_in_target
         self.copilot: Any = None
-        # The signal fast path (pyctl/fastpath, issue 26): tried for a
-        # fail-skip run with a process target when asked (use_signal, or
-        # GPUFAULT_SIGNAL=1); helper: the loaded gfsig, signal_refusal: why
-        # the copilot carries the run instead (None: not tried or taken).
-        self.use_signal = (
-            os.environ.get("GPUFAULT_SIGNAL") == "1" if use_signal is None else use_signal
-        )
+        # The signal fast path (pyctl/fastpath, issue 26), by trial: "auto"
+        # (the default) tries it for the fail-skips and timed stalls of a
+        # run against a running process on a kernel without BPF register
+        # writes and falls back to the copilot with the reason; "signal"
+        # refuses the run instead of falling back; "copilot" never tries.
+        # use_signal (True: auto, False: copilot) and GPUFAULT_SIGNAL=0
+        # (copilot) are the older spellings. helper: the loaded gfsig,
+        # signal_refusal: why the copilot carries the run instead.
+        self.mechanism_asked = resolve_mechanism(mechanism, use_signal)
+        self.use_signal = self.mechanism_asked != "copilot"
+        self.helper_signal = 0  # the helper's signal when it differs from the copilot's
+        self.signal_copilot_specs: dict[int, str] = {}  # spec -> why the copilot has it
         self.helper: Any = None
         self.signal_refusal: str | None = None
         self.signal_counters: dict[str, int] = {}
@@ -292,8 +299,7 @@ class Engine:
         self.atts = self.plan.attachments(self.pid if self.resolve_in_target else None)
         if self.pid is not None and not resolve.pid_alive(self.pid):
             raise EngineError(f"no process {self.pid}: check the pid (is it still running?)")
-        if self.use_signal and self.plan.needs_copilot():
-            self._try_signal()
+        self._choose_mechanism()
         self._check_not_loaded()
         self._check_init_signals()
         if store_later:
@@ -347,7 +353,7 @@ class Engine:
         return (
             all(sp.action == "observe" for sp in self.specs)
             and not self.plan.needs_copilot()
-            and not self.use_signal
+            and not self._signal_relevant()
             and not self.plan.copies_stacks()
             and not any(sp.caller for sp in self.specs)
         )
@@ -370,8 +376,7 @@ class Engine:
                 capabilities={
                     "regs": self.regs,
                     "copilot_signal": self.copilot_signal,
-                    **({"signal": self.plan.signal} if self.use_signal else {}),
-                    **({"signal_refusal": self.signal_refusal} if self.signal_refusal else {}),
+                    **self._signal_capabilities(),
                 },
                 started=started,
             )
@@ -401,18 +406,72 @@ class Engine:
                 store.remove_db(Path(self.db_path))
             raise
 
-    def _try_signal(self) -> None:
+    def _signal_relevant(self) -> bool:
+        """The run has fails or stalls that, without the helper, the copilot
+        would carry (no BPF register writes on this kernel)."""
+        return not self.regs and any(sp.action in ("fail", "stall") for sp in self.specs)
+
+    def _choose_mechanism(self) -> None:
+        """The mechanism of the run's fails and stalls (mechanism_asked):
+        the signal helper by trial, else the copilot (signal_refusal says
+        why). Before anything is loaded or the database opened: a refused
+        --mechanism signal leaves nothing behind."""
+        if not self._signal_relevant():
+            if self.mechanism_asked == "signal":
+                why = (
+                    "BPF writes the registers on this kernel"
+                    if self.regs
+                    else self.plan.signal_refusal()
+                )
+                raise EngineError(f"--mechanism signal: {why} (use --mechanism auto)")
+            return
+        if self.mechanism_asked == "copilot":
+            self.signal_refusal = "the copilot was asked for (--mechanism copilot)"
+            return
+        self._try_signal(strict=self.mechanism_asked == "signal")
+
+    def _try_signal(self, strict: bool = False) -> None:
         """The signal mechanism by trial: load gfsig into the target and arm
-        it for every probe site; any refusal leaves the run on the copilot
-        with the reason in signal_refusal (the run row's capabilities)."""
+        it for every probe site of the specs it can carry; the others stay
+        on the copilot in the same run. Any refusal leaves the run on the
+        copilot with the reason in signal_refusal (the run row's
+        capabilities) and one start-up warning; strict (--mechanism signal):
+        raised instead, with nothing traced or loaded."""
         # lazy: the fast path's loader (ptrace, ELF) only for a run that tries it
         from pyctl.fastpath import FastpathError, SignalTaken, load_for
 
-        why = self.plan.signal_refusal()
-        if why is None and (self.pid is None or not self.resolve_in_target):
+        self.signal_copilot_specs = {
+            i: why
+            for i in range(len(self.specs))
+            if self.specs[i].action in ("fail", "stall")
+            and (why := self.plan.spec_signal_refusal(i)) is not None
+        }
+        cands: list[int] = []
+        command = self.pid is None or not self.resolve_in_target
+        for i in [] if command else self.plan.signal_candidates():
+            # The helper finds a site by its address in the target: a library
+            # the target has not mapped yet has none. The copilot fires it
+            # once a dlopen maps it (said once: _check_not_loaded).
+            if all(a.lib.mapped for a in self.atts if a.spec == i):
+                cands.append(i)
+            else:
+                self.signal_copilot_specs[i] = "its library is not loaded in the target yet"
+        why = None
+        if command:
             why = "the signal path loads its helper into a running process: give --pid"
+        elif not cands:
+            why = self.plan.signal_refusal() or next(iter(self.signal_copilot_specs.values()))
+        elif strict and self.signal_copilot_specs:
+            why = next(iter(self.signal_copilot_specs.values()))
+        tried = False
         if why is None:
-            durations = [sp.duration_s or self.duration for sp in self.specs]
+            tried = True
+            # With specs left on the copilot, the helper needs a signal of
+            # its own (the copilot passes it on to the handler).
+            self.plan.signal_specs = frozenset(cands)
+            mixed = self.plan.needs_copilot()
+            self.plan.signal_specs = frozenset()
+            durations = [self.specs[i].duration_s or self.duration for i in cands]
             deadline = (
                 time.monotonic_ns() + int((max(durations) + 1.0) * 1e9) if all(durations) else 0
             )
@@ -423,20 +482,52 @@ class Engine:
             signos = [self.copilot_signal]
             if self.copilot_signal == DEFAULT_COPILOT_SIGNAL:
                 signos.append(int(signal.SIGWINCH))
+            if mixed:
+                signos = [
+                    s for s in (DEFAULT_COPILOT_SIGNAL, signal.SIGWINCH)
+                    if int(s) != self.copilot_signal
+                ]  # fmt: skip
             for signo in signos:
                 try:
                     assert self.pid is not None
-                    self.helper = load_for(self.pid, signo, self.specs, self.atts, deadline)
-                    self.plan.signal = True
-                    self.copilot_signal = signo
+                    self.helper = load_for(
+                        self.pid, int(signo), self.specs, self.atts, deadline, only=set(cands)
+                    )
+                    self.plan.signal_specs = frozenset(cands)
+                    if mixed:
+                        self.helper_signal = int(signo)
+                    else:
+                        self.copilot_signal = int(signo)
                     return
                 except SignalTaken as e:  # the next signal may do
                     why = str(e) if why is None else f"{why}; {e}"
                 except FastpathError as e:
                     why = str(e)
                     break
+        assert why is not None
+        if strict:
+            raise EngineError(f"--mechanism signal: {why}")
         self.signal_refusal = why
-        self.start_warnings.append(f"signal fast path not used ({why}): the ptrace copilot")
+        if tried:
+            # Said once: the target refused the helper (a command started by
+            # gpufault, or specs only the copilot does, are no surprise).
+            self.start_warnings.append(f"signal fast path not used ({why}): the ptrace copilot")
+
+    def _signal_capabilities(self) -> dict[str, Any]:
+        """The run row's word on the signal path: whether the helper carries
+        faults, how it was asked for, why not or which specs it left to the
+        copilot. Nothing for a run it had no part in (a trace, regs)."""
+        if not self._signal_relevant():
+            return {}
+        caps: dict[str, Any] = {"signal": self.plan.signal, "mechanism": self.mechanism_asked}
+        if self.signal_refusal:
+            caps["signal_refusal"] = self.signal_refusal
+        if self.plan.signal:
+            caps["helper_signal"] = self.helper_signal or self.copilot_signal
+            left = {str(i): w for i, w in self.signal_copilot_specs.items()}
+            if left:
+                caps["signal_copilot_specs"] = left
+        return caps
 
     def _unload_helper(self) -> None:
         """After the probes are gone: the helper's counts, then the target's
@@ -594,6 +685,7 @@ class Engine:
             fires_ring_bytes=self._fires_ring_bytes,
             copilot_signal=self.copilot_signal,
             ustack_bytes=self.stack_copy_bytes,
+            helper_signal=self.helper_signal,
         )
         self.links.load(self.watch)
         self.events = RingReader(self.links.events_fd, self.ring_bytes)
@@ -855,6 +947,10 @@ class Engine:
                         self.drain()
                         self.evidence.mark_uninjected()
                         self.evidence.mark_unreturned()
+                        if self.signal_counters:
+                            self.evidence.mark_helper(
+                                self.signal_counters, self.helper_signal or self.copilot_signal
+                            )
                 except Exception:  # noqa: BLE001 - still close the run row
                     pass
                 try:
@@ -938,6 +1034,24 @@ __all__ = [
     "signal_cause",
     "write_corruption",
 ]
+
+
+MECHANISMS = ("auto", "signal", "copilot")
+
+
+def resolve_mechanism(asked: str | None, use_signal: bool | None = None) -> str:
+    """The mechanism a run asks for: `asked` (--mechanism, mechanism=),
+    else use_signal (True: auto, False: copilot), else auto; an auto run
+    with GPUFAULT_SIGNAL=0 in the environment is the copilot's (the switch
+    that turns the default off, for a whole test run or service). A bad
+    value: EngineError."""
+    if asked is None and use_signal is not None:
+        asked = "auto" if use_signal else "copilot"
+    if asked in (None, "auto"):
+        asked = "copilot" if os.environ.get("GPUFAULT_SIGNAL") == "0" else "auto"
+    if asked not in MECHANISMS:
+        raise EngineError(f"mechanism {asked!r}: give auto, signal or copilot")
+    return asked
 
 
 def _signal_name(signo: int) -> str:

@@ -934,6 +934,33 @@ class EvidenceWriter:
             with self.db.conn:
                 self.db.conn.executemany("UPDATE faults SET outcome=? WHERE fault_id=?", upd)
 
+    def mark_helper(self, counts: dict[str, int], signo: int) -> None:
+        """Signal-path fires (mechanism 'signal'): the helper's counts for the
+        run in each row's outcome.helper (handled: injections it did; inert,
+        stray: BPF's signal found it disarmed or past its deadline, or the
+        thread at no site, so that call ran; foreign: others' signals, passed
+        on). A handler gives no per-fire record, so injected is said only
+        where the counts leave no doubt: nothing inert or stray, every
+        recorded signal fire handled."""
+        rows = self.db.conn.execute(
+            "SELECT fault_id, outcome FROM faults WHERE run_id=? AND mechanism='signal'",
+            (self.run_id,),
+        ).fetchall()
+        if not rows:
+            return
+        helper = {"signal": _signal.Signals(signo).name, **counts}
+        sure = not counts.get("inert") and not counts.get("stray")
+        sure = sure and counts.get("handled", 0) >= len(rows)
+        upd = []
+        for fid, outcome in rows:
+            o = json.loads(outcome) if outcome else {}
+            o["helper"] = helper
+            if sure:
+                o["injected"] = True
+            upd.append((json.dumps(o), fid))
+        with self.db.conn:
+            self.db.conn.executemany("UPDATE faults SET outcome=? WHERE fault_id=?", upd)
+
     def mark_uninjected(self) -> None:
         """Copilot fires with no copilot stop (BPF fired, the thread never
         stopped for us) did not happen: say so, never leave them looking

@@ -39,12 +39,14 @@ class Links:
         fires_ring_bytes: int,
         copilot_signal: int,
         ustack_bytes: int = USTACK_BYTES,
+        helper_signal: int = 0,
     ) -> None:
         self.plan = plan
         self.ustack_bytes = ustack_bytes
         self.ring_bytes = ring_bytes
         self.fires_ring_bytes = fires_ring_bytes
         self.copilot_signal = copilot_signal
+        self.helper_signal = helper_signal  # 0: the copilot's (pyctl/fastpath)
         self.obj: Object | None = None
         self._progs = ("", "")  # the entry and return programs load() chose
 
@@ -55,6 +57,7 @@ class Links:
             ring_bytes=self.ring_bytes,
             fires_ring_bytes=self.fires_ring_bytes,
             copilot_signal=self.copilot_signal,
+            helper_signal=self.helper_signal,
             ustack_bytes=self.ustack_bytes,
             ustacks_ring_bytes=USTACKS_RING_BYTES
             if self.plan.copies_stacks() and self.ustack_bytes

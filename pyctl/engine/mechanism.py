@@ -81,42 +81,64 @@ class Plan:
     regs: bool
     user_writes: bool
     multi: bool = False
-    # Fail-skips carried out by the gfsig helper loaded into the target
+    # Specs (indexes) carried out by the gfsig helper loaded into the target
     # (pyctl/fastpath): set by the engine once the helper is armed there.
-    signal: bool = False
+    # The others stay where they were (the copilot, BPF): one run can have both.
+    signal_specs: frozenset[int] = frozenset()
+
+    @property
+    def signal(self) -> bool:
+        """The helper carries at least one spec."""
+        return bool(self.signal_specs)
 
     @property
     def mechanism(self) -> str:
         """What carries this run's faults out: the ptrace copilot when a spec
         needs it (a stall, a fail without register writes, a corrupt without
-        user writes), BPF register writes for a fail ('regs'), else BPF
-        alone ('bpf': a trace, observe, signals, BPF-written corruption: no
-        ptrace at all). One word: the run banner and the session's armed event carry it."""
+        user writes), BPF register writes for a fail ('regs'), the signal
+        helper ('signal'; 'signal+copilot' when some specs stay on the
+        copilot), else BPF alone ('bpf': a trace, observe, signals,
+        BPF-written corruption: no ptrace at all). One word: the run banner
+        and the session's armed event carry it; each fault row says its own."""
         if self.needs_copilot():
-            return "copilot"
+            return "signal+copilot" if self.signal else "copilot"
         if self.regs and any(s.action == "fail" for s in self.specs):
             return "regs"
-        if self.signal and any(s.action in ("fail", "stall") for s in self.specs):
+        if self.signal:
             return "signal"
         return "bpf"
 
+    def spec_signal_refusal(self, i: int) -> str | None:
+        """Why the signal helper cannot carry spec i, or None when it can.
+        It does fail-skip and stalls of a given length; a spec it cannot
+        carry stays on the copilot in the same run."""
+        s = self.specs[i]
+        if s.action == "stall" and not s.stall_ms:
+            return "a stall with no length (a hang until released) needs the copilot"
+        if s.action == "fail" and s.mode == "after":
+            return "a fail after the body needs the copilot"
+        if s.action not in ("fail", "stall"):
+            return f"the signal path does fail and stall, not {s.action}"
+        return None
+
+    def signal_candidates(self) -> list[int]:
+        """The specs the signal helper would carry: those it can, on a kernel
+        without BPF register writes."""
+        if self.regs:
+            return []
+        return [i for i in range(len(self.specs)) if self.spec_signal_refusal(i) is None]
+
     def signal_refusal(self) -> str | None:
-        """Why the signal fast path cannot carry this run's faults, or None.
-        It does fail-skip and stalls of a given length: a hang (a stall with
-        no length, until released), a fail after the body or a corrupt that
-        needs the copilot keeps the whole run on the copilot."""
+        """Why the signal fast path carries none of this run's faults, or
+        None when it can carry some (signal_candidates)."""
         if self.regs:
             return "BPF writes the registers on this kernel"
-        for s in self.specs:
-            if s.action == "stall" and not s.stall_ms:
-                return "a stall with no length (a hang until released) needs the copilot"
-            if s.action == "fail" and s.mode == "after":
-                return "a fail after the body needs the copilot"
-            if s.action == "corrupt" and not self.user_writes:
-                return "a corrupt without BPF user writes needs the copilot"
-        if not any(s.action in ("fail", "stall") for s in self.specs):
-            return "no fail or stall to carry out"
-        return None
+        if self.signal_candidates():
+            return None
+        for i, s in enumerate(self.specs):
+            if s.action in ("fail", "stall"):
+                return self.spec_signal_refusal(i)
+        return "no fail or stall to carry out"
 
     @property
     def programs(self) -> tuple[str, str]:
@@ -131,10 +153,10 @@ class Plan:
 
     def needs_copilot(self) -> bool:
         return any(
-            (s.action == "stall" and not self.signal)
-            or (s.action == "fail" and not self.regs and not self.signal)
+            (s.action == "stall" and i not in self.signal_specs)
+            or (s.action == "fail" and not self.regs and i not in self.signal_specs)
             or (s.action == "corrupt" and not self.user_writes)
-            for s in self.specs
+            for i, s in enumerate(self.specs)
         )
 
     def errno_refusal(self) -> str | None:
@@ -188,11 +210,11 @@ class Plan:
         cfg = sp.to_bpf(start_mono_ns=start_mono_ns, tgid=tgid, tid=tid, duration_s=duration_s)
         if has_ret:
             cfg.flags |= abi.F_RETPROBE
-        if sp.action == "fail" and self.signal and not self.regs:
+        if sp.action == "fail" and i in self.signal_specs and not self.regs:
             cfg.flags |= abi.F_SIGNAL
         elif sp.action == "fail":
             cfg.flags |= abi.F_REGS if self.regs else abi.F_COPILOT
-        elif sp.action == "stall" and self.signal:
+        elif sp.action == "stall" and i in self.signal_specs:
             cfg.flags |= abi.F_SIGNAL
         elif sp.action == "stall" or (sp.action == "corrupt" and not self.user_writes):
             cfg.flags |= abi.F_COPILOT

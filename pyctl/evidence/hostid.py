@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import hashlib
 import os
-import stat
+
+from pyctl.safefile import SafeFileError, read_checked
 
 # (path, what it is): tried in order, the first usable one wins.
 SOURCES = (
@@ -36,18 +37,9 @@ _cache: tuple[str, str] | None = None
 def _read_id(path: str) -> str | None:
     """The file's first line if it is root's regular file with an id in it."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError:
+        text = read_checked(path, 128, owner=0).decode("ascii", "replace").strip()
+    except SafeFileError:
         return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != 0:
-            return None
-        text = os.read(fd, 128).decode("ascii", "replace").strip()
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
     text = text.replace("-", "").lower()
     # systemd writes "uninitialized" into images before first boot
     if len(text) < 16 or any(c not in "0123456789abcdef" for c in text):

@@ -181,6 +181,11 @@ def outcome_words(f: dict[str, Any], spec: dict[str, Any] | None = None) -> list
         out.append(_corrupt_words(o, spec))
     if o.get("signal"):
         out.append(f"sent {signal_name(o['signal'])}")
+    h = o.get("helper")
+    if isinstance(h, dict):
+        # The signal path's in-target helper: its counts are the run's.
+        counts = ", ".join(f"{h.get(k, 0)} {k}" for k in ("handled", "inert", "stray"))
+        out.append(f"in-target helper on {h.get('signal', '?')} (run: {counts})")
     if o.get("injected") is False and not any("NOT injected" in s or "failed" in s for s in out):
         out.append("NOT injected" + (f": {o['error']}" if o.get("error") else ""))
     return out

@@ -267,7 +267,7 @@ def load_file(
         )
     rollbacks = _rollbacks(r, rendered)
     remediation = _remediation(r, rendered)
-    quality = parse_quality(r, rendered)
+    quality = parse_quality(r, rendered, load_)
 
     expanded = redact_headers(rendered)  # a literal token is not stored
     expanded["knobs"] = values

@@ -43,10 +43,17 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from pyctl.exceptions import BadInput
+from pyctl.experiment import threadsched
 from pyctl.experiment.arrival import Arrival
 
 _clock = time.monotonic
 CLOSED_BACKOFF = 0.01  # s a closed-loop client waits after a connection error
+# The load threads ask to be run on time (OpenLoopLoad._realtime,
+# pyctl/experiment/threadsched.py) only up to RT_MAX_RATE requests/s: the
+# generator costs ~0.5 ms of CPU a request (0.08-0.10 CPU-s/s at 200/s),
+# so there it takes at most a quarter of a core ahead of the normal
+# threads, the service's among them.
+RT_MAX_RATE = 500.0
 
 
 @dataclass(frozen=True)
@@ -130,6 +137,7 @@ class OpenLoopLoad:
         stream: bool = False,
         keep_text: bool = False,
         arrival: Arrival | None = None,
+        realtime: bool | str = True,
     ) -> None:
         if arrival is None:
             if not (isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0):
@@ -192,6 +200,13 @@ class OpenLoopLoad:
         self._go = threading.Event()  # set once t0 is known
         self._threads: list[threading.Thread] = []
         self._sched: threading.Thread | None = None
+        if realtime not in (True, False, "slice"):
+            raise LoadError(f"load realtime {realtime!r}: give true, false or \"slice\"")
+        self.realtime = realtime
+        rate_ = arrival.mean_rate or self.rate
+        self._rt_workers = bool(realtime) and rate_ <= RT_MAX_RATE and arrival.open_loop
+        # What the scheduler thread got: "fifo", or "other" with why not.
+        self.sched_policy = "other"
         self._mono0 = self._wall0 = 0.0
         self._in_flight = 0
 
@@ -290,6 +305,7 @@ class OpenLoopLoad:
             "errors": errors,
             "in_flight": in_flight,
             "backlog": self._q.qsize(),
+            "sched_policy": self.sched_policy,
             "sched_lag_ms": {
                 "p50": _q(lags, 0.50) * 1e3 if lags else None,
                 "p99": _q(lags, 0.99) * 1e3 if lags else None,
@@ -305,7 +321,41 @@ class OpenLoopLoad:
     def _end(self) -> float:
         return self._t0 + self.duration if self.duration is not None else math.inf
 
+    def _realtime(self) -> None:
+        """Ask for SCHED_FIFO for this (the scheduler's) thread, and so for
+        the workers (_worker_realtime), best effort.
+
+        Why: on a shared 2-core host, with every core busy, a normal
+        thread's timed wait returned 4-12 ms late at the p99 (the
+        scheduler's error at 200 requests/s) and a worker woke as late to
+        send; real-time, the error was 0.1 ms and the send lag 0.3 ms
+        (bench/bench_loadgen_arrival.py, docs/benchmarks.md "Arrivals").
+        The workers take the policy for good, not only for the send: a
+        thread that drops to normal while it holds the GIL is preempted
+        there, and every real-time thread then waits for it (measured:
+        worse than no real-time at all). What that costs the service under
+        test is the generator's own CPU (0.1 core at 200 requests/s), now
+        run ahead of it rather than beside it; hence the rate cap. Without
+        CAP_SYS_NICE, or with `realtime = "slice"`, the threads ask for a
+        0.1 ms EEVDF slice instead (Linux 6.12+, no privilege:
+        threadsched.py); above RT_MAX_RATE or with `realtime = false` they
+        stay normal. `counts()["sched_policy"]` says which and why."""
+        self.sched_policy = self._prioritize(first=True)
+
+    def _prioritize(self, first: bool = False) -> str:
+        if not self.realtime:
+            return "other (realtime = false)"
+        rate = self.arrival.mean_rate or self.rate
+        if rate > RT_MAX_RATE:
+            return f"other ({rate:g}/s is above the {RT_MAX_RATE:g}/s real-time cap)"
+        if self.realtime == "slice":
+            why = threadsched.short_slice()
+            ms = f"{threadsched.SLICE_NS / 1e6:g} ms"
+            return f"other, {ms} slice (realtime = slice)" if why is None else f"other ({why})"
+        return threadsched.prioritize()
+
     def _schedule(self) -> None:
+        self._realtime()
         end = self._end()
         plan = self.arrival.offsets()
         i = 0
@@ -337,6 +387,7 @@ class OpenLoopLoad:
                 i += 1
 
     def _closed_clock(self) -> None:
+        self.sched_policy = "other (closed loop: no schedule to keep)"
         end = self._end()
         self._stop.wait(max(0.0, end - _clock()) if end < math.inf else None)
 
@@ -414,9 +465,16 @@ class OpenLoopLoad:
             else:
                 self._counts["ok"] += 1
 
+    def _worker_realtime(self) -> None:
+        """A worker thread takes the scheduler's policy (SCHED_FIFO) for its
+        whole life, when the scheduler got it (see _realtime for why)."""
+        if self._rt_workers:
+            self._prioritize()  # what it got: as the scheduler's, counts()["sched_policy"]
+
     def _worker(self) -> None:
         conn: _Conn | None = None
         try:
+            self._worker_realtime()
             while True:
                 item = self._q.get()
                 if item is None:

@@ -132,6 +132,9 @@ class Load:
     # prompts = "file.jsonl": the user's prompt set, read and checked when
     # the file is (corpus "prompts", like a list; pyctl/experiment/promptset.py).
     prompt_set: PromptSet | None = None
+    # The load threads ask to run on time (loadgen.OpenLoopLoad._realtime):
+    # True (SCHED_FIFO, else a short slice), "slice" or False.
+    realtime: bool | str = True
 
     def plan(self) -> Arrival:
         return self.arrival or Arrival("constant", rate=self.rate)
@@ -312,6 +315,9 @@ class Quality:
     metric: str  # "bleu" (sacrebleu corpus BLEU-4) or "exact"
     bound: Tolerance
     cases: list[tuple[str, str | None]]  # (prompt, reference or None: the first baseline answer)
+    # Per case, a chat list sent as the load body's "$messages" (None: the
+    # prompt); empty when no case is a chat.
+    chats: list[list[dict[str, str]] | None] = field(default_factory=list)
     interval: float = 0.5
     max_tokens: int = 16
     timeout: float = 3.0

@@ -19,15 +19,14 @@ the file and the line number.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
-import stat
 from dataclasses import dataclass
 from typing import Any
 
 from pyctl.exceptions import BadInput
+from pyctl.safefile import SafeFileError, read_checked
 
 MAX_BYTES = 32 * 1024 * 1024  # a prompt set, not a data set: 32 MiB
 MAX_LINES = 100_000
@@ -93,33 +92,40 @@ def read_prompt_set(path: str | os.PathLike[str], *, max_bytes: int = MAX_BYTES)
 
 def _read(p: str, max_bytes: int) -> bytes:
     try:
-        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise PromptSetError(f"{p}: is a symbolic link: name the file itself") from None
-        raise PromptSetError(f"{p}: cannot open it ({e.strerror}): check the path") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise PromptSetError(f"{p}: not a regular file: give a JSONL file")
-        if st.st_size > max_bytes:
-            raise PromptSetError(
-                f"{p}: {st.st_size} bytes, over the {max_bytes} byte limit: use a smaller set"
+        return read_checked(p, max_bytes)
+    except SafeFileError as e:
+        raise PromptSetError(f"{p}: {_WHY[e.why].format(d=e.detail, max=max_bytes)}") from None
+
+
+# SafeFileError.why -> this reader's words
+_WHY = {
+    "link": "is a symbolic link: name the file itself",
+    "open": "cannot open it ({d}): check the path",
+    "type": "not a regular file: give a JSONL file",
+    "size": "{d} bytes, over the {max} byte limit: use a smaller set",
+    "read": "cannot read it ({d})",
+}
+
+
+def parse_messages(m: Any, name: str) -> tuple[tuple[str, str], ...]:
+    """An OpenAI chat list, checked: a non-empty list of {role, content}
+    with a known role and a string content (ValueError says what is wrong,
+    `name` first: a JSONL line and a TOML case word it their own way)."""
+    if not isinstance(m, list) or not m:
+        raise ValueError(f'{name}: expected a non-empty list of {{"role", "content"}}')
+    out = []
+    for i, x in enumerate(m, 1):
+        if (
+            not isinstance(x, dict)
+            or set(x) != {"role", "content"}
+            or x["role"] not in ROLES
+            or not isinstance(x["content"], str)
+        ):
+            raise ValueError(
+                f'{name}[{i}]: expected {{"role": one of {", ".join(ROLES)}, "content": a string}}'
             )
-        chunks, got = [], 0
-        while got <= max_bytes:  # the size may grow after fstat: read at most the limit + 1
-            b = os.read(fd, min(1 << 20, max_bytes + 1 - got))
-            if not b:
-                break
-            chunks.append(b)
-            got += len(b)
-    except OSError as e:
-        raise PromptSetError(f"{p}: cannot read it ({e.strerror})") from None
-    finally:
-        os.close(fd)
-    if got > max_bytes:
-        raise PromptSetError(f"{p}: over the {max_bytes} byte limit: use a smaller set")
-    return b"".join(chunks)
+        out.append((x["role"], x["content"]))
+    return tuple(out)
 
 
 def _entry(p: str, n: int, raw: bytes) -> PromptEntry:
@@ -145,23 +151,10 @@ def _entry(p: str, n: int, raw: bytes) -> PromptEntry:
         raise bad('"prompt": expected a string')
     messages = None
     if "messages" in obj:
-        m = obj["messages"]
-        if not isinstance(m, list) or not m:
-            raise bad('"messages": expected a non-empty list of {"role", "content"}')
-        out = []
-        for i, x in enumerate(m, 1):
-            if (
-                not isinstance(x, dict)
-                or set(x) != {"role", "content"}
-                or x["role"] not in ROLES
-                or not isinstance(x["content"], str)
-            ):
-                raise bad(
-                    f'"messages"[{i}]: expected {{"role": one of {", ".join(ROLES)}, '
-                    '"content": a string}'
-                )
-            out.append((x["role"], x["content"]))
-        messages = tuple(out)
+        try:
+            messages = parse_messages(obj["messages"], '"messages"')
+        except ValueError as e:
+            raise bad(str(e)) from None
     mt = obj.get("max_tokens")
     if mt is not None and (isinstance(mt, bool) or not isinstance(mt, int) or mt < 1):
         raise bad(f'"max_tokens": {mt!r}: give an integer >= 1')
@@ -171,4 +164,11 @@ def _entry(p: str, n: int, raw: bytes) -> PromptEntry:
     return PromptEntry(prompt=prompt, messages=messages, max_tokens=mt, reference=ref)
 
 
-__all__ = ["MAX_BYTES", "PromptEntry", "PromptSet", "PromptSetError", "read_prompt_set"]
+__all__ = [
+    "MAX_BYTES",
+    "PromptEntry",
+    "PromptSet",
+    "PromptSetError",
+    "parse_messages",
+    "read_prompt_set",
+]

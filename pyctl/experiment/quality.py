@@ -22,6 +22,11 @@ target's POST /v1/completions.
     bleu_drop_pct = "<= 5"
     cases = [{ prompt = "ka tu ro mi sa", reference = " sa sa sa sa" }]
     # or: cases = "refs.jsonl", one {"prompt", "reference"} object a line
+
+A case may be a chat instead of a prompt (`messages = [{ role = "user",
+content = "..." }]`, or a JSONL line {"messages": [...], "reference":
+...}): it is sent as the "$messages" of the [load]'s chat body, so a file
+that loads /v1/chat/completions probes its quality through the same API.
 """
 
 from __future__ import annotations
@@ -37,8 +42,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from pyctl.experiment.model import Load, Quality
-from pyctl.experiment.promptset import PromptSetError, read_prompt_set
-from pyctl.experiment.reader import Reader, parse_bound
+from pyctl.experiment.promptset import PromptSetError, parse_messages, read_prompt_set
+from pyctl.experiment.reader import Reader, mentions, parse_bound
 
 METRICS = ("bleu", "exact")
 KEYS = {
@@ -54,7 +59,7 @@ KEYS = {
 TOKENIZERS = ("13a", "none", "intl", "char", "zh")
 
 
-def parse_quality(r: Reader, doc: dict[str, Any]) -> Quality | None:
+def parse_quality(r: Reader, doc: dict[str, Any], load: Load | None = None) -> Quality | None:
     if "quality" not in doc:
         return None
     t = r.table(doc, "quality", KEYS)
@@ -85,19 +90,43 @@ def parse_quality(r: Reader, doc: dict[str, Any]) -> Quality | None:
             'expected a list of { prompt = "...", reference = "..." } tables (reference optional)',
         )
     cases: list[tuple[str, str | None]] = []
+    chats: list[list[dict[str, str]] | None] = []
     for i, c in enumerate(raw):
         k = f"quality.cases[{i + 1}]"
-        r.keys(c, k, {"prompt", "reference"})
-        prompt = r.str_(c, k, "prompt")
+        r.keys(c, k, {"prompt", "messages", "reference"})
+        if ("prompt" in c) == ("messages" in c):
+            raise r.err(k, 'give prompt = "..." or messages = [{ role, content }], one of them')
+        chat = None
+        if "messages" in c:
+            try:
+                msgs = parse_messages(c["messages"], f"{k}.messages")
+            except ValueError as e:
+                raise r.err(k, str(e).removeprefix(f"{k}: ")) from None
+            chat = [{"role": ro, "content": co} for ro, co in msgs]
+            users = [co for ro, co in msgs if ro == "user"]
+            prompt = users[-1] if users else ""
+        else:
+            prompt = r.str_(c, k, "prompt")
         ref = c.get("reference")
         if ref is not None and not isinstance(ref, str):
             raise r.err(f"{k}.reference", "expected a string (the output the answer should be)")
         cases.append((prompt, ref))
+        chats.append(chat)
+    if any(ch is not None for ch in chats) and not (
+        load is not None and load.body is not None and mentions(load.body, "$messages")
+    ):
+        n = 1 + next(i for i, ch in enumerate(chats) if ch is not None)
+        raise r.err(
+            f"quality.cases[{n}]",
+            'a chat case is sent as the [load]\'s "$messages": give [load] a chat body, '
+            'body = { messages = "$messages", max_tokens = "$max_tokens" }, and a chat url',
+        )
     interval = r.duration(t, "quality", "interval", "500ms")
     return Quality(
         metric=metric,
         bound=bound,
         cases=cases,
+        chats=chats if any(ch is not None for ch in chats) else [],
         interval=interval,
         max_tokens=r.int_(t, "quality", "max_tokens", 16, lo=1),
         timeout=r.duration(t, "quality", "timeout", "3s"),
@@ -118,14 +147,16 @@ def _case_file(r: Reader, name: str) -> list[dict[str, Any]]:
         raise r.err("quality.cases", str(err)) from None
     out: list[dict[str, Any]] = []
     for i, e in enumerate(ps.entries, 1):
-        if e.messages is not None or e.max_tokens is not None:
-            what = "chat messages" if e.messages is not None else "its own max_tokens"
+        if e.max_tokens is not None:
             raise r.err(
                 "quality.cases",
-                f"{p}: entry {i} has {what}: a quality case is a prompt and a "
-                "reference (the probe's max_tokens is [quality]'s)",
+                f"{p}: entry {i} has its own max_tokens: a quality case is a prompt (or a "
+                "chat) and a reference (the probe's max_tokens is [quality]'s)",
             )
-        out.append({"prompt": e.prompt, **({"reference": e.reference} if e.reference else {})})
+        what: dict[str, Any] = (
+            {"prompt": e.prompt} if e.messages is None else {"messages": e.chat()}
+        )
+        out.append({**what, **({"reference": e.reference} if e.reference else {})})
     return out
 
 
@@ -190,7 +221,10 @@ class QualityProbe:
             base.endpoint(target_url),
             base.method,
             headers,
-            [corpora.request_body(base, p, q.max_tokens) for p, _ref in q.cases],
+            [
+                corpora.request_body(base, p, q.max_tokens, chat)
+                for (p, _ref), chat in zip(q.cases, q.chats or [None] * len(q.cases), strict=True)
+            ],
         )
 
     def start(self, done: threading.Event) -> threading.Thread:

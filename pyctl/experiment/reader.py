@@ -183,6 +183,7 @@ LOAD_KEYS = {
     "body",
     "stream",
     "arrival",
+    "realtime",
 }
 METHODS = ("POST", "GET", "PUT", "PATCH")
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 token
@@ -243,7 +244,7 @@ def load_fields(r: Reader, t: dict[str, Any], key: str) -> dict[str, Any]:
             )
         if method == "GET":
             raise r.err(f"{key}.body", "a GET sends no body: remove it or use POST")
-        if not _mentions(body, "$prompt") and not _mentions(body, "$messages"):
+        if not mentions(body, "$prompt") and not mentions(body, "$messages"):
             raise r.err(
                 f"{key}.body",
                 'no "$prompt" in it: put "$prompt" where the prompt goes '
@@ -252,7 +253,7 @@ def load_fields(r: Reader, t: dict[str, Any], key: str) -> dict[str, Any]:
     if (
         prompt_set is not None
         and prompt_set.has_messages
-        and not (body is not None and _mentions(body, "$messages"))
+        and not (body is not None and mentions(body, "$messages"))
     ):
         n = 1 + next(i for i, e in enumerate(prompt_set.entries) if e.messages is not None)
         raise r.err(
@@ -280,6 +281,7 @@ def load_fields(r: Reader, t: dict[str, Any], key: str) -> dict[str, Any]:
         "context": r.int_(t, key, "context", 256, lo=8),
         "vocab_size": r.int_(t, key, "vocab_size", 1000, lo=256),
         "max_len": r.int_(t, key, "max_len", 20000, lo=1),
+        "realtime": _realtime(r, t, key),
     }
 
 
@@ -363,13 +365,22 @@ def _prompt_file(r: Reader, t: dict[str, Any], key: str, name: str) -> PromptSet
     return ps
 
 
-def _mentions(v: Any, word: str) -> bool:
+def _realtime(r: Reader, t: dict[str, Any], key: str) -> bool | str:
+    """realtime = true (SCHED_FIFO, else a short slice), "slice" (only the
+    unprivileged short slice) or false (normal threads): loadgen._realtime."""
+    v = t.get("realtime", True)
+    if v not in (True, False, "slice") or isinstance(v, int) and not isinstance(v, bool):
+        raise r.err(f"{key}.realtime", f'{v!r}: give true, false or "slice"')
+    return v  # type: ignore[no-any-return]
+
+
+def mentions(v: Any, word: str) -> bool:
     if isinstance(v, str):
         return word in v
     if isinstance(v, dict):
-        return any(_mentions(x, word) for x in v.values())
+        return any(mentions(x, word) for x in v.values())
     if isinstance(v, list):
-        return any(_mentions(x, word) for x in v)
+        return any(mentions(x, word) for x in v)
     return False
 
 
@@ -433,6 +444,7 @@ __all__ = [
     "Reader",
     "kind_name",
     "load_fields",
+    "mentions",
     "parse_bound",
     "redact_headers",
 ]

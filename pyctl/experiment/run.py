@@ -265,6 +265,7 @@ class Run(Evaluation):
                     headers=load_headers,
                     stream=L.stream,
                     arrival=L.arrival,
+                    realtime=L.realtime,
                 )
             if exp.quality is not None:
                 # lazy: pyctl.experiment.quality (http.client) only for a file with [quality]

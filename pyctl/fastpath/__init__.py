@@ -19,15 +19,21 @@ from pyctl.fastpath.sites import STALL, Site, SiteError, decode, read_insn
 
 
 def load_for(
-    pid: int, signo: int, specs: Sequence[Any], atts: Sequence[Any], deadline_ns: int = 0
+    pid: int,
+    signo: int,
+    specs: Sequence[Any],
+    atts: Sequence[Any],
+    deadline_ns: int = 0,
+    only: set[int] | None = None,
 ) -> Helper:
     """Sites of the engine's attachments (pyctl.engine.mechanism.Attachment:
-    lib, sym, spec), then load(). One value per site: two fail specs on one
-    function are refused (the handler cannot tell them apart)."""
+    lib, sym, spec) of the specs in `only` (None: every fail and stall),
+    then load(). One value per site: two fail specs on one function are
+    refused (the handler cannot tell them apart)."""
     sites: dict[int, Site] = {}
     for a in atts:
         sp = specs[a.spec]
-        if sp.action not in ("fail", "stall"):
+        if sp.action not in ("fail", "stall") or (only is not None and a.spec not in only):
             continue
         try:
             length, delta = decode(read_insn(a.lib.path, a.sym.offset))

@@ -122,6 +122,30 @@ def check_signal_free(pid: int, signo: int) -> None:
         raise FastpathError(f"pid {pid}: no such process") from None
 
 
+def check_no_seccomp_filter(pid: int) -> None:
+    """The target runs under no seccomp filter (/proc/PID/status Seccomp: 2
+    in any thread). The loader makes calls in the target (memfd_create,
+    dlopen's mmap and mprotect, the helper's rt_sigaction): a filter may
+    answer one of them by killing the process, so such a target is refused
+    before anything is traced (the copilot makes no calls there)."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        raise FastpathError(f"pid {pid}: no such process") from None
+    for t in [str(pid), *tids]:
+        try:
+            with open(f"/proc/{pid}/task/{t}/status", "rb") as f:
+                text = f.read().decode()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.startswith("Seccomp:") and line.split()[1:2] == ["2"]:
+                raise FastpathError(
+                    f"pid {pid} runs under a seccomp filter (thread {t}: Seccomp 2), "
+                    "which could kill it for the loader's calls"
+                )
+
+
 def _safe_threads(pid: int) -> list[int]:
     """Threads blocked in a safe system call now, the leader first."""
     out = []
@@ -486,6 +510,7 @@ def load(pid: int, signo: int, sites: Sequence[Site], deadline_ns: int = 0) -> H
 def _load(pid: int, signo: int, sites: Sequence[Site], deadline_ns: int) -> Helper:
     if len(sites) > MAX_SITES:
         raise FastpathError(f"at most {MAX_SITES} probe sites for the signal path")
+    check_no_seccomp_filter(pid)  # before any ptrace call
     blob = read_helper()
     offs = _dynsyms(blob)
     base = _loaded_copy(pid, blob)

@@ -135,61 +135,63 @@ class Metrics:
             ["run"],
             registry=reg,
         )
-        self._phase_g = Gauge(
+
+        def gauge(name: str, doc: str, *labels: str) -> Gauge:
+            """An experiment gauge: its labels after the experiment's own."""
+            return Gauge(name, doc, [*lab, *labels], registry=reg)
+
+        self._phase_g = gauge(
             "gpufault_experiment_phase",
             "1 for the running experiment's current phase",
-            [*lab, "phase"],
-            registry=reg,
+            "phase",
         )
-        self._verdict_g = Gauge(
+        self._verdict_g = gauge(
             "gpufault_experiment_verdict",
             "1 for a finished experiment's verdict",
-            [*lab, "verdict"],
-            registry=reg,
+            "verdict",
         )
-        self._run_verdict_g = Gauge(
+        self._run_verdict_g = gauge(
             "gpufault_experiment_run_verdict",
             "1 for a finished experiment run's verdict (run: the experiment's id)",
-            [*lab, "verdict"],
-            registry=reg,
+            "verdict",
         )
-        self._slo_value_g = Gauge(
+        self._slo_value_g = gauge(
             "gpufault_experiment_slo_value",
             "a load hypothesis term's value over a phase (latencies in seconds)",
-            [*lab, "term", "phase"],
-            registry=reg,
+            "term",
+            "phase",
         )
-        self._slo_ok_g = Gauge(
+        self._slo_ok_g = gauge(
             "gpufault_experiment_slo_ok",
             "1 when the term's bound held in the phase (its quorum of 1 s windows), else 0",
-            [*lab, "term", "phase"],
-            registry=reg,
+            "term",
+            "phase",
         )
-        self._burn_g = Gauge(
+        self._burn_g = gauge(
             "gpufault_experiment_slo_burn_rate",
             "a burn-rate SLO's worst burn rate in a phase over an alert's long or short "
             "window (bad share / error budget; slo_id: the [[slo]]'s id)",
-            [*lab, "alert", "window", "phase"],
-            registry=reg,
+            "alert",
+            "window",
+            "phase",
         )
-        self._burn_now_g = Gauge(
+        self._burn_now_g = gauge(
             "gpufault_experiment_slo_burn_rate_now",
             "a burn-rate SLO's burn rate over an alert's long or short window ending at the "
             "latest settled 1 s window, while the experiment runs",
-            [*lab, "alert", "window"],
-            registry=reg,
+            "alert",
+            "window",
         )
-        self._firing_now_g = Gauge(
+        self._firing_now_g = gauge(
             "gpufault_experiment_slo_alert_firing",
             "1 while the burn-rate alert pair fires (both windows above its factor), live",
-            [*lab, "alert"],
-            registry=reg,
+            "alert",
         )
-        self._alert_g = Gauge(
+        self._alert_g = gauge(
             "gpufault_experiment_slo_alert_fired",
             "1 when the burn-rate alert pair fired in the phase (both windows above its factor)",
-            [*lab, "alert", "phase"],
-            registry=reg,
+            "alert",
+            "phase",
         )
         app = make_wsgi_app(reg)
 

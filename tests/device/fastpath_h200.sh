@@ -7,8 +7,8 @@
 # 2. the signal path on the REAL libcuda: a ctypes loop over cuMemAlloc_v2
 #    (1 MiB, freed at once) in a context of the H200, every call failed with
 #    2, timed in the process, signal vs copilot;
-# 3. bench/bench_sustained.py: a trace paced at 300k calls/s for 60 s.
-# Writes $OUT/fastpath-h200.json, $OUT/real-libcuda.json, $OUT/sustained-*.json.
+# (sustained ingest: tests/device/sustained_h200.sh.)
+# Writes $OUT/fastpath-h200.json, $OUT/real-libcuda.json and their logs.
 set -uo pipefail
 source "$(dirname "$0")/checkout_env.sh" || exit 2
 export GF_FASTPATH_EXE=$PWD/build/h200/fastpath_loop
@@ -50,7 +50,7 @@ for how in ("none", "signal", "copilot"):
                          capture_stack=False, tgid=pid)
         d = tempfile.mkdtemp(dir="/root")
         eng = Engine([spec], db_path=f"{d}/gf.db", pid=pid, argv=["h200-fastpath"],
-                     use_signal=how == "signal")
+                     mechanism="auto" if how == "signal" else "copilot")
         eng.start()
         res[f"{how}_mechanism"] = eng.mechanism
         res[f"{how}_refusal"] = getattr(eng, "signal_refusal", None)
@@ -68,8 +68,3 @@ for how in ("none", "signal", "copilot"):
     print(how, line, flush=True)
 json.dump(res, open(out, "w"), indent=2)
 PY
-for spec in "300000 60" "150000 30"; do
-    set -- $spec
-    python3 bench/bench_sustained.py $1 $2 > $OUT/sustained-$1.json 2> $OUT/sustained-$1.log
-    echo "sustained $1 rc=$?"
-done

@@ -49,6 +49,7 @@ class TrafficRun(EndsOnItsOwn):
             headers=t.resolved_headers(f"traffic step {step.name!r}"),
             stream=t.stream,
             arrival=t.arrival,
+            realtime=t.realtime,
         )
         n = len(bodies) if bodies else 1
         self.what = f"sending ({corpora.describe(t)}, {n} bodies, {t.plan().describe()}"
