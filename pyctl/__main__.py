@@ -22,7 +22,7 @@ def _venv() -> tuple[str, bool] | None:
     """(prefix, system site-packages too) of the venv this interpreter
     runs in, read from its pyvenv.cfg as site.venv() reads it; None
     outside one."""
-    import os
+    import os  # lazy: `python -S -m pyctl` only (this module stays import-free for -S)
 
     exe_dir = os.path.dirname(os.path.abspath(sys.executable))
     prefix = os.path.dirname(exe_dir)
@@ -41,6 +41,7 @@ def _venv() -> tuple[str, bool] | None:
 def site_paths() -> None:
     """Under -S: the directories `site` would add (a venv's first, the
     user's, the interpreter's) on sys.path, or `site` run after all."""
+    # lazy: only under -S, which exists to start without these
     import os
     import site
     from importlib.machinery import PathFinder

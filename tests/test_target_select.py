@@ -13,6 +13,7 @@ import secrets
 import sqlite3
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -230,8 +231,11 @@ def test_a_process_in_its_own_pid_namespace_is_recorded_in_both_views(
 
 # ---- a container runtime's state, planted (a double of containerd/kubelet) ----
 
-_CID = "c0ffee" + "0" * 52 + "123456"
-_POD_UID = "1f2e3d4c-0000-4000-8000-00000000abcd"
+# Drawn per process: the pod is found by its uid across the whole cgroup
+# tree, so two xdist workers planting the same uid at once each found the
+# other's process in "their" pod (2 processes where 1 was planted).
+_CID = "c0ffee" + secrets.token_hex(29)
+_POD_UID = str(uuid.UUID(bytes=secrets.token_bytes(16), version=4))
 
 # In a private mount namespace: a tmpfs where containerd's shim keeps its
 # state and one where the kubelet keeps the pods' logs, then gpufault.

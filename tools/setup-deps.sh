@@ -26,7 +26,12 @@ for unit in prometheus prometheus-node-exporter; do
 		systemctl disable --now "$unit" >/dev/null 2>&1 || true
 	fi
 done
-python3 -m pip install -q -e '.[dev]'
 # The CPU build of torch for the Tensor-Core perturbation hook's tests (a
-# local file on these machines; pip takes it from there).
+# local file on these machines; pip takes it from there), installed before
+# the dev extra: its transformers[serving] asks for torch>=2.6, which pip
+# would otherwise meet with the newest CUDA build. That build loads the real
+# libcublas.so.13 into the reference service beside the libcublas TEST
+# DOUBLE of the same name, and the cuBLAS-class tests then probe the real
+# one, which the CPU service never calls (seen on a fresh machine).
 python3 -c 'import torch' 2>/dev/null || python3 -m pip install -q torch==2.13.0
+python3 -m pip install -q -e '.[dev]'

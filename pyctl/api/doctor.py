@@ -305,8 +305,7 @@ def _mechanism_check(regs: bool) -> Check:
     The signal path's trial is per target (its libc, seccomp, its handlers,
     a thread at a safe point), so this says what the host offers and where
     each run's answer is kept."""
-    import os
-    import platform
+    import platform  # lazy: only doctor's mechanism line names the machine
 
     name = "default mechanism"
     if regs:

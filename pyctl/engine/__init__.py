@@ -299,13 +299,13 @@ class Engine:
         self.atts = self.plan.attachments(self.pid if self.resolve_in_target else None)
         if self.pid is not None and not resolve.pid_alive(self.pid):
             raise EngineError(f"no process {self.pid}: check the pid (is it still running?)")
-        self._choose_mechanism()
-        self._check_not_loaded()
-        self._check_init_signals()
         if store_later:
             # Nothing can fire (stores_later_ok), so nothing waits for the
             # run row: the probes first. A bad --db is still refused, by the
             # second start(), which detaches them again.
+            self._choose_mechanism()
+            self._check_not_loaded()
+            self._check_init_signals()
             self._store_later = True
             try:
                 self._load()
@@ -316,11 +316,17 @@ class Engine:
                 raise
             return
         # The database is opened and checked (writable, SQLite, gpufault's or
-        # new) before anything is loaded: a bad --db must not be found with
-        # faults already armed. A file we create here goes again if the
-        # start is refused, so a refused command leaves no database.
+        # new) before anything touches the target: a bad --db must not be
+        # found with the signal helper loaded (its trial seizes a thread)
+        # or faults armed (tests/test_db_safety.py: no ptrace call before
+        # the refusal). A file we create here goes again if the start is
+        # refused, so a refused command (--mechanism signal where the trial
+        # refuses, too) leaves no database.
         self._open_db()
         try:
+            self._choose_mechanism()
+            self._check_not_loaded()
+            self._check_init_signals()
             self._load()
             if self.plan.needs_copilot():
                 self._start_copilot()
