@@ -375,9 +375,23 @@ def find_library(want: str, pid: int | None = None) -> Library:
                 return _lib_from(cand, real, mapped)
         raise ResolveError(f"library {want} not found: give an existing path or a soname")
     if pid is not None:
-        for path in mapped_files(pid):
-            if _name_matches(os.path.basename(path), want) and _is_lib(root + path):
-                return _lib_from(_mapped_file(pid, root, path), path, True)
+        hits = [
+            path
+            for path in mapped_files(pid)
+            if _name_matches(os.path.basename(path), want) and _is_lib(root + path)
+        ]
+        if len(hits) > 1:
+            # Two different files of that name in one process (a CUDA build
+            # of torch's real libcublas.so.13 beside a test double of the
+            # same soname; two copies of one library in two venvs): probing
+            # the first would fault the one the caller may not mean, and
+            # "never fired" would be the only sign of it.
+            raise ResolveError(
+                f"--lib {want}: process {pid} maps {len(hits)} libraries of that name "
+                f"({', '.join(hits)}): give the path of the one you mean"
+            )
+        if hits:
+            return _lib_from(_mapped_file(pid, root, hits[0]), hits[0], True)
         lib = _python_package_lib(want, pid, mapped_only=True)
         if lib is not None:
             return lib
