@@ -381,6 +381,16 @@ def find_library(want: str, pid: int | None = None) -> Library:
             if _name_matches(os.path.basename(path), want) and _is_lib(root + path)
         ]
         if len(hits) > 1:
+            # One file under two names (a bind mount, a merged /usr) is one.
+            seen: dict[tuple[int, int], str] = {}
+            for path in hits:
+                try:
+                    st = os.stat(root + path)
+                except OSError:
+                    continue
+                seen.setdefault((st.st_dev, st.st_ino), path)
+            hits = list(seen.values()) or hits[:1]
+        if len(hits) > 1:
             # Two different files of that name in one process (a CUDA build
             # of torch's real libcublas.so.13 beside a test double of the
             # same soname; two copies of one library in two venvs): probing
