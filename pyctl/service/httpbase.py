@@ -76,6 +76,24 @@ class _Deadline(io.RawIOBase):
         return n
 
 
+class _Slot:
+    """One connection's hold on the server's thread slots, released once
+    by whichever of the accepting thread and the handler thread gets there
+    first."""
+
+    def __init__(self, slots: threading.BoundedSemaphore) -> None:
+        self._slots = slots
+        self._lock = threading.Lock()
+        self._held = True
+
+    def release(self) -> None:
+        with self._lock:
+            if not self._held:
+                return
+            self._held = False
+        self._slots.release()
+
+
 class BoundedHTTPServer(ThreadingHTTPServer):
     daemon_threads = True  # a stuck client must not keep the process alive
     allow_reuse_address = True
@@ -106,18 +124,29 @@ class BoundedHTTPServer(ThreadingHTTPServer):
         if not self._slots.acquire(blocking=False):
             self._refuse_connection(request)
             return
+        slot = _Slot(self._slots)
+        # daemon threads: ThreadingMixIn keeps no list of them to join
+        t = threading.Thread(
+            target=self._serve_one, args=(request, client_address, slot), daemon=True
+        )
         try:
-            super().process_request(request, client_address)
+            t.start()
         except BaseException:
-            self._slots.release()  # no thread started: no one else releases it
-            self.shutdown_request(request)
+            # Refused, or interrupted while start() waited for the thread
+            # (SIGTERM's exception arrives in this, the serving thread): the
+            # thread may have run and released the slot already, and the
+            # exception must go on (it ends the service), not become the
+            # BoundedSemaphore's ValueError of a second release.
+            slot.release()
+            if t.ident is None:  # it never ran: nobody else closes the socket
+                self.shutdown_request(request)
             raise
 
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
+    def _serve_one(self, request: Any, client_address: Any, slot: _Slot) -> None:
         try:
-            super().process_request_thread(request, client_address)
+            self.process_request_thread(request, client_address)
         finally:
-            self._slots.release()
+            slot.release()
 
     def _refuse_connection(self, sock: socket.socket) -> None:
         """503 without a thread and without blocking the accept loop: the
