@@ -491,8 +491,11 @@ def judge_reference(baseline: float, recovery: float, hold: float) -> float:
 def _check_judge(
     r: Reader, judge: Judge, baseline: float, window: float, recovery: float, hold: float
 ) -> None:
-    """A block judge that can never say worse is refused: its smallest p
-    is 1 / C(n, k) of the blocks it will have."""
+    """A block judge that can never say worse (its smallest p, 1 / C(n,
+    k) of the blocks it will have, is not under alpha / 2): refused when
+    the file asks for it; the default judge says so in `blind` (show,
+    validate and its judgement row), since a file too short for it may
+    still be judged by its per-window hypotheses."""
     # lazy: pyctl.experiment.blockjudge (+1 module) only for a file with a load
     from pyctl.experiment import blockjudge as BJ
 
@@ -500,18 +503,19 @@ def _check_judge(
     nr, nw = int(ref / BJ.WIDTH + 1e-9), int(window / BJ.WIDTH + 1e-9)
     if BJ.enough_blocks(nr, nw, judge.alpha):
         return
+    extra = nr - int(baseline)
     need = next(
-        b
-        for b in range(int(baseline) + 1, 600)
-        if BJ.enough_blocks(nr - int(baseline) + b, nw, judge.alpha)
+        (b for b in range(int(baseline) + 1, 3600) if BJ.enough_blocks(extra + b, nw, judge.alpha)),
+        None,
     )
-    where = "steady_state.judge" if judge.explicit else "steady_state (the default judge)"
-    raise r.err(
-        where,
+    what = (
         f"{nr} reference and {nw} fault-window blocks of 1 s: the block judge's p cannot go "
-        f"below {BJ.smallest_p(nr, nw):.2g}, never under alpha/2 = {judge.alpha / 2:g}: give "
-        f"a baseline of at least {need}s, or judge = false",
+        f"below {BJ.smallest_p(nr, nw):.2g}, never under alpha/2 = {judge.alpha / 2:g}"
     )
+    fix = f"give a baseline of at least {need}s" if need else "lengthen the method"
+    if judge.explicit:
+        raise r.err("steady_state.judge", f"{what}: {fix}, or judge = false")
+    judge.blind = f"{what} ({fix} for a judge that can)"
 
 
 GOOD_KEYS = {"share", "ttft", "itl", "tpot", "e2e"}

@@ -223,6 +223,9 @@ class Judge:
     # that is added to the thresholds (stats.judge_with_control).
     control: bool = False
     explicit: bool = True  # written in the file (False: the default judge)
+    # The default judge on phases too short for it: why it cannot say
+    # worse (load.py; an explicit judge there is refused instead).
+    blind: str = ""
 
     def settings(self) -> dict[str, Any]:
         """What the judge ran with, as a `judge` table (the stored file's)."""
@@ -239,9 +242,10 @@ class Judge:
     def describe(self) -> str:
         if self.method == "blocks":
             return (
-                f"1 s blocks of the baseline and the recovered seconds vs the fault window's, "
-                f"block rank-sum tests (centre and tail) at alpha {self.alpha:g} "
-                f"and >= {self.min_ratio:g}x" + ("" if self.explicit else " (the default judge)")
+                f"1 s blocks, before+after vs the fault window, alpha {self.alpha:g}, "
+                f">= {self.min_ratio:g}x"
+                + ("" if self.explicit else " (the default judge)")
+                + (f"; it cannot say worse here: {self.blind}" if self.blind else "")
             )
         return (
             f"per request (Mann-Whitney U and Fisher tail), alpha {self.alpha:g}, min effect "
