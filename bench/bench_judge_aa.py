@@ -72,6 +72,7 @@ def one(exp: Any, db: Path) -> dict[str, Any]:
     return {
         "experiment": out.experiment_id,
         "verdict": out.verdict.verdict,
+        "verdict_reason": out.verdict.reason,
         "worse": bool(worse),
         "p": p,
         "effect": effect,

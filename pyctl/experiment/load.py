@@ -239,7 +239,11 @@ def load_file(
     agents = parse_agents(r, rendered, path.parent)
     _check_agent_steps(r, steps, agents)
     phases = r.table(rendered, "phases", {"warmup", "baseline", "method", "recovery"})
-    warmup = r.duration(phases, "phases", "warmup", "1s", allow_zero=True)
+    # 3 s, not 1: after a 1 s warm-up the reference service's 1 s p50s were
+    # still 4.1, 7.5, 4.3, 4.2 ms in the baseline against 3.2-3.4 ms in the
+    # method (control; over-limit-prompts 24, 34, 15, 12 against 8 ms), a
+    # drift the judge's tail statistic took for a fault (bench_judge_aa.py).
+    warmup = r.duration(phases, "phases", "warmup", "3s", allow_zero=True)
     baseline = r.duration(phases, "phases", "baseline", "5s")
     if load_ is None and steady.judge is not None and not steady.judge.explicit:
         steady.judge = None  # the default judge judges a load: none here
