@@ -13,8 +13,9 @@ the fault window's blocks are compared with the reference's by a
 permutation test of the block labels. A burst that moves a whole second
 moves one block, one unit of evidence among the 10-20 of a run. Half-
 second blocks were tried: two halves of one slow second are two
-"independent" blocks again, and synthetic A/A draws with per-second
-levels were worse 2.5-5 % of the time at alpha 0.01 (1 s blocks: 1-1.5 %).
+"independent" blocks again (in the first version, synthetic A/A draws
+with per-second levels were worse 2.5-5 % of the time at alpha 0.01 with
+0.5 s blocks, 1-1.5 % with 1 s).
 
 Why before and after. The fault window always comes after the baseline,
 so a machine that gets busier during a run (drift) looks like a fault.
@@ -38,8 +39,9 @@ seeded sample of them). Two statistics, each at alpha / 2 (Bonferroni):
 Ranks keep one burst second or one timed-out request from counting more
 than one block.
 Worse only when p < alpha / 2 AND the median over the window's blocks is
-at least `min_ratio` (default 1.1) times the reference's: an effect under
-a tenth is what this machine's drift alone makes, and is not called worse.
+at least `min_ratio` (default 1.1) times the reference's: with enough
+blocks a drift of a few percent is significant; under a tenth it is not
+called worse.
 
 The per-request tests of stats.judge() run on the same requests and are
 printed in the reason for comparison; they do not decide.
