@@ -95,6 +95,14 @@ def enough_blocks(ref_blocks: int, win_blocks: int, alpha: float) -> bool:
     return smallest_p(ref_blocks, win_blocks) < alpha / 2
 
 
+def after_counts(recovery: float, hold: float) -> bool:
+    """Does the reference take the last `hold` seconds of the recovery
+    phase (the seconds the after hypothesis calls recovered)? Only when
+    the phase is that long: a shorter one is the fault's aftermath. One
+    rule for validate (load.py) and the run (evaluate.py)."""
+    return recovery >= hold
+
+
 def cut(
     samples: Iterable[tuple[float, float]], start: float, end: float, width: float = WIDTH
 ) -> list[list[float]]:
@@ -235,6 +243,7 @@ def judge_timed(
 __all__ = [
     "MIN_RATIO",
     "WIDTH",
+    "after_counts",
     "cut",
     "enough_blocks",
     "judge_blocks",

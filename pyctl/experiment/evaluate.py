@@ -386,7 +386,7 @@ class Evaluation:
             if (
                 a is not None
                 and self.phase == "after"
-                and exp.recovery >= hold
+                and BJ.after_counts(exp.recovery, hold)
                 and not self.stop_event.is_set()
             ):
                 ref.append((a - hold, a))

@@ -484,14 +484,6 @@ def _judge(r: Reader, t: dict[str, Any]) -> Judge | None:
     )
 
 
-def judge_reference(baseline: float, recovery: float, hold: float) -> float:
-    """Seconds of the block judge's reference: the baseline, and the last
-    `hold` seconds of the recovery phase when it is that long (the seconds
-    the after hypothesis calls recovered; a shorter recovery is still the
-    fault's aftermath and is left out)."""
-    return baseline + (hold if recovery >= hold else 0.0)
-
-
 def _check_judge(
     r: Reader, judge: Judge, baseline: float, window: float, recovery: float, hold: float
 ) -> None:
@@ -503,7 +495,7 @@ def _check_judge(
     # lazy: pyctl.experiment.blockjudge (+1 module) only for a file with a load
     from pyctl.experiment import blockjudge as BJ
 
-    ref = judge_reference(baseline, recovery, hold)
+    ref = baseline + (hold if BJ.after_counts(recovery, hold) else 0.0)
     nr, nw = int(ref / BJ.WIDTH + 1e-9), int(window / BJ.WIDTH + 1e-9)
     if BJ.enough_blocks(nr, nw, judge.alpha):
         return
