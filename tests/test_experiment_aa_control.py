@@ -79,7 +79,9 @@ def test_the_floor_is_the_baselines_own_noise_and_said_in_the_reason() -> None:
 def test_the_control_needs_a_baseline_of_eight_windows(tmp_path: Path) -> None:
     text = F.find("control").read_text()
     p = tmp_path / "c.toml"
-    p.write_text(text.replace("min_effect = 0.3 }", "min_effect = 0.3, control = true }"))
+    old = "judge = { alpha = 0.01 }"
+    assert old in text
+    p.write_text(text.replace(old, 'judge = { alpha = 0.01, method = "requests", control = true }'))
     with pytest.raises(ExperimentError) as ei:
         F.load_file(p)
     assert "steady_state.judge.control: the A/A control splits" in str(ei.value)

@@ -15,6 +15,7 @@ status and the evidence in SQLite.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sqlite3
@@ -242,6 +243,28 @@ def test_tokenizer_stall_fails_p99_recovers_and_remediates(tmp_path: Path) -> No
         f"recovered {rt:.2f}s after the fault, remediation after {r0 - armed:.2f}s "
         f"({took:.1f}s in all)"
     )
+
+
+def test_the_default_judge_fails_a_stall_that_a_loose_bound_lets_pass(tmp_path: Path) -> None:
+    """Issue 23: "a 10x p99 increase under a loose bound passes silently"
+    while the judge was opt-in. tokenizer-stall with its judge line taken
+    out (the default judge) and a p99 bound of 10 s: the stall must fail
+    it by the judge alone, and the stored file names the judge's alpha."""
+    db = tmp_path / "gf.db"
+    f = copy_with(tmp_path, "tokenizer-stall", "", ("judge = { alpha = 0.01 }\n", ""))
+    rc, out, _ = run_exp(str(f), "--db", str(db), "--set", "p99=10s")
+    assert rc == 0 and "verdict FAIL (expected)" in out, out
+    assert "latency worse in the fault window than the baseline: worse" in out, out
+    xid, settings = one(db, "SELECT id, settings FROM experiments WHERE verdict='fail'")
+    assert json.loads(settings)["file"]["steady_state"]["judge"] == {
+        "alpha": 0.01, "min_ratio": 1.1
+    }  # fmt: skip
+    (reason,) = one(db, "SELECT reason FROM judgements WHERE experiment_id=?", xid)
+    assert "vs 11 before+after blocks of 1s" in reason, reason
+    assert not q(
+        db, "SELECT probe FROM hypothesis_results WHERE ok=0 AND probe='load.p99' "
+        "AND experiment_id=?", xid
+    )  # fmt: skip
 
 
 @needs_double

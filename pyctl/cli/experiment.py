@@ -166,11 +166,9 @@ def describe(e: M.Experiment) -> list[str]:
             f"  load: {', '.join(hyp)} in at least {st.quorum:.0%} of each phase's 1 s windows"
         )
     if st.judge is not None:
-        out.append(
-            f"  latency of the fault window not worse than the baseline "
-            f"(Mann-Whitney U, alpha {st.judge.alpha:g}, min effect "
-            f"{st.judge.min_effect:g} Cliff's delta)"
-        )
+        out.append(f"  latency of the fault window not worse: {st.judge.describe()}")
+    elif e.load is not None:
+        out.append("  no judge (judge = false)")
     if e.quality is not None:
         q = e.quality
         what = "BLEU-4 (sacrebleu)" if q.metric == "bleu" else "exact match"
@@ -178,8 +176,6 @@ def describe(e: M.Experiment) -> list[str]:
             f"  quality: {len(q.cases)} cases every {q.interval:g}s scored with {what}, "
             f"{q.metric}_drop_pct {q.bound} from the baseline's score"
         )
-    if st.judge is not None and st.judge.control:
-        out.append("  judge: A/A control, the baseline's halves set the noise floor")
     for n in st.probes:
         out.append(f"  probe {n}: {_probe_words(e.probes[n].table)}")
     others = [n for n in e.probes if n not in st.probes]

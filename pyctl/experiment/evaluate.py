@@ -1,7 +1,8 @@
 """The verdict's evidence: what the run recorded, judged against the
 hypothesis (before, during, after), the expectations (alert fired,
 degradation worked, recovered within, linked evidence) and the judge
-(stats.judge on per-request latencies, baseline vs the fault window).
+(pyctl/experiment/blockjudge.py: 1 s blocks of the baseline and the
+recovered seconds vs the fault window's; stats.judge per request).
 
 Evaluation is a part of the Run (pyctl/experiment/run.py): it reads the
 run's samples, steps and phase times and writes the evidence rows.
@@ -180,9 +181,6 @@ class Evaluation:
         return ok_all
 
     def _evaluate(self, probes: dict[str, ProbeState], load: Any) -> Verdict:
-        # lazy: pyctl.experiment.stats (+1 module) only when this runs
-        from pyctl.experiment import stats
-
         exp = self.exp
         f = Findings()
         t0 = self.phase_at["baseline"]
@@ -318,35 +316,7 @@ class Evaluation:
                         f"({h.detail.split(';')[0]}; {h.name} {h.value} over the window)"
                     )
                 if exp.steady.judge is not None:
-                    jd = exp.steady.judge
-                    base = [x.latency for x in load.samples(t0, t0 + exp.baseline)]
-                    win = [x.latency for x in load.samples(fw_start, fw_end)]
-                    how: dict[str, Any] = {
-                        "higher_is_worse": True,
-                        "alpha": jd.alpha,
-                        "min_effect": jd.min_effect,
-                        "min_tail_effect": jd.min_tail_effect,
-                    }
-                    if jd.control:
-                        # The baseline as its 1 s windows (the A/A splits' blocks).
-                        blocks = [
-                            [x.latency for x in load.samples(a, a + WINDOW_S)]
-                            for a in (
-                                t0 + k * WINDOW_S for k in range(int(exp.baseline / WINDOW_S))
-                            )
-                        ]
-                        ctl = stats.judge_with_control(blocks, win, **how)
-                        self.rec.judgements.append(
-                            E.Judged("latency:a/a", ctl.aa, exp.slo_id)
-                        )
-                        j = ctl.window
-                    else:
-                        j = stats.judge(base, win, **how)
-                    self.rec.judgements.append(E.Judged("latency", j, exp.slo_id))
-                    if j.worse and not f.abort:
-                        f.failures.append(
-                            f"latency worse in the fault window than the baseline: {j.reason}"
-                        )
+                    self._judge(load, t0, fw_start, fw_end, f)
             if self.quality is not None and getattr(self, "quality_base", None) is not None:
                 ok, why = self._quality_hypothesis("during", fw_start, fw_end)
                 if not ok and not f.abort:
@@ -393,6 +363,61 @@ class Evaluation:
                     if not ok:
                         f.failures.append(f"{why} in the last {hold:g}s of recovery")
         return decide(f)
+
+    def _judge(self, load: Any, t0: float, fw_start: float, fw_end: float, f: Findings) -> None:
+        """The judge's rows: is the fault window's latency worse than the
+        baseline's (docs/experiments.md, "Statistics")? The default judge
+        (blocks) compares 1 s blocks of the baseline and of the recovered
+        seconds after the fault (the after hypothesis's last `hold`, when
+        the recovery phase is that long and the run got there) with the
+        fault window's; method = "requests" is the per-request judge."""
+        # lazy: pyctl.experiment.stats (+1 module) only when this runs
+        from pyctl.experiment import stats
+
+        exp = self.exp
+        jd = exp.steady.judge
+        assert jd is not None
+        if jd.method == "blocks":
+            # lazy: pyctl.experiment.blockjudge only when this runs
+            from pyctl.experiment import blockjudge as BJ
+
+            ref = [(t0, t0 + exp.baseline)]
+            a, hold = self.phase_at.get("after"), exp.expect.recovery_hold
+            if (
+                a is not None
+                and self.phase == "after"
+                and BJ.after_counts(exp.recovery, hold)
+                and not self.stop_event.is_set()
+            ):
+                ref.append((a - hold, a))
+            end = max(z for _a, z in [*ref, (fw_start, fw_end)])
+            timed = [(x.due, x.latency) for x in load.samples(t0, end)]
+            j = BJ.judge_timed(
+                timed, ref, (fw_start, fw_end), alpha=jd.alpha, min_ratio=jd.min_ratio
+            )
+        else:
+            base = [x.latency for x in load.samples(t0, t0 + exp.baseline)]
+            win = [x.latency for x in load.samples(fw_start, fw_end)]
+            how: dict[str, Any] = {
+                "higher_is_worse": True,
+                "alpha": jd.alpha,
+                "min_effect": jd.min_effect,
+                "min_tail_effect": jd.min_tail_effect,
+            }
+            if jd.control:
+                # The baseline as its 1 s windows (the A/A splits' blocks).
+                blocks = [
+                    [x.latency for x in load.samples(b, b + WINDOW_S)]
+                    for b in (t0 + k * WINDOW_S for k in range(int(exp.baseline / WINDOW_S)))
+                ]
+                ctl = stats.judge_with_control(blocks, win, **how)
+                self.rec.judgements.append(E.Judged("latency:a/a", ctl.aa, exp.slo_id))
+                j = ctl.window
+            else:
+                j = stats.judge(base, win, **how)
+        self.rec.judgements.append(E.Judged("latency", j, exp.slo_id))
+        if j.worse and not f.abort:
+            f.failures.append(f"latency worse in the fault window than the baseline: {j.reason}")
 
     def _burn_slos(self, load: Any, t0: float, end: float, f: Findings) -> None:
         """The [[slo]] burn-rate SLOs over the run's windows: their rows,

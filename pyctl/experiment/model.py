@@ -203,15 +203,58 @@ class Traffic(Load):
     max_bad: float = 0.0
 
 
+JUDGE_ALPHA = 0.01  # the default judge's alpha (a file without `judge` gets it)
+JUDGE_METHODS = ("blocks", "requests")
+
+
 @dataclass
 class Judge:
-    alpha: float
-    min_effect: float  # Cliff's delta of the shift test
-    min_tail_effect: float = 0.05  # the tail test's share difference (pyctl/experiment/stats.py)
-    # The A/A control: the baseline's second half judged against its first;
-    # the effects seen there (machine noise, no fault) are added to the
-    # fault window's thresholds (stats.judge_with_control).
+    """The judge of the fault window against the baseline (docs/experiments.md,
+    "Statistics"). On by default: a file with a [load] and no `judge` gets
+    Judge() (explicit False); `judge = false` turns it off (None)."""
+
+    alpha: float = JUDGE_ALPHA
+    # "blocks" (pyctl/experiment/blockjudge.py): 1 s blocks of the baseline
+    # and the recovered seconds against the fault window's, a permutation
+    # test of the block labels; "requests" (stats.judge): every request a
+    # draw (Mann-Whitney U and a Fisher tail test), the judge before issue 23.
+    method: str = "blocks"
+    min_ratio: float = 1.1  # blocks: the window's block statistic >= this x the reference's
+    min_effect: float = 0.2  # requests: Cliff's delta of the shift test
+    min_tail_effect: float = 0.05  # requests: the tail test's share difference
+    # requests: the A/A control, the baseline's halves set a noise floor
+    # that is added to the thresholds (stats.judge_with_control).
     control: bool = False
+    explicit: bool = True  # written in the file (False: the default judge)
+    # The default judge on phases too short for it: why it cannot say
+    # worse (load.py; an explicit judge there is refused instead).
+    blind: str = ""
+
+    def settings(self) -> dict[str, Any]:
+        """What the judge ran with, as a `judge` table (the stored file's)."""
+        if self.method == "blocks":
+            return {"alpha": self.alpha, "min_ratio": self.min_ratio}
+        out: dict[str, Any] = {
+            "alpha": self.alpha,
+            "method": "requests",
+            "min_effect": self.min_effect,
+            "min_tail_effect": self.min_tail_effect,
+        }
+        return out | ({"control": True} if self.control else {})
+
+    def describe(self) -> str:
+        if self.method == "blocks":
+            return (
+                f"1 s blocks, before+after vs the fault window, alpha {self.alpha:g}, "
+                f">= {self.min_ratio:g}x"
+                + ("" if self.explicit else " (the default judge)")
+                + (f"; it cannot say worse here: {self.blind}" if self.blind else "")
+            )
+        return (
+            f"per request (Mann-Whitney U and Fisher tail), alpha {self.alpha:g}, min effect "
+            f"{self.min_effect:g} Cliff's delta"
+            + (", A/A control: the baseline's halves set the noise floor" if self.control else "")
+        )
 
 
 # The load hypothesis's per-window terms: (name, unit, needs a streamed load).
@@ -294,7 +337,9 @@ class SteadyState:
         return out
 
     def any_load_bound(self) -> bool:
-        return bool(self.terms()) or self.judge is not None
+        """A bound that needs a [load] (the default judge is not one: a
+        file without a load has no judge)."""
+        return bool(self.terms()) or (self.judge is not None and self.judge.explicit)
 
     def window_ok(self, w: Any) -> tuple[bool, str]:
         """Does one load window meet the per-window hypothesis?"""
@@ -423,6 +468,8 @@ __all__ = [
     "Expect",
     "Experiment",
     "ExperimentError",
+    "JUDGE_ALPHA",
+    "JUDGE_METHODS",
     "Judge",
     "Load",
     "Quality",

@@ -1,5 +1,10 @@
 """Is the fault window worse than the baseline? When did the SLO hold again?
 
+judge() here is the per-request judge: the file's `judge = { method =
+"requests" }`, and the "for comparison" numbers in every reason of the
+default judge (pyctl/experiment/blockjudge.py, 1 s blocks: on a shared
+machine requests are not independent draws, issue 23).
+
 judge() is Kayenta's NetflixACAJudge idea: a one-sided Mann-Whitney U test
 (is the window's distribution shifted in the bad direction?) AND an effect
 size above a threshold (is the shift big enough to matter?), and only the

@@ -127,6 +127,9 @@ def discover_doc(
     phases.pop("method", None)
     phases["baseline"] = phases.get("baseline", "2s")
     phases["recovery"] = "1s"
+    # Trials are short on purpose: keep the 1 s warm-up of before the
+    # experiment default became 3 s (issue 23's judge) unless the file says.
+    phases.setdefault("warmup", "1s")
     d["phases"] = phases
     d["method"] = [
         {

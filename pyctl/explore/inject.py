@@ -62,6 +62,7 @@ def trial_doc(
     phases = dict(d.get("phases") or {})
     phases.pop("method", None)
     phases.pop("recovery", None)  # the loader's default: recovered_within + hold
+    phases.setdefault("warmup", "1s")  # short trials (discover.py says why)
     d["phases"] = phases
     return d
 

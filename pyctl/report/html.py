@@ -218,7 +218,7 @@ def _judgements(d: ExperimentData) -> str:
             ]
         )
     return _table(
-        ["metric", "baseline n", "window n", "p (Mann-Whitney U)", "effect", "judged", "reason"],
+        ["metric", "baseline n", "window n", "p", "effect", "judged", "reason"],
         rows,
         "judgements",
     )
