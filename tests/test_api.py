@@ -147,6 +147,23 @@ def test_isolated_session_imports_nothing_from_cwd_or_pythonpath(
 
 
 @requires_root
+def test_an_isolated_session_takes_a_relative_db_from_the_callers_directory(
+    target: Target, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The child controller runs in /: a relative db is the caller's,
+    from its own directory (make demo-experiment's build/... was refused
+    as "/build: no such directory")."""
+    (tmp_path / "build").mkdir()
+    monkeypatch.chdir(tmp_path)
+    spec = Fault.fail(*VICTIM, ret=-9, nth=1)
+    with gpufault.arm(spec, target.pid, db="build/rel.db", duration=30, isolate=True) as h:
+        assert [r[3] for r in target.victim(2)] == [-9, 3]
+        assert h.wait_fires(1, timeout=10)
+        assert len(h.faults()) == 1
+    assert h.status == "done" and (tmp_path / "build" / "rel.db").is_file()
+
+
+@requires_root
 def test_isolated_session_disarms_when_its_parent_is_killed(target: Target, tmp_path: Path) -> None:
     """SIGKILL of the process that armed it: the child sees its request
     pipe close (and PR_SET_PDEATHSIG), disarms and closes its run row."""

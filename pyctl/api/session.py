@@ -458,17 +458,22 @@ class IsolatedSession(_Base):
         """Start the child, do not wait for it to arm (steps due together
         arm in parallel). Call from a long-lived thread: PR_SET_PDEATHSIG
         fires when the thread that forked the child exits."""
+        settings = self.settings.to_json()
+        # The child runs in / (below): a relative db is the caller's, from
+        # its own directory (`make demo-experiment`'s build/demo-experiment.db
+        # was refused as "/build: no such directory").
+        settings["db"] = db = os.path.abspath(settings["db"])
         request = {
             "specs": [s.to_json() for s in self.specs],
             "target": self.target.to_json(),
-            "settings": self.settings.to_json(),
+            "settings": settings,
             "parent": os.getpid(),
         }
         self.proc = _LAUNCHER.popen(
             # The db and kind in argv say in `ps` which controller writes
             # where (the child reads its request from stdin only).
             module_argv(
-                "pyctl.api.child", ["--db", self.settings.db, "--kind", self.settings.kind]
+                "pyctl.api.child", ["--db", db, "--kind", self.settings.kind]
             ),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
