@@ -265,9 +265,18 @@ def test_rank1_killed_opens_the_breaker_and_rank0_stays_up(tmp_path: Path) -> No
         assert any("rank 1" in r for r in h["reasons"]), h
         assert "DIST_ERROR" in (h["breaker"]["last_error"] or ""), h
         sm = s.metric_samples()
-        from service_proc import sample
 
-        assert sample(sm, "gf_service_errors_total", kind="device", code="DIST_ERROR") >= 3
+        # The breaker's three errors: a dead peer fails a collective at once
+        # (DIST_ERROR) or, on a loaded machine, after --dist-timeout
+        # (DIST_TIMEOUT: seen once with three test workers on two cores).
+        dist = sum(
+            v
+            for (n, lab), v in sm.items()
+            if n == "gf_service_errors_total"
+            and dict(lab).get("kind") == "device"
+            and dict(lab).get("code") in ("DIST_ERROR", "DIST_TIMEOUT")
+        )
+        assert dist >= 3, sm
         assert s.proc.poll() is None
     finally:
         assert s.close() == 0, s.stderr()
