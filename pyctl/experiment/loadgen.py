@@ -340,9 +340,10 @@ class OpenLoopLoad:
         0.1 ms EEVDF slice instead (Linux 6.12+, no privilege:
         threadsched.py); above RT_MAX_RATE or with `realtime = false` they
         stay normal. `counts()["sched_policy"]` says which and why."""
-        self.sched_policy = self._prioritize(first=True)
+        self.sched_policy = self._prioritize()
 
-    def _prioritize(self, first: bool = False) -> str:
+    def _prioritize(self) -> str:
+        """This thread on time as the settings allow; what it got, in words."""
         if not self.realtime:
             return "other (realtime = false)"
         rate = self.arrival.mean_rate or self.rate
@@ -466,8 +467,9 @@ class OpenLoopLoad:
                 self._counts["ok"] += 1
 
     def _worker_realtime(self) -> None:
-        """A worker thread takes the scheduler's policy (SCHED_FIFO) for its
-        whole life, when the scheduler got it (see _realtime for why)."""
+        """A worker thread asks for what the scheduler asks for (SCHED_FIFO,
+        else the short slice) for its whole life (see _realtime for why);
+        the same settings give it the same answer."""
         if self._rt_workers:
             self._prioritize()  # what it got: as the scheduler's, counts()["sched_policy"]
 
