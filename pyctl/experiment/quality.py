@@ -37,13 +37,12 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from pyctl.experiment.model import Load, Quality
-from pyctl.experiment.promptset import PromptSetError, parse_messages, read_prompt_set
-from pyctl.experiment.reader import Reader, mentions, parse_bound
+from pyctl.experiment.promptset import parse_messages
+from pyctl.experiment.reader import Reader, mentions, parse_bound, read_set
 
 METRICS = ("bleu", "exact")
 KEYS = {
@@ -138,19 +137,13 @@ def _case_file(r: Reader, name: str) -> list[dict[str, Any]]:
     """cases = "refs.jsonl": the prompt-set format of [load] prompts
     (pyctl/experiment/promptset.py: the same safe open, one-line errors
     with the line), each line a prompt with its optional reference."""
-    p = Path(name)
-    if not p.is_absolute() and r.base is not None:
-        p = r.base / p
-    try:
-        ps = read_prompt_set(p)
-    except PromptSetError as err:
-        raise r.err("quality.cases", str(err)) from None
+    ps = read_set(r, name, "quality.cases")
     out: list[dict[str, Any]] = []
     for i, e in enumerate(ps.entries, 1):
         if e.max_tokens is not None:
             raise r.err(
                 "quality.cases",
-                f"{p}: entry {i} has its own max_tokens: a quality case is a prompt (or a "
+                f"{ps.path}: entry {i} has its own max_tokens: a quality case is a prompt (or a "
                 "chat) and a reference (the probe's max_tokens is [quality]'s)",
             )
         what: dict[str, Any] = (

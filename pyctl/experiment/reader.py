@@ -348,20 +348,26 @@ def _arrival(
     return Arrival("closed", clients=r.int_(v, k, "clients", lo=1))
 
 
+def read_set(r: Reader, name: str, where: str) -> PromptSet:
+    """A JSONL prompt set named in the file (relative to its directory),
+    read and checked now; its errors are `where`'s one line."""
+    p = Path(name)
+    if not p.is_absolute() and r.base is not None:
+        p = r.base / p
+    try:
+        return read_prompt_set(p)
+    except PromptSetError as e:
+        raise r.err(where, str(e)) from None
+
+
 def _prompt_file(r: Reader, t: dict[str, Any], key: str, name: str) -> PromptSet:
     """prompts = "file.jsonl" (relative to the experiment file's directory),
     read and checked now, at validate time; its digest goes into the
     stored file."""
     if not name:
         raise r.err(f"{key}.prompts", "an empty file name: give the JSONL file")
-    p = Path(name)
-    if not p.is_absolute() and r.base is not None:
-        p = r.base / p
-    try:
-        ps = read_prompt_set(p)
-    except PromptSetError as e:
-        raise r.err(f"{key}.prompts", str(e)) from None
-    t["prompts_file"] = {"path": str(p), "sha256": ps.sha256, "entries": len(ps.entries)}
+    ps = read_set(r, name, f"{key}.prompts")
+    t["prompts_file"] = {"path": ps.path, "sha256": ps.sha256, "entries": len(ps.entries)}
     return ps
 
 
@@ -445,6 +451,7 @@ __all__ = [
     "kind_name",
     "load_fields",
     "mentions",
+    "read_set",
     "parse_bound",
     "redact_headers",
 ]
