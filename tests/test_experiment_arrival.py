@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from delay_server import DelayServer
+from expfile import header
 
 from pyctl.experiment import load as F
 from pyctl.experiment.arrival import Arrival
@@ -177,17 +178,7 @@ def test_closed_loop_against_a_dead_port_backs_off() -> None:
 
 # ---- [load] arrival keys ------------------------------------------------------------------
 
-BASE = """
-name = "a"
-version = 1
-title = "t"
-[target]
-url = "http://127.0.0.1:9"
-pid = 1
-[phases]
-baseline = "1s"
-method = "1s"
-"""
+BASE = header("a")
 
 
 def _exp(tmp_path: Path, text: str):

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from expfile import header
 
 from pyctl.cli.experiment import experiment
 from pyctl.experiment import corpora
@@ -97,17 +98,7 @@ def test_symlinks_fifos_directories_missing_and_large_files_are_refused(tmp_path
 
 # ---- in an experiment file ----------------------------------------------------------------
 
-BASE = """
-name = "p"
-version = 1
-title = "t"
-[target]
-url = "http://127.0.0.1:9"
-pid = 1
-[phases]
-baseline = "1s"
-method = "1s"
-"""
+BASE = header("p")
 
 CHAT = """
 [load]

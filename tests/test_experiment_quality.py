@@ -17,6 +17,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from expfile import header
 from service_proc import ServiceProc
 
 from pyctl.experiment import load as F
@@ -44,17 +45,7 @@ def test_bleu_and_exact_scores_and_the_drop() -> None:
     assert math.isnan(Q.drop_pct(0.0, 10.0))  # nothing to drop from
 
 
-BASE = """
-name = "q"
-version = 1
-title = "t"
-[target]
-url = "http://127.0.0.1:9"
-pid = 1
-[phases]
-baseline = "1s"
-method = "1s"
-"""
+BASE = header("q")
 
 
 def qfile(tmp_path: Path, text: str) -> Path:

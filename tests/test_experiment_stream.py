@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from expfile import header
 from service_proc import ServiceProc
 
 from pyctl import paths
@@ -322,17 +323,7 @@ def test_goodput_counts_requests_meeting_every_per_request_bound() -> None:
 
 # ---- [load] and [steady_state] keys ---------------------------------------------------------
 
-BASE = """
-name = "s"
-version = 1
-title = "t"
-[target]
-url = "http://127.0.0.1:9"
-pid = 1
-[phases]
-baseline = "1s"
-method = "1s"
-"""
+BASE = header("s")
 
 
 def exp(tmp_path: Path, text: str):
