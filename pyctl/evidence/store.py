@@ -119,6 +119,36 @@ def _check_ours(db: Database, p: Path) -> None:
     )
 
 
+_BUSY_MS = 5000
+
+
+def _to_wal(conn: sqlite3.Connection) -> None:
+    """Switch the file to WAL. SQLite runs no busy handler for this switch
+    (it needs the file alone, and a lock wait could deadlock), so two
+    controllers opening one new file at once (arm_all over a selector's
+    processes) saw "database is locked" at once: read the mode first (a
+    file already WAL, every open after the first, takes no lock), else
+    retry within the busy timeout's budget; another opener's switch
+    while we waited is as good as ours."""
+    deadline = time.monotonic() + _BUSY_MS / 1000
+    pause = 0.001
+    while True:
+        try:
+            mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+            if str(mode).lower() == "wal":
+                return
+            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if str(mode).lower() == "wal":
+                return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) and "busy" not in str(e):
+                raise
+        if time.monotonic() >= deadline:
+            raise sqlite3.OperationalError("database is locked (could not switch it to WAL)")
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
+
+
 def _uri(path: str, *, immutable: bool) -> str:
     return f"file:{quote(path)}?mode=ro" + ("&immutable=1" if immutable else "")
 
@@ -347,11 +377,11 @@ def _open_writable(loc: dbfile.Located, p: Path) -> Database:
                 # the inode checked is the one SQLite opened.
                 if not loc.same_file(fst):
                     raise StoreError(f"{p}: replaced while being opened; try again")
+                db.conn.execute(f"PRAGMA busy_timeout={_BUSY_MS}")
                 _check_ours(db, p)
-                db.conn.execute("PRAGMA journal_mode=WAL")
+                _to_wal(db.conn)
                 loc.check_sidecars()
                 db.conn.execute("PRAGMA synchronous=NORMAL")
-                db.conn.execute("PRAGMA busy_timeout=5000")
                 ensure_schema(db)
                 loc.fix_sidecar_modes()
             except BaseException:
