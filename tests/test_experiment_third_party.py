@@ -31,9 +31,14 @@ def test_tokenizer_stall_breaks_transformers_serve_p99(tmp_path: Path) -> None:
     model = tiny_hf.build(tmp_path / "tiny")
     serve = shlex.join([*tiny_hf.SERVE, str(model), "--port", "0", "--host", "127.0.0.1"])
     db = tmp_path / "exp.db"
+    # The bound under the stall: every 1 s window with a stalled request
+    # breaches it (10 requests a window at 20 %: 11 % of windows have none,
+    # the quorum needs 60 %). A bound over the stall (400 ms, CI's run of
+    # 2026-12-03) left it to queueing: 4 or 5 of 8 windows within, a coin
+    # toss, and the judge's 8 blocks at p=0.013 not below its alpha/2.
     r = subprocess.run(
         [*GF_EXP, "run", "tokenizer-stall", "--command", serve, "--ready", tiny_hf.READY,
-         "--set", "p99=400ms", "--set", "stall=300ms", "--set", "rate=10", "--db", str(db)],
+         "--set", "p99=250ms", "--set", "stall=300ms", "--set", "rate=10", "--db", str(db)],
         capture_output=True, text=True, timeout=300, cwd="/", env=ENV,
     )  # fmt: skip
     out = r.stdout + r.stderr
@@ -41,7 +46,7 @@ def test_tokenizer_stall_breaks_transformers_serve_p99(tmp_path: Path) -> None:
     assert r.returncode == 0 and "verdict FAIL (expected)" in out, out
     # Its reason: the p99 bound broken, or (a busy machine's slower baseline)
     # the judge finding the window worse; both are the stall's.
-    assert ("load.p99 <= 400ms breached during the fault window" in out
+    assert ("load.p99 <= 250ms breached during the fault window" in out
             or "latency worse in the fault window than the baseline" in out), out  # fmt: skip
     c = sqlite3.connect(db)
     (pid,) = c.execute("SELECT host_pid FROM targets").fetchone()
