@@ -389,13 +389,16 @@ static __always_inline void emit_fire(struct gf_regs *ctx, const struct gf_spec 
 	 * the fire. Only here, at a fire: armed-not-firing costs nothing more. */
 	if (s->flags & GF_F_CAP_USTACK)
 		emit_ustack(ctx->sp, e->fault_seq);
-	/* Fires are rare and the copilot may be waiting: wake at once. Not a
-	 * fire the in-target helper carries out (GF_MECH_SIGNAL): its wake-up
-	 * (irq_work's self-IPI, a VM exit under KVM) was ~8 us of the ~9.5 us
-	 * injected call on the dev VM (docs/benchmarks.md); nothing waits for
-	 * it but the evidence, read at the controller's next poll (50 ms) or
-	 * at once when the backlog crosses a quarter of the ring. */
-	if (w->mech == GF_MECH_SIGNAL) {
+	/* No wake-up per fire: nothing waits for the record but the evidence,
+	 * read at the controller's next poll (50 ms) or at once when the
+	 * backlog crosses a quarter of the ring. A fire the in-target helper
+	 * carries out (GF_MECH_SIGNAL): the wake-up (irq_work's self-IPI, a
+	 * VM exit under KVM) was ~8 us of the ~9.5 us injected call on the
+	 * dev VM (docs/benchmarks.md). A copilot fire: the woken consumer
+	 * took the controller's GIL and CPU just as the copilot woke for the
+	 * same fire, and the target's thread stayed stopped ~1 ms longer in
+	 * a threaded server (bench/bench_copilot.py --shape server). */
+	{
 		__u64 avail = bpf_ringbuf_query(&fires, BPF_RB_AVAIL_DATA);
 		__u64 q = bpf_ringbuf_query(&fires, BPF_RB_RING_SIZE) / 4;
 		bool wake = avail >= q && avail < q + sizeof(*e) + 8;
@@ -411,9 +414,7 @@ static __always_inline void emit_fire(struct gf_regs *ctx, const struct gf_spec 
 			wake = wake || (ua >= uq && ua < uq + rec);
 		}
 		bpf_ringbuf_submit(e, wake ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
-		return;
 	}
-	bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
 }
 
 /* One call record. lat == 0: entry only. Args come from the task scratch. */

@@ -443,7 +443,7 @@ def test_a_short_slice_is_read_back_from_the_kernel():
     """threadsched.short_slice sets a SCHED_OTHER thread's EEVDF slice and
     counts it only when sched_getattr gives it back (this 6.18 kernel does;
     one before 6.12 would take the call and ignore the slice)."""
-    from pyctl.experiment import threadsched
+    from pyctl import threadsched
 
     got: list[object] = []
 
@@ -492,7 +492,7 @@ def test_realtime_slice_gives_every_load_thread_the_short_slice_only():
 @pytest.mark.root
 def test_a_process_forked_by_a_real_time_load_thread_starts_normal():
     """SCHED_RESET_ON_FORK: nothing a load thread starts inherits its priority."""
-    from pyctl.experiment import threadsched
+    from pyctl import threadsched
 
     got: list[object] = []
 

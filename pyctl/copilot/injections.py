@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from pyctl import heldcalls
 from pyctl.bpf import abi
-from pyctl.bpf.libbpf import map_lookup_and_delete
 
 from .model import Injection, Outcome
 from .tracer import Copilot
@@ -61,7 +61,8 @@ def pending_fetcher(
 
     def fetch(tid: int) -> Injection | None:
         p = abi.Pending()
-        if not map_lookup_and_delete(pending_fd, C.c_uint32(tid), p):
+        # Keeping the GIL (pyctl/heldcalls.py): the thread is stopped meanwhile.
+        if not heldcalls.map_lookup_and_delete(pending_fd, C.c_uint32(tid), p):
             return None
         while_held(tid, p.fault_seq)
         if p.action == abi.ACT_CORRUPT:

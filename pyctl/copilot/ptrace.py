@@ -9,11 +9,12 @@ must come from the thread that seized it (the kernel's rule, not ours).
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import struct
 import threading
 from collections.abc import Sequence
+
+from pyctl import heldcalls
 
 # Requests (linux/ptrace.h).
 PTRACE_PEEKDATA = 2
@@ -56,10 +57,10 @@ class UserRegs(ctypes.Structure):
     _fields_ = [(name, ctypes.c_ulong) for name in REG_NAMES]
 
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-_ptrace = _libc.ptrace
-_ptrace.restype = ctypes.c_long
-_ptrace.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+# Through pyctl/heldcalls.py: a ptrace request never blocks, and one that
+# released the GIL would wait for it back behind a busy controller thread
+# while the target's thread stays stopped (issue 26).
+_ptrace = heldcalls.ptrace
 
 
 def _call(req: int, tid: int, addr: int | None, data: int | ctypes._Pointer | None) -> int:

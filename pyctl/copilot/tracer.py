@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
 
-from pyctl import procstate
+from pyctl import heldcalls, procstate, threadsched
 from pyctl.sigmask import SIGCHLD_SET
 
 from . import errno_tls, procfs, ptrace, rewrite
@@ -130,6 +130,7 @@ class Copilot:
         # (~9 us here), not an open, a write and a close; closed at exec (a
         # new mm) and when the tracer ends.
         self._mem_fd: int | None = None
+        self.scheduling = ""  # how the tracer thread is scheduled (threadsched.prioritize)
 
     # ---- public API (any thread) ----
 
@@ -257,6 +258,15 @@ class Copilot:
     def _run(self) -> None:
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
         self._tracer_tid = threading.get_native_id()
+        # A stopped target thread waits for this one to be scheduled: on a
+        # busy host the fair scheduler lets it wait out another thread's
+        # slice (0.75 ms x (1 + log2 CPUs)). A 0.1 ms EEVDF slice (Linux
+        # 6.12+, no privilege; pyctl/threadsched.py) lets it preempt on
+        # wake-up; it sleeps between stops. Not SCHED_FIFO: a real-time
+        # thread in a harness's own process (gpufault.arm) is more than a
+        # library should take.
+        why = threadsched.short_slice()
+        self.scheduling = "0.1 ms slice" if why is None else f"default ({why})"
         try:
             self._seize_all()
         except CopilotError as err:
@@ -267,12 +277,16 @@ class Copilot:
             self._ready.set()
             return
         self._start_watchdog()
+        # The GIL back after each sigtimedwait within 0.5 ms, not 5, while
+        # the controller's other threads are busy (pyctl/heldcalls.py).
+        heldcalls.fast_switch_begin()
         self._ready.set()
         try:
             self._loop()
         except Exception:
             log.exception("copilot for pid %d failed; the kernel detaches its tracees", self.pid)
         finally:
+            heldcalls.fast_switch_end()
             # Stalled threads resume when this thread ends (the kernel
             # detaches them if they were not resumed already).
             if self.watchdog is not None:
@@ -390,7 +404,8 @@ class Copilot:
         seen = False
         while True:
             try:
-                tid, status = os.waitpid(-1, WAIT_FLAGS)
+                # heldcalls: keeps the GIL (WNOHANG: it never blocks).
+                tid, status = heldcalls.waitpid(-1, WAIT_FLAGS)
             except ChildProcessError:
                 self._threads.clear()  # no tracee left at all
                 return seen

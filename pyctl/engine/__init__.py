@@ -765,11 +765,18 @@ class Engine:
         self.evidence.py_reader(self.seize_pid)
 
     def _maps_while_held(self, tid: int, fault_seq: int = 0) -> None:
-        """On the copilot's thread, with a faulted thread held: its process
-        is alive now, so read its maps for the fire's stack (a target that
+        """On the copilot's thread, with a faulted thread held: its Python
+        stack (a CPython target), and, where no perf mmap watch keeps its
+        maps current (pyctl/symbols/mapwatch.py: a kernel or sandbox that
+        refuses perf events), its maps for the fire's stack (a target that
         exits right after the fault, or a command that exec'd since the
-        last read, left the symbolizer with no or stale maps). At most every
-        100 ms per process; the ingest thread takes them up (offer)."""
+        last read, left the symbolizer with no or stale maps), at most
+        every 100 ms per process; the ingest thread takes them up (offer).
+        With a watch, /proc/PID/maps is not read here: 1.2 ms of a held
+        thread's time per read in a small Python server, more in a torch
+        one (issue 26, bench/bench_copilot.py --shape server)."""
+        if not self.plan.copies_stacks():
+            return  # --no-stack: no stack of either kind, and no wait for one
         tgid = self._tgid_of.get(tid)
         if tgid is None:  # once per thread: this runs at every injected call
             try:
@@ -780,13 +787,15 @@ class Engine:
         # A CPython thread's Python stack, while it is still at the fault
         # (pyctl/symbols/pystack.py; ~0.3-0.6 ms, a Python process only).
         self.evidence.held_pystack(tgid, tid, fault_seq)
+        sym = self.evidence.symbolizers.get(tgid)
+        if sym is None or tgid in self.evidence.mapwatch:
+            return  # no stack kept for it, or its maps are current already
         now = time.monotonic()
         if now - self._maps_read_at.get(tgid, 0.0) < 0.1:
             return
         self._maps_read_at[tgid] = now
-        sym = self.evidence.symbolizers.get(tgid)
         maps = read_maps(tgid)
-        if sym is not None and maps:
+        if maps:
             sym.offer(maps)
 
     def _open_anchors(self) -> None:

@@ -42,14 +42,14 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from pyctl import threadsched
 from pyctl.exceptions import BadInput
-from pyctl.experiment import threadsched
 from pyctl.experiment.arrival import Arrival
 
 _clock = time.monotonic
 CLOSED_BACKOFF = 0.01  # s a closed-loop client waits after a connection error
 # The load threads ask to be run on time (OpenLoopLoad._realtime,
-# pyctl/experiment/threadsched.py) only up to RT_MAX_RATE requests/s: the
+# pyctl/threadsched.py) only up to RT_MAX_RATE requests/s: the
 # generator costs ~0.5 ms of CPU a request (0.08-0.10 CPU-s/s at 200/s),
 # so there it takes at most a quarter of a core ahead of the normal
 # threads, the service's among them.
@@ -201,7 +201,7 @@ class OpenLoopLoad:
         self._threads: list[threading.Thread] = []
         self._sched: threading.Thread | None = None
         if realtime not in (True, False, "slice"):
-            raise LoadError(f"load realtime {realtime!r}: give true, false or \"slice\"")
+            raise LoadError(f'load realtime {realtime!r}: give true, false or "slice"')
         self.realtime = realtime
         rate_ = arrival.mean_rate or self.rate
         self._rt_workers = bool(realtime) and rate_ <= RT_MAX_RATE and arrival.open_loop

@@ -117,6 +117,10 @@ class PyStack:
 
 class _Mem:
     def __init__(self, pid: int) -> None:
+        # lazy: pyctl.heldcalls (ctypes) only once a Python stack is read
+        from pyctl import heldcalls
+
+        self._pread = heldcalls.pread
         self.fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
 
     def close(self) -> None:
@@ -128,7 +132,9 @@ class _Mem:
         if addr <= 0 or addr >= 1 << 47:
             raise PyStackError(f"pointer {addr:#x} is not a user address")
         try:
-            b = os.pread(self.fd, n, addr)
+            # Keeping the GIL (pyctl/heldcalls.py): the copilot reads a
+            # held thread's stack through this, dozens of reads a fire.
+            b = self._pread(self.fd, n, addr)
         except OSError as e:
             raise PyStackError(f"read at {addr:#x}: {e.strerror or e}") from None
         if not b:  # the mm is gone: the process exited (or exec'd) since
@@ -213,7 +219,11 @@ class Reader:
         self.runtime: _Runtime | None = None
         self.not_python = False
         self.error = ""
-        self._codes: dict[tuple[int, bytes, bytes, bytes, bytes], tuple[str, str, int, bytes]] = {}
+        self._codes: dict[
+            tuple[int, bytes, bytes, bytes, bytes],
+            tuple[str, str, int, bytes, dict[int, tuple[int | None]]],
+        ] = {}
+        self._ts_of: dict[int, int] = {}  # tid -> its PyThreadState (_tstate)
         self.key: tuple[tuple[str, int], ...] = ()
         self.exe = exe_id(pid)
         try:
@@ -297,6 +307,20 @@ class Reader:
 
     def _tstate(self, rt: _Runtime, tid: int) -> int | None:
         o = rt.off
+        # A thread's state stays where it is while the thread lives: one
+        # read confirms the last one found (the walk is two reads a thread).
+        ts = self._ts_of.get(tid)
+        if ts and self.mem.u64(ts + o["tstate_native_thread_id"]) == tid:
+            return ts
+        found = self._walk_tstates(rt, tid)
+        if found is not None:
+            if len(self._ts_of) > 4096:
+                self._ts_of.clear()
+            self._ts_of[tid] = found
+        return found
+
+    def _walk_tstates(self, rt: _Runtime, tid: int) -> int | None:
+        o = rt.off
         interp = self.mem.u64(rt.addr + o["runtime_interpreters_head"])
         for _ in range(64):
             if not interp:
@@ -352,6 +376,8 @@ class Reader:
                head[o["code_filename"] : o["code_filename"] + 8],
                head[o["code_linetable"] : o["code_linetable"] + 8])  # fmt: skip
         hit = self._codes.get(key)
+        if hit is not None and (known := hit[4].get(ip)) is not None:
+            return PyFrame(hit[0], hit[1], known[0])
         if hit is None:
             if self._cstr(_u64(head, 8) + TP_NAME, deref=True) != "code":
                 raise PyStackError(f"{code:#x} is no code object (read while the thread ran)")
@@ -359,14 +385,19 @@ class Reader:
             fname = self._unicode(rt, _u64(head, o["code_filename"]))
             first = struct.unpack_from("<i", head, o["code_firstlineno"])[0]
             table = self._bytes(rt, _u64(head, o["code_linetable"]))
-            hit = self._codes[key] = (name, fname, first, table)
+            hit = self._codes[key] = (name, fname, first, table, {})
             if len(self._codes) > 65536:
                 self._codes.clear()
-        name, fname, first, table = hit
+        name, fname, first, table, lines = hit
         # Code units (2 bytes) from the first instruction; 3.11/3.12's
         # prev_instr is the last one executed, 3.13's instr_ptr the current.
         unit = (ip - (code + o["code_code_adaptive"])) // 2
-        return PyFrame(name, fname, line_of(table, first, unit))
+        # Kept per instruction: the walk of the line table was half of a
+        # stack's read (issue 26: the copilot reads it with the thread held).
+        line = line_of(table, first, unit)
+        if len(lines) < 4096:
+            lines[ip] = (line,)
+        return PyFrame(name, fname, line)
 
     def _cstr(self, addr: int, *, deref: bool = False) -> str:
         b = self.mem.read(self.mem.u64(addr) if deref else addr, 16)

@@ -1,4 +1,5 @@
-"""How a load thread asks the kernel to run it on time (loadgen.OpenLoopLoad).
+"""How a thread asks the kernel to run it on time: a load thread
+(experiment/loadgen.OpenLoopLoad), the copilot's tracer (copilot/tracer.py).
 
 First choice, SCHED_FIFO at a low real-time priority: it preempts every
 normal thread the moment its timer or futex fires. That needs
