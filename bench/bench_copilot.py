@@ -20,6 +20,8 @@ the GIL half the time; one call in `--every` fails with 2. Per mechanism:
 the failed calls as the target timed them, the calls that ran, and for the
 copilot how long it held each thread (its stop to its resume). --torch
 imports torch in the target first (a real server's maps and libraries);
+--lib names another libcuda (the real driver's, on a GPU host: its
+cuMemAlloc_v2 without a context returns 3, each failed one 2);
 --no-python-work leaves out the thread that takes the target's GIL (a
 failed call that took long waits for the GIL on its way back to Python:
 the target's own cost of a long hold, not the mechanism's).
@@ -170,7 +172,14 @@ def _held_ns(db: Path) -> list[int]:
 
 
 def server_shape(
-    how: str, calls: int, every: int, gap_us: int, torch: bool, tmp: Path, gil_work: str = "1"
+    how: str,
+    calls: int,
+    every: int,
+    gap_us: int,
+    torch: bool,
+    tmp: Path,
+    gil_work: str = "1",
+    lib: str = "",
 ) -> dict[str, Any]:
     """One mechanism in the threaded-server shape (the module's docstring)."""
     # lazy: the engine only for this shape (the copilot bench needs none of it)
@@ -178,9 +187,10 @@ def server_shape(
     from pyctl.paths import DOUBLE_LIBCUDA
     from pyctl.spec import FaultSpec
 
+    lib = lib or str(DOUBLE_LIBCUDA)
     env = dict(os.environ, GF_SHAPE_TORCH="1" if torch else "0", GF_SHAPE_GIL=gil_work)
     proc = subprocess.Popen(
-        [sys.executable, "-I", str(SERVER_TARGET), str(DOUBLE_LIBCUDA)],
+        [sys.executable, "-I", str(SERVER_TARGET), lib],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip
     assert proc.stdin is not None and proc.stdout is not None
@@ -198,8 +208,7 @@ def server_shape(
     try:
         pid = int(stdout.readline().split()[1])
         spec = FaultSpec(
-            lib=str(DOUBLE_LIBCUDA), fn="cuMemAlloc_v2", action="fail", ret=2, every=every,
-            tgid=pid,
+            lib=lib, fn="cuMemAlloc_v2", action="fail", ret=2, every=every, tgid=pid,
         )  # fmt: skip
         eng = Engine([spec], db_path=db, pid=pid, argv=["bench-copilot-server"], mechanism=how)
         eng.start()
@@ -251,6 +260,7 @@ def main_server(args: argparse.Namespace) -> None:
             "gap_us": args.gap_us,
             "torch": args.torch,
             "python_work": not args.no_python_work,
+            "lib": args.lib or "the libcuda TEST DOUBLE",
             "cpus": len(os.sched_getaffinity(0)),
             "loadavg": open("/proc/loadavg").read().split()[:3],
         }
@@ -265,6 +275,7 @@ def main_server(args: argparse.Namespace) -> None:
                     args.torch,
                     Path(tmp),
                     "0" if args.no_python_work else "1",
+                    args.lib,
                 )  # fmt: skip
                 for how in ("signal", "copilot")
             }
@@ -288,6 +299,7 @@ def main() -> None:
     ap.add_argument("--gap-us", type=int, default=500, help="server: between calls")
     ap.add_argument("--torch", action="store_true", help="server: import torch in the target")
     ap.add_argument("--rounds", type=int, default=3, help="server: rounds, mechanisms alternating")
+    ap.add_argument("--lib", default="", help="server: the libcuda (default: the TEST DOUBLE)")
     ap.add_argument(
         "--no-python-work",
         action="store_true",
