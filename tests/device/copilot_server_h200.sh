@@ -11,7 +11,7 @@ set -uo pipefail
 source "$(dirname "$0")/checkout_env.sh" || exit 2
 NEW=$PWD
 OLD=$PWD/build/h200old
-for round in 1 2; do
+for round in 1; do
     for which in new old; do
         root=$NEW; [ $which = old ] && root=$OLD
         PYTHONPATH=$root python3 bench/bench_copilot.py --shape server --torch --lib "$LIBCUDA" \
