@@ -366,8 +366,20 @@ class AgentServer:
             if not self._slots.acquire(blocking=False):
                 c.close()  # past the cap: nothing read, nothing answered
                 continue
-            threading.Thread(target=self._serve_conn, args=(c, x, addr), name="gf-agent-conn",
-                             daemon=True).start()  # fmt: skip
+            t = threading.Thread(target=self._serve_conn, args=(c, x, addr),
+                                 name="gf-agent-conn", daemon=True)  # fmt: skip
+            try:
+                t.start()
+            except BaseException as e:
+                # A thread that never ran (no thread could be made: its
+                # finally never releases) gives its slot and socket back
+                # here; one interrupted after it ran released them itself.
+                if t.ident is None:
+                    self._slots.release()
+                    c.close()
+                if not isinstance(e, RuntimeError):
+                    raise
+                self.log(f"connection from {addr or 'unix'} dropped: {e}")
 
     # ---- one connection ------------------------------------------------------
     def _serve_conn(self, c: socket.socket, x: Listen, addr: Any) -> None:
