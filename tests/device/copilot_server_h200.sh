@@ -19,7 +19,7 @@ for round in 1; do
             2> $OUT/server-$which-torch-$round.log; echo "$which torch $round rc=$?"
     done
 done
-for which in new old; do
+[ "${GF_NOWORK:-1}" = 1 ] && for which in new old; do
     root=$NEW; [ $which = old ] && root=$OLD
     PYTHONPATH=$root python3 bench/bench_copilot.py --shape server --no-python-work \
         --lib "$LIBCUDA" --calls 2000 --rounds 2 > $OUT/server-$which-nowork.json \
