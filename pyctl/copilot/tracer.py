@@ -130,7 +130,7 @@ class Copilot:
         # (~9 us here), not an open, a write and a close; closed at exec (a
         # new mm) and when the tracer ends.
         self._mem_fd: int | None = None
-        self.scheduling = ""  # how the tracer thread is scheduled (threadsched.prioritize)
+        self.scheduling = ""  # how the tracer thread is scheduled (set by _run)
 
     # ---- public API (any thread) ----
 
