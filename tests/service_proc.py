@@ -47,6 +47,7 @@ class ServiceProc:
         self.url = ""
         # The reader thread finds the ready line, then keeps draining.
         self._ready = threading.Event()
+        self._line = threading.Condition()  # notified at each line read
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
         if not self._ready.wait(start_timeout) or not self.url:
@@ -58,12 +59,28 @@ class ServiceProc:
     def _read(self) -> None:
         assert self.proc.stderr is not None
         for ln in self.proc.stderr:
-            self.lines.append(ln)
+            with self._line:
+                self.lines.append(ln)
+                self._line.notify_all()
             m = READY.search(ln)
             if m and not self.url:
                 self.url = m.group(1)
                 self._ready.set()
         self._ready.set()  # exited before (or after) being ready
+        with self._line:
+            self._line.notify_all()
+
+    def wait_line(self, pattern: str, timeout: float = 10.0) -> str:
+        """The log so far once a line matches `pattern` (a regex), or at the
+        timeout or the service's end: the reader thread takes lines after
+        the service wrote them (a reply can come before its log line)."""
+        rx = re.compile(pattern)
+        with self._line:
+            self._line.wait_for(
+                lambda: any(rx.search(ln) for ln in self.lines) or not self._reader.is_alive(),
+                timeout,
+            )
+            return "".join(self.lines)
 
     def stderr(self) -> str:
         return "".join(self.lines)

@@ -353,7 +353,8 @@ def test_admin_needs_the_token_and_each_arm_is_logged_with_its_peer(svc: Service
     assert st == 200 and rep["active"], rep
     st, end = admin(svc, "DELETE")
     assert st == 200 and end["id"] == rep["id"]
-    log = svc.stderr()
+    # The reply may come before the reader thread has the log line.
+    log = svc.wait_line(rf"ended perturbation {rep['id']}")
     assert re.search(
         rf"admin: 127\.0\.0\.1:\d+ armed perturbation {rep['id']}: {re.escape(QUIET)} seed 3 "
         r"for 5 s",
