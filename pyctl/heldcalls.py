@@ -15,7 +15,8 @@ These calls are short and never block (waitpid with WNOHANG, ptrace on a
 stopped tracee, a map lookup, a read of /proc/PID/mem), so holding the GIL
 across them costs the other threads microseconds. ctypes.PyDLL calls a C
 function without releasing the GIL. The one blocking wait, sigtimedwait,
-still releases it; fastswitch() bounds what taking it back then costs.
+still releases it; fast_switch_begin() bounds what taking it back then
+costs.
 """
 
 from __future__ import annotations

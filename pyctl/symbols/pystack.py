@@ -309,9 +309,18 @@ class Reader:
         o = rt.off
         # A thread's state stays where it is while the thread lives: one
         # read confirms the last one found (the walk is two reads a thread).
+        # A state freed and reused since reads as another tid (or not at
+        # all): walk. One freed and left as it was still reads its tid, but
+        # its thread is gone: no fire names that tid until the kernel
+        # hands it out again, after a wrap of the pid space.
         ts = self._ts_of.get(tid)
-        if ts and self.mem.u64(ts + o["tstate_native_thread_id"]) == tid:
-            return ts
+        if ts:
+            try:
+                if self.mem.u64(ts + o["tstate_native_thread_id"]) == tid:
+                    return ts
+            except PyStackError:
+                pass
+            del self._ts_of[tid]
         found = self._walk_tstates(rt, tid)
         if found is not None:
             if len(self._ts_of) > 4096:
