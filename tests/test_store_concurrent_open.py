@@ -2,8 +2,12 @@
 processes a selector names: each member's child opens the store as the
 others do). SQLite's switch to WAL runs no busy handler, so one of them
 used to fail at once with "database is locked" (CI saw it in
-test_target_select). Real processes, released together by one pipe's
-EOF, each opening the store and writing its run."""
+test_target_select); and the check that a file is gpufault's read its
+tables and its user_version in two statements, so another opener's schema
+could commit between them ("not a gpufault database (tables: none,
+user_version 8)", seen once in about 160 rounds here). Real processes,
+released together by one pipe's EOF, each opening the store and writing
+its run."""
 
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ from conftest import requires_root
 from pyctl.evidence import store
 
 OPENERS = 8
-ROUNDS = 6
+ROUNDS = 20  # the schema-read race is rare (module docstring): more rounds, more chances
 
 
 def _opener(gate: int, path: Path) -> None:

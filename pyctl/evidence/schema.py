@@ -1062,18 +1062,25 @@ def ensure_schema(db: Any) -> None:
     conn = _conn(db)
     if _complete(conn):
         return
-    version = user_version(conn)
-    if version > SCHEMA_VERSION:
-        raise SchemaError(f"schema {version} is newer than this gpufault's ({SCHEMA_VERSION})")
-    # A new, empty file has nothing to migrate: no reference schema to
-    # compare with (a few ms of a new database's open, before the probes).
-    fresh = version == 0 and not _names(conn, "table") and not _names(conn, "view")
-    ref = None if fresh else reference()
     # Our own transaction, rolled back whole on failure; inside a caller's,
-    # a savepoint of it.
+    # a savepoint of it. What the file holds is read inside it: read before,
+    # another opener of the same new file could commit its schema between
+    # the reads (user_version 0, then its tables: migrations run on a
+    # current schema; tests/test_store_concurrent_open.py).
     outer = conn.in_transaction
     conn.execute("SAVEPOINT gf_schema" if outer else "BEGIN IMMEDIATE")
+    ref = None
     try:
+        if _complete(conn):  # another opener made it meanwhile
+            version = SCHEMA_VERSION
+        else:
+            version = user_version(conn)
+        if version > SCHEMA_VERSION:
+            raise SchemaError(f"schema {version} is newer than this gpufault's ({SCHEMA_VERSION})")
+        # A new, empty file has nothing to migrate: no reference schema to
+        # compare with (a few ms of a new database's open, before the probes).
+        fresh = version == 0 and not _names(conn, "table") and not _names(conn, "view")
+        ref = None if fresh or version == SCHEMA_VERSION else reference()
         if ref is not None and version < SCHEMA_VERSION:
             # A table rebuild (DROP, then RENAME) fails on a view that names
             # the table: the views go first and are made again below.

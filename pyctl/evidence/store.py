@@ -98,11 +98,15 @@ def _check_header(fd: int, p: Path) -> bytes:
 def _check_ours(db: Database, p: Path) -> None:
     """Empty (new) or gpufault's: nothing else is touched."""
     try:
-        names = [
-            r[0]
-            for r in db.conn.execute("SELECT name FROM sqlite_master WHERE type='table'").fetchall()
-        ]
-        version = db.conn.execute("PRAGMA user_version").fetchone()[0]
+        # One statement, one snapshot: read apart, another opener's schema
+        # could commit between them (no tables, then user_version 8: "not
+        # a gpufault database"; tests/test_store_concurrent_open.py).
+        rows = db.conn.execute(
+            "SELECT v.user_version, m.name FROM pragma_user_version AS v "
+            "LEFT JOIN sqlite_master AS m ON m.type = 'table'"
+        ).fetchall()
+        version = rows[0][0]
+        names = [r[1] for r in rows if r[1] is not None]
     except sqlite3.DatabaseError as e:
         raise StoreError(f"{p}: {e}") from None
     if not names and version == 0:
