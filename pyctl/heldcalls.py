@@ -9,11 +9,13 @@ interval (5 ms by default) per call. The copilot makes a dozen such calls
 per fire (waitpid, the pending entry, getregs, peek, setregs, cont, the
 Python stack's reads), and the target's thread stays stopped through all
 of them: 4-13 ms per fire on the H200 in a threaded server against
-0.14-0.30 ms in a plain loop.
+0.14-0.30 ms in a plain loop. The pending entry's bpf(2) lookup is the
+same kind of call, beside the other raw bpf(2) calls
+(pyctl/bpf/raw.py map_lookup_and_delete_held).
 
 These calls are short and never block (waitpid with WNOHANG, ptrace on a
-stopped tracee, a map lookup, a read of /proc/PID/mem), so holding the GIL
-across them costs the other threads microseconds. ctypes.PyDLL calls a C
+stopped tracee, a read of /proc/PID/mem), so holding the GIL across them
+costs the other threads microseconds. ctypes.PyDLL calls a C
 function without releasing the GIL. The one blocking wait, sigtimedwait,
 still releases it; fast_switch_begin() bounds what taking it back then
 costs.
@@ -40,24 +42,6 @@ _waitpid.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.c_int]
 _pread = _libc.pread64
 _pread.restype = ctypes.c_ssize_t
 _pread.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int64]
-
-_syscall = _libc.syscall
-_syscall.restype = ctypes.c_long
-
-SYS_BPF = 321  # x86-64 (the copilot is x86-64 only: ptrace.py)
-BPF_MAP_LOOKUP_AND_DELETE_ELEM = 21
-
-
-class _MapElemAttr(ctypes.Structure):
-    """union bpf_attr as BPF_MAP_*_ELEM commands read it."""
-
-    _fields_ = [
-        ("map_fd", ctypes.c_uint32),
-        ("pad", ctypes.c_uint32),
-        ("key", ctypes.c_uint64),
-        ("value", ctypes.c_uint64),
-        ("flags", ctypes.c_uint64),
-    ]
 
 
 def _raise(what: str) -> None:
@@ -93,21 +77,6 @@ def pread(fd: int, n: int, offset: int) -> bytes:
     if got < 0:
         _raise(f"pread at {offset:#x}")
     return ctypes.string_at(buf, got)
-
-
-def map_lookup_and_delete(fd: int, key: ctypes._CData, value: ctypes._CData) -> bool:
-    """libbpf's bpf_map_lookup_and_delete_elem, as the bpf(2) call itself,
-    holding the GIL: True when the key was there (value filled)."""
-    attr = _MapElemAttr(
-        map_fd=fd, key=ctypes.addressof(key), value=ctypes.addressof(value), flags=0
-    )
-    ret = _syscall(
-        ctypes.c_long(SYS_BPF),
-        ctypes.c_long(BPF_MAP_LOOKUP_AND_DELETE_ELEM),
-        ctypes.byref(attr),
-        ctypes.c_long(ctypes.sizeof(attr)),
-    )
-    return ret == 0
 
 
 # ---- the switch interval while a copilot runs -------------------------

@@ -1,6 +1,7 @@
-"""pyctl/heldcalls.py: the copilot's system calls that keep the GIL (issue
-26), against the os module's and the kernel's own answers; the switch
-interval while copilots run, nested and restored."""
+"""pyctl/heldcalls.py and pyctl/bpf/raw.py's held lookup: the copilot's
+system calls that keep the GIL (issue 26), against the os module's and
+the kernel's own answers; the switch interval while copilots run, nested
+and restored."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 from conftest import requires_root
 
 from pyctl import heldcalls
-from pyctl.bpf import libbpf
+from pyctl.bpf import libbpf, raw
 from pyctl.copilot import ptrace
 
 FUNCFLAG_PYTHONAPI = 4  # ctypes: a PyDLL function, called with the GIL held
@@ -22,7 +23,7 @@ FUNCFLAG_PYTHONAPI = 4  # ctypes: a PyDLL function, called with the GIL held
 
 def test_every_call_is_made_with_the_gil_held() -> None:
     # A CDLL function releases the GIL: the flag is what PyDLL adds.
-    for fn in (heldcalls.ptrace, heldcalls._waitpid, heldcalls._pread, heldcalls._syscall):
+    for fn in (heldcalls.ptrace, heldcalls._waitpid, heldcalls._pread, raw._held.syscall):
         assert fn._flags_ & FUNCFLAG_PYTHONAPI, fn
     assert ptrace._ptrace is heldcalls.ptrace
 
@@ -100,9 +101,9 @@ def test_map_lookup_and_delete_as_libbpf_does() -> None:
     try:
         libbpf.map_update(fd, ctypes.c_uint32(7), ctypes.c_uint64(0xFEEDFACE))
         out = ctypes.c_uint64(0)
-        assert heldcalls.map_lookup_and_delete(fd, ctypes.c_uint32(7), out)
+        assert raw.map_lookup_and_delete_held(fd, ctypes.c_uint32(7), out)
         assert out.value == 0xFEEDFACE
-        assert not heldcalls.map_lookup_and_delete(fd, ctypes.c_uint32(7), out)  # deleted
+        assert not raw.map_lookup_and_delete_held(fd, ctypes.c_uint32(7), out)  # deleted
     finally:
         os.close(fd)
 

@@ -154,7 +154,6 @@ def _declare(lb: C.CDLL) -> None:
         "bpf_link__destroy": (i, [vp]),
         "bpf_map_update_elem": (i, [i, vp, vp, C.c_uint64]),
         "bpf_map_lookup_elem": (i, [i, vp, vp]),
-        "bpf_map_lookup_and_delete_elem": (i, [i, vp, vp]),
         "bpf_map_delete_elem": (i, [i, vp]),
         "bpf_map_get_next_key": (i, [i, vp, vp]),
     }
@@ -364,10 +363,6 @@ def map_update(fd: int, key: C._CData, value: C._CData, flags: int = 0) -> None:
 
 def map_lookup(fd: int, key: C._CData, value: C._CData) -> bool:
     return lib().bpf_map_lookup_elem(fd, C.byref(key), C.byref(value)) == 0
-
-
-def map_lookup_and_delete(fd: int, key: C._CData, value: C._CData) -> bool:
-    return lib().bpf_map_lookup_and_delete_elem(fd, C.byref(key), C.byref(value)) == 0
 
 
 def map_delete(fd: int, key: C._CData) -> bool:

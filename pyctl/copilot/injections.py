@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pyctl import heldcalls
 from pyctl.bpf import abi
+from pyctl.bpf.raw import map_lookup_and_delete_held
 
 from .model import Injection, Outcome
 from .tracer import Copilot
@@ -62,7 +62,7 @@ def pending_fetcher(
     def fetch(tid: int) -> Injection | None:
         p = abi.Pending()
         # Keeping the GIL (pyctl/heldcalls.py): the thread is stopped meanwhile.
-        if not heldcalls.map_lookup_and_delete(pending_fd, C.c_uint32(tid), p):
+        if not map_lookup_and_delete_held(pending_fd, C.c_uint32(tid), p):
             return None
         while_held(tid, p.fault_seq)
         if p.action == abi.ACT_CORRUPT:

@@ -130,7 +130,6 @@ class Copilot:
         # (~9 us here), not an open, a write and a close; closed at exec (a
         # new mm) and when the tracer ends.
         self._mem_fd: int | None = None
-        self.scheduling = ""  # how the tracer thread is scheduled (set by _run)
 
     # ---- public API (any thread) ----
 
@@ -265,8 +264,7 @@ class Copilot:
         # wake-up; it sleeps between stops. Not SCHED_FIFO: a real-time
         # thread in a harness's own process (gpufault.arm) is more than a
         # library should take.
-        why = threadsched.short_slice()
-        self.scheduling = "0.1 ms slice" if why is None else f"default ({why})"
+        threadsched.short_slice()  # where the kernel has none: the default slice
         try:
             self._seize_all()
         except CopilotError as err:
